@@ -1,0 +1,150 @@
+# libmoeep — build with `make -j2`; see README.md.
+#
+#   make                  library, tools and tests in build/
+#   make test             every test level this machine supports (unit, multi-process, abi)
+#   make gpu-test         the GPU tests (fails where no GPU is found)
+#   make install PREFIX=/usr/local
+#   make abi-check        exported symbols, headers alone, abidiff against abi/libmoeep.abi
+#
+# CUDA=auto builds the CUDA backend when nvcc is found (CUDA=0 never, CUDA=1 always).
+
+VERSION_MAJOR := 0
+VERSION_MINOR := 1
+VERSION_PATCH := 0
+VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+
+PREFIX ?= /usr/local
+BUILD ?= build
+CUDA ?= auto
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+# sm_90 always; add sm_80 with CUDA_ARCHS="80 90" where Ampere is wanted.
+CUDA_ARCHS ?= 90
+
+CXX ?= g++
+CC ?= gcc
+OPT ?= -O2
+CXXFLAGS_BASE := -std=c++17 $(OPT) -g -fPIC -fvisibility=hidden -fvisibility-inlines-hidden \
+                 -Wall -Wextra -Wno-missing-field-initializers -pthread
+CPPFLAGS_BASE := -Iinclude -Isrc -MMD -MP
+LDFLAGS_LIB := -shared -Wl,-soname,libmoeep.so.$(VERSION_MAJOR) -Wl,--no-undefined \
+               -Wl,--version-script=src/libmoeep.map -Wl,--exclude-libs,ALL -pthread
+LIBS := -ldl -lrt
+
+ifeq ($(CUDA),auto)
+  ifneq ($(wildcard $(NVCC)),)
+    CUDA := 1
+  else
+    CUDA := 0
+  endif
+endif
+
+LIB_SRCS := $(wildcard src/*.cc) $(wildcard src/host/*.cc) $(wildcard transports/shm/*.cc)
+ifeq ($(CUDA),1)
+  LIB_SRCS := $(filter-out src/cuda_stub.cc,$(LIB_SRCS)) $(wildcard src/cuda/*.cc) \
+              $(wildcard transports/cuda_ipc/*.cc)
+  CU_SRCS := $(wildcard src/cuda/*.cu)
+  CPPFLAGS_BASE += -DEP_WITH_CUDA=1 -isystem $(CUDA_HOME)/include
+  LIBS += -L$(CUDA_HOME)/lib64 -lcudart_static
+  NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
+  NVCCFLAGS := -std=c++17 $(OPT) -lineinfo -Xcompiler -fPIC,-fvisibility=hidden \
+               $(NVCC_GENCODE) -Iinclude -Isrc --expt-relaxed-constexpr
+else
+  CU_SRCS :=
+endif
+
+LIB_OBJS := $(LIB_SRCS:%.cc=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
+LIB_REAL := $(BUILD)/lib/libmoeep.so.$(VERSION)
+LIB_SONAME := $(BUILD)/lib/libmoeep.so.$(VERSION_MAJOR)
+LIB_DEV := $(BUILD)/lib/libmoeep.so
+LIB_INTERNAL := $(BUILD)/lib/libmoeep_internal.a
+
+TOOLS := $(patsubst tools/%.cc,$(BUILD)/bin/%,$(wildcard tools/*.cc))
+TOOL_COMMON := $(wildcard tools/common/*.cc)
+
+# Unit tests: CMocka suites against the internal archive (C++ sees the internals).
+UNIT_SRCS := $(wildcard tests/unit/test_*.cc)
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.cc=$(BUILD)/tests/%)
+# Multi-process tests: public API only.
+MP_SRCS := $(wildcard tests/mp/*.c) $(wildcard tests/mp/*.cc)
+MP_BINS := $(patsubst tests/mp/%,$(BUILD)/tests/%,$(basename $(MP_SRCS)))
+
+RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
+
+.PHONY: all lib tools tests test gpu-test install abi-check abi-baseline clean lint format
+all: lib tools tests
+
+lib: $(LIB_DEV) $(LIB_INTERNAL)
+tools: $(TOOLS)
+tests: $(UNIT_BINS) $(MP_BINS)
+
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS_BASE) $(CPPFLAGS) $(CXXFLAGS_BASE) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DEP_WITH_CUDA=1 -MMD -MP -c $< -o $@
+
+$(LIB_REAL): $(LIB_OBJS) src/libmoeep.map
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS_LIB) -o $@ $(LIB_OBJS) $(LIBS) $(LDFLAGS)
+
+$(LIB_SONAME): $(LIB_REAL)
+	ln -sf $(notdir $<) $@
+$(LIB_DEV): $(LIB_SONAME)
+	ln -sf $(notdir $<) $@
+
+$(LIB_INTERNAL): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/%: tools/%.cc $(TOOL_COMMON) $(LIB_DEV)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS_BASE) -Itools $(CXXFLAGS_BASE) $(CXXFLAGS) $< $(TOOL_COMMON) -o $@ \
+	  -L$(BUILD)/lib -lmoeep $(RPATH) $(LDFLAGS)
+
+$(BUILD)/tests/test_%: tests/unit/test_%.cc $(LIB_INTERNAL)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS_BASE) -Itests $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ $(LIB_INTERNAL) \
+	  -lcmocka $(LIBS) $(LDFLAGS)
+
+$(BUILD)/tests/%: tests/mp/%.c $(LIB_DEV)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Iinclude -Itests -pthread $< -o $@ \
+	  -L$(BUILD)/lib -lmoeep -lm $(RPATH)
+
+$(BUILD)/tests/%: tests/mp/%.cc $(LIB_DEV)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS_BASE) -Itests $(CXXFLAGS_BASE) $< -o $@ -L$(BUILD)/lib -lmoeep $(RPATH)
+
+# Every level this machine supports, each saying what it ran or skipped.
+test: all
+	BUILD=$(BUILD) bash tests/run_all.sh
+
+gpu-test: all
+	BUILD=$(BUILD) bash tests/gpu/run.sh
+
+abi-check: $(LIB_DEV)
+	BUILD=$(BUILD) bash scripts/abi-check.sh
+
+abi-baseline: $(LIB_DEV)
+	BUILD=$(BUILD) bash scripts/abi-check.sh --update
+
+install: lib tools
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(LIB_REAL) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libmoeep.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libmoeep.so.$(VERSION_MAJOR)
+	ln -sf libmoeep.so.$(VERSION_MAJOR) $(DESTDIR)$(PREFIX)/lib/libmoeep.so
+	install -m 0644 include/moeep.h include/moeep_transport.h $(DESTDIR)$(PREFIX)/include/
+	install -m 0755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' pkgconfig/moeep.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/moeep.pc
+
+lint:
+	bash scripts/lint.sh
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,269 @@
+/*
+ * libmoeep — expert-parallel dispatch and combine for mixture-of-experts models.
+ *
+ * The public C API. It compiles alone as C11 and as C++17 and needs no CUDA
+ * header: a stream is a `struct CUstream_st *`, which is what cudaStream_t is.
+ *
+ * ABI policy (docs/ABI.md): functions are never removed or changed within a
+ * major version; enum values are never renumbered; every config and argument
+ * struct begins with {size, magic, version} and only grows at its end. The
+ * library reads `size` first and fills fields the caller did not know about
+ * with their defaults.
+ *
+ * SPDX-License-Identifier: MIT
+ */
+#ifndef MOEEP_H_
+#define MOEEP_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define EP_API
+#else
+#define EP_API __attribute__((visibility("default")))
+#endif
+
+/* ---- Version ----------------------------------------------------------- */
+#define EP_VERSION_MAJOR 0
+#define EP_VERSION_MINOR 1
+#define EP_VERSION_PATCH 0
+#define EP_VERSION_CODE_OF(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+#define EP_VERSION_CODE EP_VERSION_CODE_OF(EP_VERSION_MAJOR, EP_VERSION_MINOR, EP_VERSION_PATCH)
+
+/* ---- Results (values are fixed forever) --------------------------------- */
+typedef enum {
+  epSuccess = 0,
+  epUnhandledCudaError = 1,   /* a CUDA call failed */
+  epSystemError = 2,          /* a system call failed (socket, shm, mmap, ...) */
+  epInternalError = 3,        /* a bug in the library */
+  epInvalidArgument = 4,      /* bad argument: the message names it */
+  epInvalidUsage = 5,         /* call not allowed in this state */
+  epRemoteError = 6,          /* a peer failed or left */
+  epInProgress = 7,           /* not an error: the operation is still running */
+  epTimeout = 8,              /* a peer did not answer in time: the message names it */
+  epNotSupported = 9,         /* valid request this build or machine cannot serve */
+  epAborted = 10,             /* epCommAbort was called on this communicator */
+  epOutOfMemory = 11          /* an allocation failed */
+} epResult_t;
+
+/* ---- Opaque objects ----------------------------------------------------- */
+typedef struct epComm *epComm_t;
+typedef struct epHandle *epHandle_t;
+typedef struct CUstream_st *epStream_t; /* == cudaStream_t; NULL on the host backend */
+
+#define EP_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[EP_UNIQUE_ID_BYTES];
+} epUniqueId;
+
+/* ---- Data types ---------------------------------------------------------- */
+typedef enum {
+  epBfloat16 = 0,
+  epFloat16 = 1,
+  epFloat32 = 2,
+  epFloat8E4M3 = 3, /* one byte per element, float32 scales per 128 elements */
+  epInt32 = 4,
+  epInt64 = 5
+} epDataType_t;
+
+typedef enum {
+  epBackendAuto = 0, /* the GPU when the build and the machine have one, else the host */
+  epBackendHost = 1, /* host memory, ranks are processes or threads of one machine */
+  epBackendCuda = 2  /* device memory, kernels on the caller's stream */
+} epBackend_t;
+
+/* Magic numbers that open every versioned struct. */
+#define EP_CONFIG_MAGIC 0x65704366u        /* 'epCf' */
+#define EP_LAYOUT_ARGS_MAGIC 0x65704c61u   /* 'epLa' */
+#define EP_DISPATCH_ARGS_MAGIC 0x65704469u /* 'epDi' */
+#define EP_COMBINE_ARGS_MAGIC 0x6570436fu  /* 'epCo' */
+
+/* ---- Communicator configuration -----------------------------------------
+ * Fields set to 0 (or -1 where noted) take the value of the matching EP_*
+ * variable, else the library default. Precedence: struct > EP_* > default. */
+#define EP_CONFIG_VERSION 1
+typedef struct {
+  size_t size;                 /* sizeof(epConfig_t) as the caller compiled it */
+  unsigned magic;              /* EP_CONFIG_MAGIC */
+  unsigned version;            /* EP_CONFIG_VERSION */
+  int num_experts;             /* E, global; must be a multiple of the rank count */
+  int hidden;                  /* H, elements per row; H * sizeof(type) % 16 == 0 */
+  int max_tokens_per_rank;     /* largest T any rank passes */
+  int max_topk;                /* largest K (1..32) */
+  epDataType_t dispatch_type;  /* wire type of dispatch: epBfloat16 / epFloat16 / epFloat32 / epFloat8E4M3 */
+  epDataType_t combine_type;   /* type of combine rows: epBfloat16 / epFloat16 / epFloat32 */
+  epBackend_t backend;         /* epBackendAuto: GPU if present */
+  int device;                  /* CUDA device, -1: the current one */
+  size_t buffer_bytes_cap;     /* upper bound on the communication buffer, 0: no cap */
+  int timeout_ms;              /* how long to wait for a peer before epTimeout, 0: EP_TIMEOUT_MS */
+  int num_sms;                 /* SM budget of the high-throughput kernels, 0: library default */
+  int max_nodes_per_token;     /* node-limited routing bound M, 0: not declared */
+} epConfig_t;
+
+#define EP_CONFIG_INITIALIZER                                                      \
+  {                                                                                \
+    sizeof(epConfig_t), EP_CONFIG_MAGIC, EP_CONFIG_VERSION, 0, 0, 0, 0, epBfloat16, \
+        epBfloat16, epBackendAuto, -1, 0, 0, 0, 0                                  \
+  }
+
+/* ---- Library ------------------------------------------------------------- */
+EP_API epResult_t epGetVersion(int *version); /* EP_VERSION_CODE of the loaded library */
+EP_API const char *epGetErrorString(epResult_t result);
+/* The message of the last failed call on comm (thread-local when comm is NULL). Never NULL. */
+EP_API const char *epGetLastError(epComm_t comm);
+
+/* Parameter `index` of the EP_* table (0, 1, ... until epInvalidArgument):
+ * its name, default, current value from the environment (NULL: unset) and doc.
+ * The strings live as long as the library. Any output may be NULL. */
+EP_API epResult_t epGetParam(int index, const char **name, const char **default_value,
+                             const char **value, const char **doc);
+/* Transport `index` of this process (built-in or module): its name, whether it
+ * can be used, and where it came from or why it cannot. */
+EP_API epResult_t epGetTransport(int index, const char **name, int *available, const char **detail);
+
+/* ---- Communicator ---------------------------------------------------------- */
+/* Creates a unique id on the root; starts the bootstrap root in this process. */
+EP_API epResult_t epGetUniqueId(epUniqueId *unique_id);
+/* Collective over nranks processes or threads. Blocks until every rank arrived,
+ * or returns epTimeout naming the ranks that did not within the timeout. */
+EP_API epResult_t epCommInitRank(epComm_t *comm, int nranks, epUniqueId unique_id, int rank,
+                                 const epConfig_t *config);
+/* All ranks in one process: comms[i] is rank i. devices may be NULL (0..n-1 on
+ * the GPU backend; ignored on the host backend). */
+EP_API epResult_t epCommInitAll(epComm_t *comms, int nranks, const int *devices,
+                                const epConfig_t *config);
+EP_API epResult_t epCommDestroy(epComm_t comm);
+/* Makes every call blocked on comm (and every later one) return epAborted, then
+ * frees it. Safe from another thread. */
+EP_API epResult_t epCommAbort(epComm_t comm);
+EP_API epResult_t epCommRank(epComm_t comm, int *rank);
+EP_API epResult_t epCommSize(epComm_t comm, int *size);
+/* Experts owned by this rank: [*first, *first + *count). */
+EP_API epResult_t epCommLocalExperts(epComm_t comm, int *first, int *count);
+/* Bytes of the communication buffer this rank registered. */
+EP_API epResult_t epCommBufferBytes(epComm_t comm, size_t *bytes);
+/* Number of nodes and the node of each rank (nodes[] may be NULL). */
+EP_API epResult_t epCommNodes(epComm_t comm, int *num_nodes, int *node_of_rank);
+
+/* ---- Layout ---------------------------------------------------------------
+ * Local: where the tokens of this rank go. Outputs are optional (NULL: not
+ * written); on the GPU backend they are device pointers, written on stream. */
+#define EP_LAYOUT_ARGS_VERSION 1
+typedef struct {
+  size_t size;
+  unsigned magic;
+  unsigned version;
+  const void *topk_idx;        /* [num_tokens, num_topk] global expert ids, -1: none */
+  epDataType_t topk_idx_type;  /* epInt64 or epInt32 */
+  int num_tokens;              /* T (may be 0) */
+  int num_topk;                /* K */
+  int *tokens_per_rank;        /* out [R]: tokens with at least one expert on rank r */
+  int *tokens_per_node;        /* out [num nodes] */
+  int *tokens_per_expert;      /* out [E]: (token, expert) pairs */
+  uint8_t *is_token_in_rank;   /* out [T, R], 0 or 1 */
+} epLayoutArgs_t;
+
+#define EP_LAYOUT_ARGS_INITIALIZER \
+  { sizeof(epLayoutArgs_t), EP_LAYOUT_ARGS_MAGIC, EP_LAYOUT_ARGS_VERSION, NULL, epInt64, 0, 0, NULL, NULL, NULL, NULL }
+
+EP_API epResult_t epLayout(epComm_t comm, const epLayoutArgs_t *args, epStream_t stream);
+
+/* ---- Dispatch -------------------------------------------------------------- */
+/* Flags of epDispatchArgs_t.flags */
+#define EP_DISPATCH_NO_HOST_SYNC 0x1u /* capacity sizing: no host wait; capturable */
+
+#define EP_DISPATCH_ARGS_VERSION 1
+typedef struct {
+  size_t size;
+  unsigned magic;
+  unsigned version;
+  unsigned flags;
+  /* input: this rank's tokens */
+  const void *x;               /* [num_tokens, H] of x_type, rows x_stride bytes apart */
+  epDataType_t x_type;         /* must equal the config's dispatch_type */
+  size_t x_stride;             /* bytes between rows, 0: H * sizeof(type) */
+  const float *x_scales;       /* FP8 only: [num_tokens, H/128] */
+  size_t scales_token_stride;  /* elements between tokens' scales, 0: H/128 */
+  size_t scales_block_stride;  /* elements between one token's scales, 0: 1 */
+  const void *topk_idx;        /* [num_tokens, num_topk]; not read by a cached re-dispatch */
+  epDataType_t topk_idx_type;  /* epInt64 or epInt32 */
+  const float *topk_weights;   /* [num_tokens, num_topk], optional */
+  int num_tokens;              /* T */
+  int num_topk;                /* K */
+  int expert_alignment;        /* round recv_tokens_per_expert up to this, 0 or 1: none */
+  /* output: rows received from all ranks, by source rank then source token */
+  void *recv_x;                /* [recv_capacity, H] of x_type */
+  float *recv_scales;          /* FP8 only: [recv_capacity, H/128] */
+  int64_t *recv_topk_idx;      /* [recv_capacity, K] local expert ids, -1 elsewhere; optional */
+  float *recv_topk_weights;    /* [recv_capacity, K]; optional */
+  int64_t recv_capacity;       /* rows the recv_* buffers hold */
+  int *recv_tokens_per_expert; /* out [local experts]; optional */
+  int64_t *num_recv;           /* out: rows received (host pointer unless NO_HOST_SYNC:
+                                  then device memory on the GPU backend); optional */
+} epDispatchArgs_t;
+
+#define EP_DISPATCH_ARGS_INITIALIZER                                                          \
+  {                                                                                           \
+    sizeof(epDispatchArgs_t), EP_DISPATCH_ARGS_MAGIC, EP_DISPATCH_ARGS_VERSION, 0u, NULL,   \
+        epBfloat16, 0, NULL, 0, 0, NULL, epInt64, NULL, 0, 0, 0, NULL, NULL, NULL, NULL, 0, \
+        NULL, NULL                                                                            \
+  }
+
+/* Computes the routing of args->topk_idx, exchanges counts with every rank and
+ * waits for them (on the GPU backend this is a device-to-host wait), and returns
+ * a handle that knows the exact number of rows this rank will receive. Then
+ * epHandleRecvCount() sizes the outputs and epDispatch(..., handle) moves data. */
+EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t *args, epHandle_t *handle,
+                                    epStream_t stream);
+/* Dispatches this rank's tokens. *handle == NULL: new routing from topk_idx,
+ * and a new handle is returned in *handle. *handle from epDispatchPrepare: the
+ * prepared routing. *handle from an earlier epDispatch: a cached re-dispatch of
+ * new x with the same routing (topk_idx is not read; no layout exchange). */
+EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t *args, epHandle_t *handle,
+                             epStream_t stream);
+/* Rows this rank receives with the handle's routing (known after a prepare or a
+ * dispatch without EP_DISPATCH_NO_HOST_SYNC). */
+EP_API epResult_t epHandleRecvCount(epHandle_t handle, int64_t *num_recv);
+EP_API epResult_t epHandleDestroy(epHandle_t handle);
+
+/* ---- Combine --------------------------------------------------------------- */
+#define EP_COMBINE_DETERMINISTIC 0x1u /* sum in ascending source-rank order (bit-identical) */
+
+#define EP_COMBINE_ARGS_VERSION 1
+typedef struct {
+  size_t size;
+  unsigned magic;
+  unsigned version;
+  unsigned flags;
+  const void *y;                  /* [num_recv, H] of y_type: one row per received token */
+  epDataType_t y_type;            /* must equal the config's combine_type */
+  size_t y_stride;                /* bytes between rows, 0: packed */
+  const float *recv_topk_weights; /* [num_recv, K] to sum back, optional */
+  int num_topk;                   /* K of recv_topk_weights */
+  const void *bias;               /* [num_tokens, H] of y_type, optional */
+  void *out;                      /* [num_tokens, H] of y_type on the token's home rank */
+  float *out_topk_weights;        /* [num_tokens, K], optional (needs recv_topk_weights) */
+} epCombineArgs_t;
+
+#define EP_COMBINE_ARGS_INITIALIZER                                                          \
+  {                                                                                          \
+    sizeof(epCombineArgs_t), EP_COMBINE_ARGS_MAGIC, EP_COMBINE_ARGS_VERSION, 0u, NULL,     \
+        epBfloat16, 0, NULL, 0, NULL, NULL, NULL                                             \
+  }
+
+/* Sums each received row back onto its token's home rank, using the routing of
+ * a handle from epDispatch. out[t] = sum over ranks r that received t of y_r[row]
+ * (+ bias[t]), accumulated in float32. */
+EP_API epResult_t epCombine(epComm_t comm, const epCombineArgs_t *args, epHandle_t handle,
+                            epStream_t stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MOEEP_H_ */

@@ -1,0 +1,40 @@
+// A backend carries out the operations of a communicator on one kind of
+// memory: host (src/host) or CUDA (src/cuda). The public entry points in
+// api.cc validate every argument before a backend sees it, so backends may
+// assume well-formed input.
+#pragma once
+
+#include <memory>
+
+#include "comm.h"
+
+namespace ep {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual size_t bufferBytes() const = 0;
+  // Layout of this rank's tokens (local, no communication).
+  virtual epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) = 0;
+  // New routing from args.topk_idx: fills h->routing's send side, exchanges
+  // counts with every rank and fills the receive side (counts_known = true).
+  virtual epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) = 0;
+  // Moves rows with the routing of h (prepared, or cached from an earlier dispatch).
+  virtual epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) = 0;
+  virtual epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) = 0;
+  // Frees h->backend_state.
+  virtual void releaseHandle(epHandle* h) { (void)h; }
+  // Unblocks waits after epCommAbort (the abort flag is already set).
+  virtual void abort() {}
+};
+
+// Creates the host backend of comm: registers its buffer with the shm
+// transport and maps every peer's (collective: needs the bootstrap).
+epResult_t createHostBackend(epComm* comm, std::unique_ptr<Backend>* out);
+// Creates the CUDA backend, or epNotSupported when the build or machine has none.
+epResult_t createCudaBackend(epComm* comm, std::unique_ptr<Backend>* out);
+// True when this build has CUDA support and a device is visible.
+bool cudaBackendAvailable();
+
+}  // namespace ep

@@ -1,0 +1,50 @@
+// Bootstrap: how ranks find each other without MPI.
+//
+// epGetUniqueId() starts a root listener (a thread of the calling process) and
+// returns its address plus a magic in the 128-byte unique id. Each rank connects
+// to the root and sends its own listening address; once all nranks arrived the
+// root tells every rank the address of its ring successor, and the ranks form a
+// TCP ring. Collectives (allgather, barrier) run over the ring; point-to-point
+// messages go over connections opened on demand.
+//
+// Every wait honours the timeout and the abort flag: a rank that never arrives
+// gives epTimeout with a message naming it, within timeout_ms; setting *abort
+// (epCommAbort) makes blocked calls return epAborted promptly.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+
+#include "moeep.h"
+
+struct epComm;
+
+namespace ep {
+
+struct Bootstrap;
+
+// Fills *id with a fresh root address + magic and starts the root listener in
+// this process. Honours EP_COMM_ID (host:port to listen on), EP_SOCKET_IFNAME and
+// EP_SOCKET_FAMILY. The root thread exits by itself once every rank has been
+// served, or after its own timeout (EP_TIMEOUT_MS) if some never arrive.
+epResult_t bootstrapGetUniqueId(epUniqueId* id);
+
+// True when id looks like one made by bootstrapGetUniqueId (magic check).
+bool bootstrapIdValid(const epUniqueId& id);
+
+// Joins the ring as `rank` of `nranks`. comm is used only to record errors (may
+// be NULL). On epTimeout the message names the ranks that did not arrive.
+epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout_ms,
+                         const std::atomic<int>* abort_flag, struct epComm* comm, Bootstrap** out);
+
+// In-place allgather: data holds nranks slots of bytes_per_rank, this rank's own
+// slot filled on entry; on return every slot is filled.
+epResult_t bootstrapAllGather(Bootstrap* b, void* data, size_t bytes_per_rank);
+epResult_t bootstrapBarrier(Bootstrap* b);
+
+// Unblocks every call of b that is waiting (used by epCommAbort). Thread-safe.
+void bootstrapAbort(Bootstrap* b);
+// Closes the sockets and frees b. NULL is a no-op.
+epResult_t bootstrapClose(Bootstrap* b);
+
+}  // namespace ep

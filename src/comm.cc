@@ -1,0 +1,352 @@
+// Communicator life cycle: config resolution, bootstrap, peer exchange, node
+// map, backend creation, destroy and abort.
+#include "comm.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "backend.h"
+#include "bootstrap.h"
+#include "checks.h"
+#include "params.h"
+
+namespace ep {
+
+size_t dataTypeSize(epDataType_t t) {
+  switch (t) {
+    case epBfloat16: case epFloat16: return 2;
+    case epFloat32: case epInt32: return 4;
+    case epFloat8E4M3: return 1;
+    case epInt64: return 8;
+    default: return 0;
+  }
+}
+
+const char* dataTypeName(epDataType_t t) {
+  switch (t) {
+    case epBfloat16: return "bf16";
+    case epFloat16: return "fp16";
+    case epFloat32: return "fp32";
+    case epFloat8E4M3: return "fp8e4m3";
+    case epInt32: return "int32";
+    case epInt64: return "int64";
+    default: return "unknown";
+  }
+}
+
+void commStoreError(epComm* comm, const char* msg) {
+  std::lock_guard<std::mutex> lock(comm->error_mu);
+  comm->last_error = msg;
+}
+
+epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm* comm) {
+  if (user == nullptr) return setError(comm, epInvalidArgument, "config is NULL");
+  if (user->magic != EP_CONFIG_MAGIC)
+    return setError(comm, epInvalidArgument,
+                    "config.magic = 0x%x is not EP_CONFIG_MAGIC: initialise the config with "
+                    "EP_CONFIG_INITIALIZER",
+                    user->magic);
+  // Version 1 ends with max_nodes_per_token; a caller compiled against it is the smallest we accept.
+  const size_t min_size = offsetof(epConfig_t, max_nodes_per_token) + sizeof(int);
+  if (user->size < min_size)
+    return setError(comm, epInvalidArgument, "config.size = %zu is smaller than any known epConfig_t",
+                    user->size);
+  // Copy what the caller knew about; later fields keep their defaults.
+  epConfig_t c = EP_CONFIG_INITIALIZER;
+  memcpy(&c, user, std::min(user->size, sizeof(epConfig_t)));
+  c.size = sizeof(epConfig_t);
+
+  Config r;
+  r.num_experts = c.num_experts;
+  r.hidden = c.hidden;
+  r.max_tokens_per_rank = c.max_tokens_per_rank;
+  r.max_topk = c.max_topk;
+  r.dispatch_type = c.dispatch_type;
+  r.combine_type = c.combine_type;
+  r.backend = c.backend;
+  r.device = c.device;
+  r.buffer_bytes_cap = c.buffer_bytes_cap ? c.buffer_bytes_cap : size_t(param::BUFFER_BYTES_CAP());
+  r.timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : int(param::TIMEOUT_MS());
+  r.num_sms = c.num_sms > 0 ? c.num_sms : int(param::NUM_SMS());
+  r.max_nodes_per_token = c.max_nodes_per_token;
+
+  if (r.num_experts <= 0)
+    return setError(comm, epInvalidArgument, "config.num_experts = %d must be positive", r.num_experts);
+  if (r.num_experts % nranks != 0)
+    return setError(comm, epInvalidArgument,
+                    "config.num_experts = %d is not a multiple of the %d ranks", r.num_experts, nranks);
+  if (r.hidden <= 0) return setError(comm, epInvalidArgument, "config.hidden = %d must be positive", r.hidden);
+  if (r.max_tokens_per_rank < 0)
+    return setError(comm, epInvalidArgument, "config.max_tokens_per_rank = %d is negative",
+                    r.max_tokens_per_rank);
+  if (r.max_topk < 1 || r.max_topk > 32)
+    return setError(comm, epInvalidArgument, "config.max_topk = %d is outside 1..32", r.max_topk);
+  if (r.dispatch_type != epBfloat16 && r.dispatch_type != epFloat16 && r.dispatch_type != epFloat32 &&
+      r.dispatch_type != epFloat8E4M3)
+    return setError(comm, epInvalidArgument, "config.dispatch_type = %d is not bf16, fp16, fp32 or fp8e4m3",
+                    int(r.dispatch_type));
+  if (r.combine_type != epBfloat16 && r.combine_type != epFloat16 && r.combine_type != epFloat32)
+    return setError(comm, epInvalidArgument, "config.combine_type = %d is not bf16, fp16 or fp32",
+                    int(r.combine_type));
+  for (epDataType_t t : {r.dispatch_type, r.combine_type})
+    if ((size_t(r.hidden) * dataTypeSize(t)) % 16 != 0)
+      return setError(comm, epInvalidArgument,
+                      "config.hidden = %d: a %s row is %zu bytes, not a multiple of 16", r.hidden,
+                      dataTypeName(t), size_t(r.hidden) * dataTypeSize(t));
+  if (r.backend != epBackendAuto && r.backend != epBackendHost && r.backend != epBackendCuda)
+    return setError(comm, epInvalidArgument, "config.backend = %d is unknown", int(r.backend));
+  if (r.timeout_ms <= 0) return setError(comm, epInvalidArgument, "timeout %d ms must be positive", r.timeout_ms);
+  if (r.num_sms < 0) return setError(comm, epInvalidArgument, "config.num_sms = %d is negative", r.num_sms);
+  if (r.max_nodes_per_token < 0)
+    return setError(comm, epInvalidArgument, "config.max_nodes_per_token = %d is negative",
+                    r.max_nodes_per_token);
+  *out = r;
+  return epSuccess;
+}
+
+epResult_t buildNodeMap(const std::vector<epPeerInfo_v1_t>& peers, int node_size, NodeMap* out) {
+  const int R = int(peers.size());
+  NodeMap m;
+  m.node_of_rank.assign(R, -1);
+  m.local_rank.assign(R, 0);
+  if (node_size > 0) {
+    if (R % node_size != 0)
+      return setError(nullptr, epInvalidArgument, "EP_NODE_SIZE = %d does not divide the %d ranks",
+                      node_size, R);
+    for (int r = 0; r < R; r++) m.node_of_rank[r] = r / node_size;
+    m.num_nodes = R / node_size;
+  } else {
+    std::vector<uint64_t> hosts;
+    for (int r = 0; r < R; r++) {
+      int n = 0;
+      while (n < int(hosts.size()) && hosts[n] != peers[r].host_hash) n++;
+      if (n == int(hosts.size())) hosts.push_back(peers[r].host_hash);
+      m.node_of_rank[r] = n;
+    }
+    m.num_nodes = int(hosts.size());
+  }
+  m.node_size.assign(m.num_nodes, 0);
+  m.node_first.assign(m.num_nodes, -1);
+  m.node_ranks.assign(m.num_nodes, {});
+  for (int r = 0; r < R; r++) {
+    int n = m.node_of_rank[r];
+    m.local_rank[r] = m.node_size[n]++;
+    if (m.node_first[n] < 0) m.node_first[n] = r;
+    m.node_ranks[n].push_back(r);
+  }
+  *out = std::move(m);
+  return epSuccess;
+}
+
+namespace {
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+uint64_t hostHash() {
+  const char* id = param::HOST_ID();
+  if (id && *id) return fnv1a(id, strlen(id));
+  char host[256] = "";
+  gethostname(host, sizeof(host) - 1);
+  uint64_t h = fnv1a(host, strlen(host));
+  // Containers can share a host name; the boot id tells machines apart.
+  FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    char boot[64] = "";
+    size_t n = fread(boot, 1, sizeof(boot) - 1, f);
+    fclose(f);
+    h = fnv1a(boot, n, h);
+  }
+  return h;
+}
+
+// What every rank must agree on; compared after the allgather.
+struct ConfigDigest {
+  int num_experts, hidden, max_tokens_per_rank, max_topk;
+  int dispatch_type, combine_type, backend_kind, nranks;
+};
+
+struct RankInfo {
+  epPeerInfo_v1_t peer;
+  ConfigDigest digest;
+};
+
+epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
+  const ConfigDigest& mine = infos[comm->rank].digest;
+  for (int r = 0; r < comm->nranks; r++) {
+    const ConfigDigest& d = infos[r].digest;
+#define EP_CHECK_FIELD(field)                                                                  \
+  if (d.field != mine.field)                                                                    \
+    return setError(comm, epInvalidArgument,                                                    \
+                    "config differs across ranks: rank %d has " #field " = %d, rank %d has %d", \
+                    r, d.field, comm->rank, mine.field);
+    EP_CHECK_FIELD(nranks)
+    EP_CHECK_FIELD(num_experts)
+    EP_CHECK_FIELD(hidden)
+    EP_CHECK_FIELD(max_tokens_per_rank)
+    EP_CHECK_FIELD(max_topk)
+    EP_CHECK_FIELD(dispatch_type)
+    EP_CHECK_FIELD(combine_type)
+    EP_CHECK_FIELD(backend_kind)
+#undef EP_CHECK_FIELD
+  }
+  return epSuccess;
+}
+
+void commFree(epComm* comm) {
+  if (comm == nullptr) return;
+  comm->backend.reset();
+  bootstrapClose(comm->bootstrap);
+  comm->bootstrap = nullptr;
+  comm->magic = kDeadMagic;
+  delete comm;
+}
+
+epResult_t commInit(epComm* comm, const epUniqueId& id) {
+  EPCHECK(bootstrapInit(id, comm->rank, comm->nranks, comm->cfg.timeout_ms, &comm->abort_flag, comm,
+                        &comm->bootstrap));
+  // Which backend: decided locally, then checked to agree.
+  epBackend_t kind = comm->cfg.backend;
+  if (kind == epBackendAuto) kind = cudaBackendAvailable() ? epBackendCuda : epBackendHost;
+  if (kind == epBackendCuda && !cudaBackendAvailable())
+    return setError(comm, epNotSupported, "config.backend is epBackendCuda but %s",
+                    "this build has no CUDA support or no GPU is visible");
+
+  std::vector<RankInfo> infos(comm->nranks);
+  RankInfo& me = infos[comm->rank];
+  memset(&me, 0, sizeof(me));
+  me.peer.rank = comm->rank;
+  me.peer.pid = int(getpid());
+  me.peer.host_hash = hostHash();
+  me.peer.cuda_device = -1;
+  me.digest = {comm->cfg.num_experts, comm->cfg.hidden, comm->cfg.max_tokens_per_rank,
+               comm->cfg.max_topk, int(comm->cfg.dispatch_type), int(comm->cfg.combine_type),
+               int(kind), comm->nranks};
+  EPCHECK(bootstrapAllGather(comm->bootstrap, infos.data(), sizeof(RankInfo)));
+  EPCHECK(checkDigests(comm, infos));
+  comm->peers.resize(comm->nranks);
+  for (int r = 0; r < comm->nranks; r++) comm->peers[r] = infos[r].peer;
+  EPCHECK(buildNodeMap(comm->peers, int(param::NODE_SIZE()), &comm->nodes));
+  comm->num_local_experts = comm->cfg.num_experts / comm->nranks;
+  comm->first_expert = comm->rank * comm->num_local_experts;
+
+  if (kind == epBackendCuda) EPCHECK(createCudaBackend(comm, &comm->backend));
+  else EPCHECK(createHostBackend(comm, &comm->backend));
+  EPCHECK(bootstrapBarrier(comm->bootstrap));
+  EP_INFO(kSubsysInit, "rank %d/%d ready: %s backend, %d nodes, experts [%d, %d), buffer %zu bytes",
+          comm->rank, comm->nranks, comm->backend->name(), comm->nodes.num_nodes, comm->first_expert,
+          comm->first_expert + comm->num_local_experts, comm->backend->bufferBytes());
+  return epSuccess;
+}
+
+}  // namespace
+
+}  // namespace ep
+
+using namespace ep;
+
+extern "C" {
+
+EP_API epResult_t epCommInitRank(epComm_t* out, int nranks, epUniqueId id, int rank,
+                                 const epConfig_t* config) {
+  clearThreadError();
+  paramWarnUnknown();
+  if (out == nullptr) return setError(nullptr, epInvalidArgument, "comm is NULL");
+  *out = nullptr;
+  if (nranks < 1) return setError(nullptr, epInvalidArgument, "nranks = %d must be at least 1", nranks);
+  if (rank < 0 || rank >= nranks)
+    return setError(nullptr, epInvalidArgument, "rank = %d is outside [0, %d)", rank, nranks);
+  if (!bootstrapIdValid(id))
+    return setError(nullptr, epInvalidArgument, "unique_id was not made by epGetUniqueId");
+  Config cfg;
+  EPCHECK(configResolve(config, nranks, &cfg, nullptr));
+  auto* comm = new (std::nothrow) epComm();
+  if (comm == nullptr) return setError(nullptr, epOutOfMemory, "cannot allocate a communicator");
+  comm->rank = rank;
+  comm->nranks = nranks;
+  comm->cfg = cfg;
+  epResult_t res = commInit(comm, id);
+  if (res != epSuccess) {
+    // Keep the message for the caller, who has no comm to ask.
+    std::string msg;
+    {
+      std::lock_guard<std::mutex> lock(comm->error_mu);
+      msg = comm->last_error;
+    }
+    commFree(comm);
+    if (!msg.empty()) setError(nullptr, res, "%s", msg.c_str());
+    return res;
+  }
+  *out = comm;
+  return epSuccess;
+}
+
+EP_API epResult_t epCommInitAll(epComm_t* comms, int nranks, const int* devices,
+                                const epConfig_t* config) {
+  clearThreadError();
+  if (comms == nullptr) return setError(nullptr, epInvalidArgument, "comms is NULL");
+  if (nranks < 1) return setError(nullptr, epInvalidArgument, "nranks = %d must be at least 1", nranks);
+  if (config == nullptr) return setError(nullptr, epInvalidArgument, "config is NULL");
+  Config probe;
+  EPCHECK(configResolve(config, nranks, &probe, nullptr));
+  for (int r = 0; r < nranks; r++) comms[r] = nullptr;
+  epUniqueId id;
+  EPCHECK(epGetUniqueId(&id));
+  std::vector<epResult_t> results(nranks, epSuccess);
+  std::vector<std::string> errors(nranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; r++) {
+    threads.emplace_back([&, r] {
+      epConfig_t c = EP_CONFIG_INITIALIZER;
+      memcpy(&c, config, std::min(config->size, sizeof(c)));
+      c.size = sizeof(c);
+      if (devices != nullptr) c.device = devices[r];
+      else if (c.device < 0 && (c.backend == epBackendCuda || c.backend == epBackendAuto)) c.device = r;
+      results[r] = epCommInitRank(&comms[r], nranks, id, r, &c);
+      if (results[r] != epSuccess) errors[r] = threadLastError();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < nranks; r++) {
+    if (results[r] == epSuccess) continue;
+    for (int q = 0; q < nranks; q++) {
+      if (comms[q]) epCommDestroy(comms[q]);
+      comms[q] = nullptr;
+    }
+    return setError(nullptr, results[r], "rank %d: %s", r, errors[r].c_str());
+  }
+  return epSuccess;
+}
+
+EP_API epResult_t epCommDestroy(epComm_t comm) {
+  if (comm == nullptr) return epSuccess;  // like free(NULL)
+  if (comm->magic != kCommMagic)
+    return setError(nullptr, epInvalidArgument, "comm is not a live communicator");
+  commFree(comm);
+  return epSuccess;
+}
+
+EP_API epResult_t epCommAbort(epComm_t comm) {
+  if (comm == nullptr) return epSuccess;
+  if (comm->magic != kCommMagic)
+    return setError(nullptr, epInvalidArgument, "comm is not a live communicator");
+  comm->abort_flag.store(1);
+  if (comm->bootstrap) bootstrapAbort(comm->bootstrap);
+  if (comm->backend) comm->backend->abort();
+  // Let calls blocked in other threads see the flag and leave before freeing.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (comm->active_calls.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (comm->active_calls.load() > 0)
+    return setError(nullptr, epInternalError, "epCommAbort: a call on this communicator did not return");
+  commFree(comm);
+  return epSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,94 @@
+// The communicator and the routing handle: the core's shared state.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "moeep.h"
+#include "moeep_transport.h"
+#include "routing.h"
+
+namespace ep {
+
+struct Bootstrap;
+class Backend;
+
+constexpr uint32_t kCommMagic = 0x6570436du;    // 'epCm'
+constexpr uint32_t kHandleMagic = 0x65704864u;  // 'epHd'
+constexpr uint32_t kDeadMagic = 0xdeadbeefu;
+
+// The config after defaults and EP_* variables were applied.
+struct Config {
+  int num_experts = 0;
+  int hidden = 0;
+  int max_tokens_per_rank = 0;
+  int max_topk = 0;
+  epDataType_t dispatch_type = epBfloat16;
+  epDataType_t combine_type = epBfloat16;
+  epBackend_t backend = epBackendAuto;
+  int device = -1;
+  size_t buffer_bytes_cap = 0;
+  int timeout_ms = 0;
+  int num_sms = 0;
+  int max_nodes_per_token = 0;
+};
+
+// Bytes of one element; 0 for an unknown type.
+size_t dataTypeSize(epDataType_t t);
+const char* dataTypeName(epDataType_t t);
+
+// Reads a caller's epConfig_t of any known size, fills defaults, validates.
+// comm may be NULL (errors go to the thread-local slot).
+epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, struct epComm* comm);
+
+// Ranks grouped into nodes.
+struct NodeMap {
+  int num_nodes = 1;
+  std::vector<int> node_of_rank;   // [R]
+  std::vector<int> local_rank;     // [R] index within its node
+  std::vector<int> node_size;      // [N]
+  std::vector<int> node_first;     // [N] first rank of the node (ranks of a node are listed)
+  std::vector<std::vector<int>> node_ranks;  // [N] ranks of each node, ascending
+};
+
+// Groups ranks by host hash (ascending first rank decides node order), or into
+// consecutive blocks of node_size when node_size > 0.
+epResult_t buildNodeMap(const std::vector<epPeerInfo_v1_t>& peers, int node_size, NodeMap* out);
+
+// Stores msg as the communicator's last error (called by setError).
+void commStoreError(struct epComm* comm, const char* msg);
+
+}  // namespace ep
+
+struct epComm {
+  uint32_t magic = ep::kCommMagic;
+  int rank = 0;
+  int nranks = 0;
+  ep::Config cfg;
+  int first_expert = 0;
+  int num_local_experts = 0;
+  ep::NodeMap nodes;
+  std::vector<epPeerInfo_v1_t> peers;  // [R]
+  ep::Bootstrap* bootstrap = nullptr;
+  std::atomic<int> abort_flag{0};
+  // Non-zero (an epResult_t) once a peer failed or timed out: the comm is unusable.
+  std::atomic<int> broken{0};
+  std::atomic<int> active_calls{0};  // public calls in flight (epCommAbort waits for them)
+  uint64_t call_seq = 0;  // collective calls issued, to check ranks stay in step
+  std::unique_ptr<ep::Backend> backend;
+  std::mutex error_mu;
+  std::string last_error;
+};
+
+struct epHandle {
+  uint32_t magic = ep::kHandleMagic;
+  epComm* comm = nullptr;
+  ep::Routing routing;  // host view of where every token goes and comes from
+  bool counts_known = false;
+  bool dispatched = false;  // a dispatch ran: combine and cached re-dispatch are allowed
+  void* backend_state = nullptr;
+};

@@ -1,0 +1,13 @@
+// The CUDA backend of a build without CUDA (make CUDA=0): always unavailable.
+#include "backend.h"
+#include "debug.h"
+
+namespace ep {
+
+bool cudaBackendAvailable() { return false; }
+
+epResult_t createCudaBackend(epComm* comm, std::unique_ptr<Backend>*) {
+  return setError(comm, epNotSupported, "this libmoeep was built without CUDA (make CUDA=0)");
+}
+
+}  // namespace ep

@@ -1,0 +1,128 @@
+#include "debug.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "comm.h"
+#include "params.h"
+
+namespace ep {
+
+namespace {
+
+struct LogState {
+  LogLevel level = kLogNone;
+  unsigned subsys = kSubsysAll;
+  FILE* out = stderr;
+  char host[64] = "";
+};
+
+thread_local int tls_device = -1;
+thread_local char tls_last_error[1024] = "";
+
+const struct {
+  const char* name;
+  unsigned bit;
+} kSubsysNames[] = {{"INIT", kSubsysInit},           {"BOOTSTRAP", kSubsysBootstrap},
+                    {"TOPO", kSubsysTopo},           {"TRANSPORT", kSubsysTransport},
+                    {"DISPATCH", kSubsysDispatch},   {"COMBINE", kSubsysCombine},
+                    {"PARAMS", kSubsysParams},       {"CUDA", kSubsysCuda},
+                    {"ALL", kSubsysAll}};
+
+unsigned parseSubsys(const char* text) {
+  bool invert = text[0] == '^';
+  if (invert) text++;
+  unsigned mask = 0;
+  std::string s(text);
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    std::string item = s.substr(pos, comma - pos);
+    for (auto& n : kSubsysNames)
+      if (strcasecmp(item.c_str(), n.name) == 0) mask |= n.bit;
+    pos = comma + 1;
+  }
+  return invert ? ~mask : mask;
+}
+
+LogState& state() {
+  static LogState st;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* lvl = param::DEBUG();
+    if (strcasecmp(lvl, "WARN") == 0) st.level = kLogWarn;
+    else if (strcasecmp(lvl, "INFO") == 0) st.level = kLogInfo;
+    else if (strcasecmp(lvl, "TRACE") == 0) st.level = kLogTrace;
+    st.subsys = parseSubsys(param::DEBUG_SUBSYS());
+    gethostname(st.host, sizeof(st.host) - 1);
+    char* dot = strchr(st.host, '.');
+    if (dot) *dot = '\0';
+    const char* file = param::DEBUG_FILE();
+    if (*file != '\0') {
+      std::string path;
+      for (const char* c = file; *c; c++) {
+        if (c[0] == '%' && c[1] == 'h') { path += st.host; c++; }
+        else if (c[0] == '%' && c[1] == 'p') { path += std::to_string(getpid()); c++; }
+        else path += *c;
+      }
+      FILE* f = fopen(path.c_str(), "w");
+      if (f != nullptr) { setvbuf(f, nullptr, _IOLBF, 0); st.out = f; }
+    }
+  });
+  return st;
+}
+
+}  // namespace
+
+bool logEnabled(LogLevel level, unsigned subsys) {
+  const LogState& st = state();
+  return level <= st.level && (subsys & st.subsys) != 0;
+}
+
+void logSetDevice(int device) { tls_device = device; }
+
+void logMessage(LogLevel level, unsigned subsys, const char* file, int line, const char* fmt, ...) {
+  if (!logEnabled(level, subsys)) return;
+  LogState& st = state();
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  const char* lvl = level == kLogWarn ? "WARN" : level == kLogInfo ? "INFO" : "TRACE";
+  long tid = syscall(SYS_gettid);
+  if (level == kLogTrace)
+    fprintf(st.out, "%s:%d:%ld [%d] EP %s %s:%d %s\n", st.host, getpid(), tid, tls_device, lvl,
+            file, line, msg);
+  else
+    fprintf(st.out, "%s:%d:%ld [%d] EP %s %s\n", st.host, getpid(), tid, tls_device, lvl, msg);
+}
+
+epResult_t vsetError(epComm* comm, epResult_t res, const char* fmt, va_list ap) {
+  char msg[1024];
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  snprintf(tls_last_error, sizeof(tls_last_error), "%s", msg);
+  if (comm != nullptr) commStoreError(comm, msg);
+  logMessage(kLogWarn, kSubsysAll, "", 0, "%s: %s", epGetErrorString(res), msg);
+  return res;
+}
+
+epResult_t setError(epComm* comm, epResult_t res, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsetError(comm, res, fmt, ap);
+  va_end(ap);
+  return res;
+}
+
+void clearThreadError() { tls_last_error[0] = '\0'; }
+const char* threadLastError() { return tls_last_error; }
+
+}  // namespace ep

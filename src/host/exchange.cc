@@ -1,0 +1,180 @@
+#include "exchange.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <time.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "../debug.h"
+
+namespace ep {
+namespace host {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+const char* kindName(uint32_t kind) {
+  switch (kind) {
+    case kChunkCounts: return "counts";
+    case kChunkDispatch: return "dispatch";
+    case kChunkCombine: return "combine";
+    default: return "unknown";
+  }
+}
+}  // namespace
+
+Exchanger::Exchanger(epComm* comm, std::vector<void*> segments, const RingGeometry& geometry)
+    : comm_(comm), segments_(std::move(segments)), geo_(geometry),
+      scratch_(size_t(geometry.chunk_records) * geometry.record_bytes) {}
+
+// A peer process that exited (or is a zombie) will never make progress again.
+bool Exchanger::peerAlive(int rank) const {
+  int pid = comm_->peers[rank].pid;
+  if (pid <= 0) return true;
+  if (kill(pid, 0) == -1 && errno == ESRCH) return false;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = fopen(path, "r");
+  if (f == nullptr) return true;  // no procfs: assume alive
+  char buf[256];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* paren = strrchr(buf, ')');
+  return !(paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+epResult_t Exchanger::failTimeout(const std::vector<StreamSpec>& sends,
+                                  const std::vector<StreamSpec>& recvs, const std::vector<int>& sent,
+                                  int recv_cursor, const std::vector<int>& received, const char* what,
+                                  uint64_t call_seq) {
+  std::string who;
+  if (recv_cursor < comm_->nranks && recv_cursor != comm_->rank &&
+      received[recv_cursor] < recvs[recv_cursor].records)
+    who = "rank " + std::to_string(recv_cursor) + " has not sent its data";
+  for (int d = 0; d < comm_->nranks; d++) {
+    if (d == comm_->rank || sent[d] >= sends[d].records) continue;
+    if (!who.empty()) who += "; ";
+    who += "rank " + std::to_string(d) + " has not taken this rank's data";
+  }
+  comm_->broken.store(epTimeout);
+  return setError(comm_, epTimeout, "%s (call %llu): %s within %d ms", what,
+                  (unsigned long long)call_seq, who.empty() ? "no progress" : who.c_str(),
+                  comm_->cfg.timeout_ms);
+}
+
+epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
+                          std::vector<StreamSpec>& recvs, const char* what) {
+  const int R = comm_->nranks, me = comm_->rank, per_chunk = geo_.chunk_records;
+  std::vector<int> sent(R, 0), received(R, 0);
+  void* my_segment = segments_[me];
+  int recv_cursor = 0;
+  auto last_progress = Clock::now();
+  const auto timeout = std::chrono::milliseconds(comm_->cfg.timeout_ms);
+  unsigned idle_rounds = 0;
+
+  auto sendsPending = [&] {
+    for (int d = 0; d < R; d++)
+      if (d != me && sent[d] < sends[d].records) return true;
+    return false;
+  };
+
+  while (recv_cursor < R || sendsPending()) {
+    bool progress = false;
+
+    // Send: fill every ring that has room.
+    for (int d = 0; d < R; d++) {
+      if (d == me) continue;
+      RingCtrl* ctrl = geo_.ctrl(segments_[d], me);
+      while (sent[d] < sends[d].records) {
+        uint64_t head = ctrl->head;  // only this rank writes it
+        if (head - loadAcquire(&ctrl->tail) >= uint64_t(geo_.slots)) break;
+        int n = std::min(per_chunk, sends[d].records - sent[d]);
+        ChunkHeader* slot = geo_.slot(segments_[d], me, head);
+        slot->call_seq = call_seq;
+        slot->kind = kind;
+        slot->first = uint32_t(sent[d]);
+        slot->count = uint32_t(n);
+        sends[d].pack(sent[d], n, reinterpret_cast<uint8_t*>(slot + 1));
+        storeRelease(&ctrl->head, head + 1);
+        sent[d] += n;
+        progress = true;
+      }
+    }
+
+    // Receive, in ascending source order.
+    while (recv_cursor < R) {
+      int s = recv_cursor;
+      if (received[s] >= recvs[s].records) {
+        recv_cursor++;
+        continue;
+      }
+      if (s == me) {  // own stream: straight from pack to unpack
+        while (received[s] < recvs[s].records) {
+          int n = std::min(per_chunk, recvs[s].records - received[s]);
+          sends[me].pack(received[s], n, scratch_.data());
+          recvs[me].unpack(received[s], n, scratch_.data());
+          received[s] += n;
+        }
+        progress = true;
+        continue;
+      }
+      RingCtrl* ctrl = geo_.ctrl(my_segment, s);
+      uint64_t tail = ctrl->tail;  // only this rank writes it
+      if (loadAcquire(&ctrl->head) == tail) break;  // nothing yet from s
+      const ChunkHeader* slot = geo_.slot(my_segment, s, tail);
+      if (slot->call_seq != call_seq || slot->kind != kind || slot->first != uint32_t(received[s]) ||
+          slot->count == 0 || int(slot->count) > recvs[s].records - received[s]) {
+        comm_->broken.store(epInvalidUsage);
+        return setError(comm_, epInvalidUsage,
+                        "%s (call %llu): rank %d sent %s data of its call %llu: ranks must issue "
+                        "the same collective calls in the same order",
+                        what, (unsigned long long)call_seq, s, kindName(slot->kind),
+                        (unsigned long long)slot->call_seq);
+      }
+      recvs[s].unpack(received[s], int(slot->count), reinterpret_cast<const uint8_t*>(slot + 1));
+      received[s] += int(slot->count);
+      storeRelease(&ctrl->tail, tail + 1);
+      progress = true;
+    }
+
+    if (progress) {
+      last_progress = Clock::now();
+      idle_rounds = 0;
+      continue;
+    }
+    // Idle: give the core away (ranks often outnumber cores), watch for abort,
+    // dead peers and the timeout.
+    if (comm_->abort_flag.load(std::memory_order_relaxed))
+      return setError(comm_, epAborted, "%s: communicator aborted", what);
+    idle_rounds++;
+    if (idle_rounds < 64) {
+      sched_yield();
+      continue;
+    }
+    struct timespec nap = {0, idle_rounds < 4096 ? 2000L : 200000L};
+    nanosleep(&nap, nullptr);
+    if ((idle_rounds & 63) == 0) {
+      for (int r = 0; r < R; r++) {
+        if (r == me) continue;
+        bool waiting_on_r = (r == recv_cursor) || (sent[r] < sends[r].records);
+        if (waiting_on_r && !peerAlive(r)) {
+          comm_->broken.store(epRemoteError);
+          return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what,
+                          (unsigned long long)call_seq, r, comm_->peers[r].pid);
+        }
+      }
+      if (Clock::now() - last_progress > timeout)
+        return failTimeout(sends, recvs, sent, recv_cursor, received, what, call_seq);
+    }
+  }
+  return epSuccess;
+}
+
+}  // namespace host
+}  // namespace ep

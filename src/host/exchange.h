@@ -1,0 +1,47 @@
+// The host backend's progress engine: one collective step in which every rank
+// sends a stream of fixed-size records to every rank and receives one from
+// every rank, through the rings of ring.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "../comm.h"
+#include "ring.h"
+
+namespace ep {
+namespace host {
+
+struct StreamSpec {
+  int records = 0;  // records to send to (or receive from) this peer in this step
+  // Send side: write records [first, first + n) of the stream to out.
+  std::function<void(int first, int n, uint8_t* out)> pack;
+  // Receive side: consume records [first, first + n) from in.
+  std::function<void(int first, int n, const uint8_t* in)> unpack;
+};
+
+class Exchanger {
+ public:
+  // segments[r] is rank r's segment as mapped in this process (own one included).
+  Exchanger(epComm* comm, std::vector<void*> segments, const RingGeometry& geometry);
+  // Runs one step. Receives are consumed in ascending source rank order (this
+  // rank's own stream at its place), which is what makes combine deterministic.
+  // `what` names the step in error messages ("dispatch counts").
+  epResult_t run(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
+                 std::vector<StreamSpec>& recvs, const char* what);
+
+ private:
+  bool peerAlive(int rank) const;
+  epResult_t failTimeout(const std::vector<StreamSpec>& sends, const std::vector<StreamSpec>& recvs,
+                         const std::vector<int>& sent, int recv_cursor, const std::vector<int>& received,
+                         const char* what, uint64_t call_seq);
+
+  epComm* comm_;
+  std::vector<void*> segments_;
+  RingGeometry geo_;
+  std::vector<uint8_t> scratch_;  // one chunk of records for this rank's stream to itself
+};
+
+}  // namespace host
+}  // namespace ep

@@ -1,0 +1,326 @@
+// The host backend: the SPEC operations on host memory between the ranks of
+// one machine, through the shm transport. It is the reference the GPU kernels
+// are checked against, so it favours clarity: one record per token, packed and
+// unpacked by plain loops, sums in float32 in ascending source-rank order.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "../backend.h"
+#include "../bootstrap.h"
+#include "../checks.h"
+#include "../params.h"
+#include "../transport.h"
+#include "convert.h"
+#include "exchange.h"
+
+namespace ep {
+namespace {
+
+using host::ChunkKind;
+using host::Exchanger;
+using host::RingGeometry;
+using host::StreamSpec;
+
+size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Bytes of one dispatched token on the wire: row, scales, local expert ids, weights.
+struct DispatchRecord {
+  size_t row_bytes, scale_bytes, idx_bytes, weight_bytes;
+  size_t total() const { return roundUp(row_bytes + scale_bytes + idx_bytes + weight_bytes, 16); }
+};
+
+DispatchRecord dispatchRecord(const Config& c) {
+  DispatchRecord r;
+  r.row_bytes = size_t(c.hidden) * dataTypeSize(c.dispatch_type);
+  r.scale_bytes = c.dispatch_type == epFloat8E4M3 ? size_t((c.hidden + 127) / 128) * 4 : 0;
+  r.idx_bytes = size_t(c.max_topk) * 8;
+  r.weight_bytes = size_t(c.max_topk) * 4;
+  return r;
+}
+
+size_t combineRecordBytes(const Config& c) {
+  return roundUp(size_t(c.hidden) * dataTypeSize(c.combine_type) + size_t(c.max_topk) * 4, 16);
+}
+
+class HostBackend : public Backend {
+ public:
+  explicit HostBackend(epComm* comm) : comm_(comm) {}
+  ~HostBackend() override;
+  epResult_t init();
+
+  const char* name() const override { return "host"; }
+  size_t bufferBytes() const override { return geo_.segmentBytes(); }
+  epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) override;
+  epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
+
+ private:
+  Placement placement() const {
+    Placement p;
+    p.num_experts = comm_->cfg.num_experts;
+    p.nranks = comm_->nranks;
+    p.experts_per_rank = comm_->num_local_experts;
+    return p;
+  }
+
+  epComm* comm_;
+  RingGeometry geo_;
+  const TransportEntry* shm_ = nullptr;
+  void* own_mem_ = nullptr;
+  std::vector<void*> segments_;  // [R] mapped segments, own included
+  std::vector<void*> conns_;     // [R] transport connections (nullptr for self)
+  std::unique_ptr<Exchanger> exchanger_;
+};
+
+HostBackend::~HostBackend() {
+  exchanger_.reset();
+  if (shm_ == nullptr) return;
+  for (void* c : conns_)
+    if (c) shm_->table->close(shm_->ctx, c);
+  if (own_mem_) shm_->table->dereg_mem(shm_->ctx, own_mem_);
+}
+
+epResult_t HostBackend::init() {
+  const Config& cfg = comm_->cfg;
+  const int R = comm_->nranks;
+  std::string why;
+  shm_ = transportFind("shm", &why);
+  if (shm_ == nullptr)
+    return setError(comm_, epNotSupported, "host backend needs the shm transport: %s", why.c_str());
+  for (int r = 0; r < R; r++) {
+    int ok = 0;
+    shm_->table->can_connect(shm_->ctx, &comm_->peers[comm_->rank], &comm_->peers[r], &ok);
+    if (!ok)
+      return setError(comm_, epNotSupported,
+                      "host backend: rank %d is on another machine and this build has no network "
+                      "transport for host memory",
+                      r);
+  }
+
+  // Size the rings: as large as the defaults ask, shrunk to the cap if one is set.
+  geo_.nranks = R;
+  geo_.slots = int(std::max<int64_t>(2, param::HOST_RING_SLOTS()));
+  geo_.record_bytes = std::max({dispatchRecord(cfg).total(), combineRecordBytes(cfg), size_t(16)});
+  geo_.chunk_records = int(std::max<int64_t>(1, param::HOST_CHUNK_TOKENS()));
+  if (cfg.buffer_bytes_cap > 0) {
+    while (geo_.chunk_records > 1 && geo_.segmentBytes() > cfg.buffer_bytes_cap)
+      geo_.chunk_records /= 2;
+    if (geo_.segmentBytes() > cfg.buffer_bytes_cap) {
+      geo_.slots = 2;
+      if (geo_.segmentBytes() > cfg.buffer_bytes_cap)
+        return setError(comm_, epInvalidArgument,
+                        "config.buffer_bytes_cap = %zu is too small: the host backend needs at "
+                        "least %zu bytes for %d ranks with rows of %zu bytes",
+                        cfg.buffer_bytes_cap, geo_.segmentBytes(), R, geo_.record_bytes);
+    }
+  }
+  EP_INFO(kSubsysInit, "host backend: %d rings of %d slots x %d records x %zu bytes = %zu bytes", R,
+          geo_.slots, geo_.chunk_records, geo_.record_bytes, geo_.segmentBytes());
+
+  // Register this rank's segment and exchange handles.
+  std::vector<char> handles(size_t(R) * EP_TRANSPORT_HANDLE_BYTES, 0);
+  void* own_ptr = nullptr;
+  epResult_t res = shm_->table->reg_mem(shm_->ctx, geo_.segmentBytes(), EP_TRANSPORT_MEM_HOST,
+                                        &own_ptr, &handles[size_t(comm_->rank) * EP_TRANSPORT_HANDLE_BYTES],
+                                        &own_mem_);
+  if (res != epSuccess)
+    return setError(comm_, res, "host backend: cannot allocate a %zu-byte shared segment (EP_SHM_DIR=%s)",
+                    geo_.segmentBytes(), param::SHM_DIR());
+  EPCHECK(bootstrapAllGather(comm_->bootstrap, handles.data(), EP_TRANSPORT_HANDLE_BYTES));
+  segments_.assign(R, nullptr);
+  conns_.assign(R, nullptr);
+  segments_[comm_->rank] = own_ptr;
+  for (int r = 0; r < R; r++) {
+    if (r == comm_->rank) continue;
+    res = shm_->table->connect(shm_->ctx, &comm_->peers[r], &handles[size_t(r) * EP_TRANSPORT_HANDLE_BYTES],
+                               &segments_[r], &conns_[r]);
+    if (res != epSuccess) return setError(comm_, res, "host backend: cannot map rank %d's segment", r);
+  }
+  // Every peer mapped every segment: the names can go.
+  EPCHECK(bootstrapBarrier(comm_->bootstrap));
+  shm_->table->connected(shm_->ctx, own_mem_);
+  exchanger_ = std::make_unique<Exchanger>(comm_, segments_, geo_);
+  return epSuccess;
+}
+
+epResult_t HostBackend::layout(const epLayoutArgs_t& a, epStream_t) {
+  computeLayout(placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk,
+                comm_->nodes.node_of_rank.data(), comm_->nodes.num_nodes, a.tokens_per_rank,
+                a.tokens_per_node, a.tokens_per_expert, a.is_token_in_rank);
+  return epSuccess;
+}
+
+epResult_t HostBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream_t) {
+  const int R = comm_->nranks;
+  Routing routing;
+  buildSendSide(placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, &routing);
+
+  // Count exchange: one 8-byte record to every rank, one from every rank.
+  std::vector<int> recv_count(R, 0);
+  std::vector<StreamSpec> sends(R), recvs(R);
+  for (int r = 0; r < R; r++) {
+    sends[r].records = 1;
+    sends[r].pack = [&routing, r](int, int, uint8_t* out) {
+      int64_t n = routing.sendCount(r);
+      memcpy(out, &n, 8);
+    };
+    recvs[r].records = 1;
+    recvs[r].unpack = [&recv_count, r](int, int, const uint8_t* in) {
+      int64_t n;
+      memcpy(&n, in, 8);
+      recv_count[r] = int(n);
+    };
+  }
+  EPCHECK(exchanger_->run(host::kChunkCounts, ++comm_->call_seq, sends, recvs, "dispatch counts"));
+  buildRecvSide(recv_count, &routing);
+  h->routing = std::move(routing);
+  h->counts_known = true;
+  return epSuccess;
+}
+
+epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStream_t) {
+  const Config& cfg = comm_->cfg;
+  const int R = comm_->nranks, me = comm_->rank, K = a.num_topk;
+  const Routing& rt = h->routing;
+  const DispatchRecord rec = dispatchRecord(cfg);
+  const size_t elem = dataTypeSize(cfg.dispatch_type);
+  const size_t row_bytes = size_t(cfg.hidden) * elem;
+  const size_t x_stride = a.x_stride ? a.x_stride : row_bytes;
+  const int nblocks = (cfg.hidden + 127) / 128;
+  const bool fp8 = cfg.dispatch_type == epFloat8E4M3;
+  const size_t s_tok = a.scales_token_stride ? a.scales_token_stride : size_t(nblocks);
+  const size_t s_blk = a.scales_block_stride ? a.scales_block_stride : 1;
+  const bool with_topk = a.topk_idx != nullptr;
+  const Placement pl = placement();
+  const bool fits = rt.num_recv <= a.recv_capacity;
+
+  std::vector<StreamSpec> sends(R), recvs(R);
+  for (int d = 0; d < R; d++) {
+    sends[d].records = rt.sendCount(d);
+    sends[d].pack = [&, d](int first, int n, uint8_t* out) {
+      for (int i = 0; i < n; i++, out += rec.total()) {
+        int t = rt.send_tokens[rt.send_offset[d] + first + i];
+        uint8_t* p = out;
+        memcpy(p, static_cast<const char*>(a.x) + size_t(t) * x_stride, row_bytes);
+        p += rec.row_bytes;
+        if (fp8) {
+          float* sc = reinterpret_cast<float*>(p);
+          for (int b = 0; b < nblocks; b++) sc[b] = a.x_scales[size_t(t) * s_tok + size_t(b) * s_blk];
+        }
+        p += rec.scale_bytes;
+        if (with_topk)
+          localizeTopk(pl, d, a.topk_idx, a.topk_idx_type, a.topk_weights, t, K,
+                       reinterpret_cast<int64_t*>(p), reinterpret_cast<float*>(p + rec.idx_bytes));
+      }
+    };
+  }
+  std::vector<int> per_expert(comm_->num_local_experts, 0);
+  for (int s = 0; s < R; s++) {
+    recvs[s].records = rt.recv_count[s];
+    recvs[s].unpack = [&, s](int first, int n, const uint8_t* in) {
+      if (!fits) return;  // drain only: the caller's buffers are too small
+      for (int i = 0; i < n; i++, in += rec.total()) {
+        int64_t row = rt.recv_offset[s] + first + i;
+        const uint8_t* p = in;
+        memcpy(static_cast<char*>(a.recv_x) + size_t(row) * row_bytes, p, row_bytes);
+        p += rec.row_bytes;
+        if (fp8 && a.recv_scales) memcpy(a.recv_scales + size_t(row) * nblocks, p, size_t(nblocks) * 4);
+        p += rec.scale_bytes;
+        if (!with_topk) continue;
+        const int64_t* idx = reinterpret_cast<const int64_t*>(p);
+        const float* w = reinterpret_cast<const float*>(p + rec.idx_bytes);
+        if (a.recv_topk_idx) memcpy(a.recv_topk_idx + size_t(row) * K, idx, size_t(K) * 8);
+        if (a.recv_topk_weights) memcpy(a.recv_topk_weights + size_t(row) * K, w, size_t(K) * 4);
+        for (int k = 0; k < K; k++)
+          if (idx[k] >= 0) per_expert[idx[k]]++;
+      }
+    };
+  }
+  EPCHECK(exchanger_->run(host::kChunkDispatch, ++comm_->call_seq, sends, recvs, "dispatch"));
+  if (!fits)
+    return setError(comm_, epInvalidArgument,
+                    "recv_capacity = %lld is less than the %lld rows this rank receives (the rows "
+                    "were drained so the other ranks completed; nothing was written)",
+                    (long long)a.recv_capacity, (long long)rt.num_recv);
+  // Capacity sizing: rows past num_recv are marked unused with a row of -1.
+  if (a.recv_topk_idx && a.recv_capacity > rt.num_recv && (a.flags & EP_DISPATCH_NO_HOST_SYNC))
+    std::fill(a.recv_topk_idx + size_t(rt.num_recv) * K, a.recv_topk_idx + size_t(a.recv_capacity) * K,
+              int64_t(-1));
+  // A cached re-dispatch without expert ids reports the counts of the first dispatch.
+  if (with_topk) h->routing.recv_per_expert = per_expert;
+  if (a.recv_tokens_per_expert) {
+    const std::vector<int>& counts = h->routing.recv_per_expert;
+    for (int e = 0; e < comm_->num_local_experts; e++)
+      a.recv_tokens_per_expert[e] = e < int(counts.size()) ? alignUp(counts[e], a.expert_alignment) : 0;
+  }
+  if (a.num_recv) *a.num_recv = rt.num_recv;
+  (void)me;
+  return epSuccess;
+}
+
+epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_t) {
+  const Config& cfg = comm_->cfg;
+  const int R = comm_->nranks, H = cfg.hidden;
+  const Routing& rt = h->routing;
+  const epDataType_t type = cfg.combine_type;
+  const size_t row_bytes = size_t(H) * dataTypeSize(type);
+  const size_t y_stride = a.y_stride ? a.y_stride : row_bytes;
+  const int K = a.recv_topk_weights ? a.num_topk : 0;
+  const size_t rec_bytes = combineRecordBytes(cfg);
+  const int T = rt.num_tokens;
+
+  std::vector<float> acc(size_t(T) * H, 0.0f);
+  std::vector<float> acc_w(size_t(T) * (K > 0 ? K : 0), 0.0f);
+  std::vector<StreamSpec> sends(R), recvs(R);
+  for (int s = 0; s < R; s++) {  // rows received from s go back to s, in order
+    sends[s].records = rt.recv_count[s];
+    sends[s].pack = [&, s](int first, int n, uint8_t* out) {
+      for (int i = 0; i < n; i++, out += rec_bytes) {
+        int64_t row = rt.recv_offset[s] + first + i;
+        memcpy(out, static_cast<const char*>(a.y) + size_t(row) * y_stride, row_bytes);
+        if (K > 0) memcpy(out + row_bytes, a.recv_topk_weights + size_t(row) * K, size_t(K) * 4);
+      }
+    };
+  }
+  for (int d = 0; d < R; d++) {  // my tokens come back from d in the order they were sent
+    recvs[d].records = rt.sendCount(d);
+    recvs[d].unpack = [&, d](int first, int n, const uint8_t* in) {
+      for (int i = 0; i < n; i++, in += rec_bytes) {
+        int t = rt.send_tokens[rt.send_offset[d] + first + i];
+        float* dst = &acc[size_t(t) * H];
+        for (int j = 0; j < H; j++) dst[j] += loadAsFloat(in, type, size_t(j));
+        if (K > 0) {
+          const float* w = reinterpret_cast<const float*>(in + row_bytes);
+          for (int k = 0; k < K; k++) acc_w[size_t(t) * K + k] += w[k];
+        }
+      }
+    };
+  }
+  EPCHECK(exchanger_->run(host::kChunkCombine, ++comm_->call_seq, sends, recvs, "combine"));
+  for (int t = 0; t < T; t++) {
+    float* src = &acc[size_t(t) * H];
+    void* out_row = static_cast<char*>(a.out) + size_t(t) * row_bytes;
+    const void* bias_row = a.bias ? static_cast<const char*>(a.bias) + size_t(t) * row_bytes : nullptr;
+    for (int j = 0; j < H; j++) {
+      float v = src[j];
+      if (bias_row) v += loadAsFloat(bias_row, type, size_t(j));
+      storeFromFloat(out_row, type, size_t(j), v);
+    }
+  }
+  if (K > 0 && a.out_topk_weights) memcpy(a.out_topk_weights, acc_w.data(), acc_w.size() * 4);
+  return epSuccess;
+}
+
+}  // namespace
+
+epResult_t createHostBackend(epComm* comm, std::unique_ptr<Backend>* out) {
+  auto backend = std::make_unique<HostBackend>(comm);
+  EPCHECK(backend->init());
+  *out = std::move(backend);
+  return epSuccess;
+}
+
+}  // namespace ep

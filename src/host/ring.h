@@ -1,0 +1,68 @@
+// Per-pair message rings of the host backend.
+//
+// Every rank owns one shared segment, mapped by all its peers. For each source
+// rank s it holds a ring of `slots` chunks that only s writes and only the
+// owner reads:
+//
+//   RingCtrl { head: chunks s has published (written by s),
+//              tail: chunks the owner has consumed (written by the owner) }
+//   slot[i]  { ChunkHeader, records... }
+//
+// s writes chunk n into slot n % slots once n - tail < slots, then publishes
+// head = n + 1 with release order; the owner reads the slot after an acquire
+// load of head and releases it with tail = n + 1. Counters only grow, so no
+// reset is ever needed between calls, and each (source, owner) pair is a FIFO:
+// since every rank issues the same collectives in the same order, the chunks
+// of one call never mix with another's. Each chunk says which call it
+// belongs to, so ranks that fall out of step get an error, not wrong data.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ep {
+namespace host {
+
+struct alignas(64) RingCtrl {
+  uint64_t head;
+  char pad0[56];
+  uint64_t tail;
+  char pad1[56];
+};
+static_assert(sizeof(RingCtrl) == 128, "RingCtrl layout");
+
+enum ChunkKind : uint32_t { kChunkCounts = 1, kChunkDispatch = 2, kChunkCombine = 3 };
+
+struct alignas(64) ChunkHeader {
+  uint64_t call_seq;  // which collective call of the source this chunk belongs to
+  uint32_t kind;      // ChunkKind
+  uint32_t first;     // index of the first record within this call's stream
+  uint32_t count;     // records in this chunk
+  uint32_t pad[11];
+};
+static_assert(sizeof(ChunkHeader) == 64, "ChunkHeader layout");
+
+// Where everything lies inside one rank's segment.
+struct RingGeometry {
+  int nranks = 0;
+  int slots = 0;
+  size_t record_bytes = 0;  // largest record of any kind
+  int chunk_records = 0;    // records per chunk
+  size_t slotBytes() const { return sizeof(ChunkHeader) + size_t(chunk_records) * record_bytes; }
+  size_t ringBytes() const { return sizeof(RingCtrl) + size_t(slots) * slotBytes(); }
+  size_t segmentBytes() const { return size_t(nranks) * ringBytes(); }
+  // The ring that source rank `src` writes, inside the segment at base.
+  RingCtrl* ctrl(void* base, int src) const {
+    return reinterpret_cast<RingCtrl*>(static_cast<char*>(base) + size_t(src) * ringBytes());
+  }
+  ChunkHeader* slot(void* base, int src, uint64_t n) const {
+    char* ring = reinterpret_cast<char*>(ctrl(base, src)) + sizeof(RingCtrl);
+    return reinterpret_cast<ChunkHeader*>(ring + size_t(n % uint64_t(slots)) * slotBytes());
+  }
+};
+
+inline uint64_t loadAcquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void storeRelease(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+}  // namespace host
+}  // namespace ep

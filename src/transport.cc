@@ -1,0 +1,164 @@
+#include "transport.h"
+
+#include <dlfcn.h>
+#include <dirent.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "debug.h"
+#include "params.h"
+
+namespace ep {
+
+namespace {
+
+std::vector<const epTransport_v1_t*>& builtins() {
+  static std::vector<const epTransport_v1_t*> list;
+  return list;
+}
+
+std::vector<TransportEntry>& registry() {
+  static std::vector<TransportEntry> list;
+  return list;
+}
+
+void transportLog(epTransportLogLevel_t level, const char* transport, const char* fmt, ...) {
+  LogLevel lvl = level == epTransportLogWarn ? kLogWarn
+                 : level == epTransportLogInfo ? kLogInfo
+                                               : kLogTrace;
+  if (!logEnabled(lvl, kSubsysTransport)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  logMessage(lvl, kSubsysTransport, __FILE__, __LINE__, "transport %s: %s", transport, msg);
+}
+
+const char* transportGetParam(const char* name) { return paramEnv(name); }
+
+const epTransportEnv_v1_t kEnv = {EP_TRANSPORT_ABI_VERSION, transportLog, transportGetParam};
+
+// EP_TRANSPORTS: "a,b" keeps only those, "^a,b" drops those, "" keeps all.
+bool allowedByUser(const char* name) {
+  const char* spec = param::TRANSPORTS();
+  if (spec == nullptr || *spec == '\0') return true;
+  bool exclude = spec[0] == '^';
+  if (exclude) spec++;
+  bool listed = false;
+  std::string s(spec);
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    if (s.compare(pos, comma - pos, name) == 0 && strlen(name) == comma - pos) listed = true;
+    pos = comma + 1;
+  }
+  return exclude ? !listed : listed;
+}
+
+void addEntry(const epTransport_v1_t* table, const std::string& origin) {
+  for (const TransportEntry& e : registry())
+    if (strcmp(e.table->name, table->name) == 0) {
+      EP_INFO(kSubsysTransport, "transport %s from %s ignored: %s already loaded from %s",
+              table->name, origin.c_str(), table->name, e.origin.c_str());
+      return;
+    }
+  TransportEntry e;
+  e.table = table;
+  e.origin = origin;
+  if (!allowedByUser(table->name)) {
+    e.reason = "disabled by EP_TRANSPORTS";
+  } else if (table->version > EP_TRANSPORT_ABI_VERSION) {
+    e.reason = "built for transport ABI v" + std::to_string(table->version) +
+               ", newer than this library's v" + std::to_string(EP_TRANSPORT_ABI_VERSION);
+  } else if (table->version < 1) {
+    e.reason = "transport ABI v" + std::to_string(table->version) + " is not supported";
+  } else {
+    epResult_t res = table->init(&kEnv, &e.ctx);
+    if (res == epSuccess) e.available = true;
+    else e.reason = std::string("init failed: ") + epGetErrorString(res);
+  }
+  EP_INFO(kSubsysTransport, "transport %s (%s): %s", table->name, origin.c_str(),
+          e.available ? "available" : e.reason.c_str());
+  registry().push_back(e);
+}
+
+// Directory of libmoeep.so itself, where modules are looked for first.
+std::string libraryDir() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&transportsInit), &info) == 0 || info.dli_fname == nullptr)
+    return "";
+  std::string path(info.dli_fname);
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+void loadModulesFrom(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  const char* prefix = "libmoeep-transport-";
+  while (struct dirent* ent = readdir(d)) {
+    const char* n = ent->d_name;
+    size_t len = strlen(n);
+    if (strncmp(n, prefix, strlen(prefix)) != 0 || len < 4 || strcmp(n + len - 3, ".so") != 0)
+      continue;
+    std::string path = dir + "/" + n;
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      EP_WARN(kSubsysTransport, "transport module %s not loaded: %s", path.c_str(), dlerror());
+      continue;
+    }
+    auto* table = static_cast<const epTransport_v1_t*>(dlsym(lib, "epTransport_v1"));
+    if (table == nullptr) {
+      EP_WARN(kSubsysTransport, "transport module %s has no epTransport_v1 symbol: ignored",
+              path.c_str());
+      dlclose(lib);
+      continue;
+    }
+    addEntry(table, path);  // modules stay loaded for the life of the process
+  }
+  closedir(d);
+}
+
+}  // namespace
+
+void transportRegisterBuiltin(const epTransport_v1_t* table) { builtins().push_back(table); }
+
+void transportsInit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const epTransport_v1_t* t : builtins()) addEntry(t, "built-in");
+    std::string dirs = libraryDir();
+    const char* extra = param::TRANSPORT_PATH();
+    if (extra && *extra) dirs = std::string(extra) + ":" + dirs;
+    size_t pos = 0;
+    while (pos <= dirs.size()) {
+      size_t colon = dirs.find(':', pos);
+      if (colon == std::string::npos) colon = dirs.size();
+      if (colon > pos) loadModulesFrom(dirs.substr(pos, colon - pos));
+      pos = colon + 1;
+    }
+  });
+}
+
+const std::vector<TransportEntry>& transportList() {
+  transportsInit();
+  return registry();
+}
+
+const TransportEntry* transportFind(const char* name, std::string* reason) {
+  for (const TransportEntry& e : transportList()) {
+    if (strcmp(e.table->name, name) != 0) continue;
+    if (e.available) return &e;
+    if (reason) *reason = e.reason;
+    return nullptr;
+  }
+  if (reason) *reason = "not built in and no module found";
+  return nullptr;
+}
+
+}  // namespace ep

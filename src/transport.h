@@ -1,0 +1,44 @@
+// The transport registry: built-in transports and libmoeep-transport-NAME.so
+// modules, filtered by EP_TRANSPORTS, each initialised once per process.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "moeep_transport.h"
+
+namespace ep {
+
+struct TransportEntry {
+  const epTransport_v1_t* table = nullptr;
+  void* ctx = nullptr;        // from table->init, when available
+  bool available = false;     // init succeeded and EP_TRANSPORTS allows it
+  std::string origin;         // "built-in" or the module's path
+  std::string reason;         // why it is unavailable
+};
+
+// Registers a built-in transport (called from static initialisers).
+void transportRegisterBuiltin(const epTransport_v1_t* table);
+
+// Initialises the registry once; safe to call often, from any thread.
+void transportsInit();
+const std::vector<TransportEntry>& transportList();
+// The available transport called name, or nullptr (with reason, if known).
+const TransportEntry* transportFind(const char* name, std::string* reason = nullptr);
+
+}  // namespace ep
+
+// In-tree transports define their table with this macro. Built into the
+// library it registers the table at load time; built as a module it exports
+// the table as epTransport_v1, the one symbol a module must have.
+#ifdef EP_TRANSPORT_MODULE
+#define EP_TRANSPORT_DEFINE(table) \
+  extern "C" __attribute__((visibility("default"))) const epTransport_v1_t epTransport_v1 = table;
+#else
+#define EP_TRANSPORT_DEFINE(table)                                      \
+  namespace {                                                            \
+  struct TransportRegistrar_##table {                                    \
+    TransportRegistrar_##table() { ::ep::transportRegisterBuiltin(&table); } \
+  } transport_registrar_##table;                                         \
+  }
+#endif
