@@ -32,7 +32,7 @@ LDFLAGS_LIB := -shared -Wl,-soname,libmoeep.so.$(VERSION_MAJOR) -Wl,--no-undefin
 LIBS := -ldl -lrt
 
 ifeq ($(CUDA),auto)
-  ifneq ($(wildcard $(NVCC)),)
+  ifneq ($(and $(wildcard $(NVCC)),$(wildcard src/cuda/*.cc)),)
     CUDA := 1
   else
     CUDA := 0
@@ -66,8 +66,8 @@ TOOL_COMMON := $(wildcard tools/common/*.cc)
 UNIT_SRCS := $(wildcard tests/unit/test_*.cc)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.cc=$(BUILD)/tests/%)
 # Multi-process tests: public API only.
-MP_SRCS := $(wildcard tests/mp/*.c) $(wildcard tests/mp/*.cc)
-MP_BINS := $(patsubst tests/mp/%,$(BUILD)/tests/%,$(basename $(MP_SRCS)))
+MP_SRCS := $(wildcard tests/mp/*.cc)
+MP_BINS := $(MP_SRCS:tests/mp/%.cc=$(BUILD)/tests/%)
 
 RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 
@@ -109,14 +109,10 @@ $(BUILD)/tests/test_%: tests/unit/test_%.cc $(LIB_INTERNAL)
 	$(CXX) $(CPPFLAGS_BASE) -Itests $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ $(LIB_INTERNAL) \
 	  -lcmocka $(LIBS) $(LDFLAGS)
 
-$(BUILD)/tests/%: tests/mp/%.c $(LIB_DEV)
+$(BUILD)/tests/%: tests/mp/%.cc $(TOOL_COMMON) $(LIB_DEV)
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Iinclude -Itests -pthread $< -o $@ \
-	  -L$(BUILD)/lib -lmoeep -lm $(RPATH)
-
-$(BUILD)/tests/%: tests/mp/%.cc $(LIB_DEV)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS_BASE) -Itests $(CXXFLAGS_BASE) $< -o $@ -L$(BUILD)/lib -lmoeep $(RPATH)
+	$(CXX) $(CPPFLAGS_BASE) -Itests -Itools $(CXXFLAGS_BASE) $< $(TOOL_COMMON) -o $@ \
+	  -L$(BUILD)/lib -lmoeep $(RPATH)
 
 # Every level this machine supports, each saying what it ran or skipped.
 test: all

@@ -154,9 +154,6 @@ epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_
   if (a.expert_alignment < 0)
     return setError(comm, epInvalidArgument, "%s: expert_alignment = %d is negative", fn,
                     a.expert_alignment);
-  if ((a.recv_topk_idx || a.recv_topk_weights) && a.topk_idx == nullptr && a.num_tokens > 0)
-    return setError(comm, epInvalidArgument,
-                    "%s: recv_topk_idx / recv_topk_weights need topk_idx (also in a cached dispatch)", fn);
   if (a.topk_idx != nullptr && !new_routing && (a.num_topk < 1 || a.num_topk > c.max_topk))
     return setError(comm, epInvalidArgument, "%s: num_topk = %d is outside 1..%d", fn, a.num_topk, c.max_topk);
   return epSuccess;

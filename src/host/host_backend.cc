@@ -25,10 +25,13 @@ using host::StreamSpec;
 
 size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-// Bytes of one dispatched token on the wire: row, scales, local expert ids, weights.
+// Bytes of one dispatched token on the wire: row, scales, local expert ids,
+// weights, and a word that says whether the sender carried ids and weights
+// (a cached re-dispatch may not).
 struct DispatchRecord {
   size_t row_bytes, scale_bytes, idx_bytes, weight_bytes;
-  size_t total() const { return roundUp(row_bytes + scale_bytes + idx_bytes + weight_bytes, 16); }
+  size_t flagOffset() const { return row_bytes + scale_bytes + idx_bytes + weight_bytes; }
+  size_t total() const { return roundUp(flagOffset() + 4, 16); }
 };
 
 DispatchRecord dispatchRecord(const Config& c) {
@@ -214,10 +217,13 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
         if (with_topk)
           localizeTopk(pl, d, a.topk_idx, a.topk_idx_type, a.topk_weights, t, K,
                        reinterpret_cast<int64_t*>(p), reinterpret_cast<float*>(p + rec.idx_bytes));
+        uint32_t has_topk = with_topk ? 1 : 0;
+        memcpy(out + rec.flagOffset(), &has_topk, 4);
       }
     };
   }
   std::vector<int> per_expert(comm_->num_local_experts, 0);
+  bool all_had_topk = true;
   for (int s = 0; s < R; s++) {
     recvs[s].records = rt.recv_count[s];
     recvs[s].unpack = [&, s](int first, int n, const uint8_t* in) {
@@ -229,7 +235,14 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
         p += rec.row_bytes;
         if (fp8 && a.recv_scales) memcpy(a.recv_scales + size_t(row) * nblocks, p, size_t(nblocks) * 4);
         p += rec.scale_bytes;
-        if (!with_topk) continue;
+        uint32_t has_topk;
+        memcpy(&has_topk, in + rec.flagOffset(), 4);
+        if (!has_topk) {  // the sender passed no expert ids: nothing to report for this row
+          all_had_topk = false;
+          if (a.recv_topk_idx) std::fill_n(a.recv_topk_idx + size_t(row) * K, K, int64_t(-1));
+          if (a.recv_topk_weights) std::fill_n(a.recv_topk_weights + size_t(row) * K, K, 0.0f);
+          continue;
+        }
         const int64_t* idx = reinterpret_cast<const int64_t*>(p);
         const float* w = reinterpret_cast<const float*>(p + rec.idx_bytes);
         if (a.recv_topk_idx) memcpy(a.recv_topk_idx + size_t(row) * K, idx, size_t(K) * 8);
@@ -250,7 +263,7 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
     std::fill(a.recv_topk_idx + size_t(rt.num_recv) * K, a.recv_topk_idx + size_t(a.recv_capacity) * K,
               int64_t(-1));
   // A cached re-dispatch without expert ids reports the counts of the first dispatch.
-  if (with_topk) h->routing.recv_per_expert = per_expert;
+  if (all_had_topk) h->routing.recv_per_expert = per_expert;
   if (a.recv_tokens_per_expert) {
     const std::vector<int>& counts = h->routing.recv_per_expert;
     for (int e = 0; e < comm_->num_local_experts; e++)

@@ -1,0 +1,764 @@
+// Bootstrap: root rendezvous, then a TCP ring for allgather and barrier.
+//
+// Protocol (all structs are fixed-size, host byte order: every rank of a job
+// runs the same build on the same architecture):
+//   rank -> root : RootHello  {magic, nonce, rank, nranks, timeout, time left, listen address}
+//   root -> rank : RootReply  {status, address of rank (rank+1)%nranks, message}
+//   rank -> next : RingHello  {magic, nonce, rank, nranks}      (on the ring connection)
+//   each collective: OpHeader exchanged with the neighbours first, so that ranks
+//   that call different collectives or sizes fail with a message instead of hanging.
+#include "bootstrap.h"
+
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "debug.h"
+#include "params.h"
+#include "socket.h"
+
+namespace ep {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kIdMagic[8] = {'m', 'o', 'e', 'e', 'p', 'B', 'S', '1'};
+constexpr uint64_t kRootHelloMagic = 0x6570426f6f74486cull;  // "epBootHl"
+constexpr uint64_t kRingHelloMagic = 0x6570426f6f745267ull;  // "epBootRg"
+constexpr uint32_t kOpMagic = 0x65704f70u;                    // 'epOp'
+// How much longer a rank waits for the root's reply than its own timeout: the
+// root times out at the same moment and its reply (naming the missing ranks) is
+// far more useful than "the root did not answer".
+constexpr int kRootReplyGraceMs = 1000;
+// Upper bound on sending the final replies, so one stuck rank cannot hold the root.
+constexpr int kRootReplySendMs = 5000;
+// A connection to the root that has not sent its hello by then is dropped.
+constexpr int kRootHelloIdleMs = 30000;
+
+// The unique id's content; the rest of the 128 bytes is zero.
+struct IdLayout {
+  char magic[8];
+  uint64_t nonce;
+  PackedAddress root;
+};
+static_assert(sizeof(IdLayout) <= EP_UNIQUE_ID_BYTES, "unique id layout too large");
+
+struct RootHello {
+  uint64_t magic;
+  uint64_t nonce;
+  int32_t rank;
+  int32_t nranks;
+  int32_t timeout_ms;    // for the message: what the rank was configured with
+  int32_t remaining_ms;  // what is left of it on arrival (-1: no deadline)
+  PackedAddress listen;  // where the ring predecessor connects
+  uint32_t reserved;
+};
+static_assert(sizeof(RootHello) == 56, "wire format");
+
+struct RootReply {
+  int32_t status;  // epResult_t
+  int32_t reserved;
+  PackedAddress next;
+  char message[488];
+};
+static_assert(sizeof(RootReply) == 516, "wire format");
+
+struct RingHello {
+  uint64_t magic;
+  uint64_t nonce;
+  int32_t rank;
+  int32_t nranks;
+};
+
+enum OpKind : uint32_t { kOpAllGather = 1, kOpBarrier = 2 };
+
+struct OpHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t seq;
+  uint64_t bytes_per_rank;
+};
+
+const char* opName(uint32_t kind) { return kind == kOpBarrier ? "barrier" : "allgather"; }
+
+int clampMs(int64_t ms) { return int(std::min<int64_t>(std::max<int64_t>(ms, 0), INT_MAX)); }
+
+// Timeout of one operation: the caller's, else EP_TIMEOUT_MS (<= 0: none).
+int effectiveTimeoutMs(int timeout_ms) {
+  return timeout_ms > 0 ? timeout_ms : clampMs(param::TIMEOUT_MS());
+}
+
+uint64_t freshNonce() {
+  uint64_t nonce = 0;
+  if (getrandom(&nonce, sizeof(nonce), GRND_NONBLOCK) != ssize_t(sizeof(nonce))) {
+    // No entropy yet (early boot): time and pid still tell two jobs apart.
+    nonce = uint64_t(Clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull ^
+            (uint64_t(getpid()) << 32);
+  }
+  return nonce != 0 ? nonce : 1;
+}
+
+// "2,3,7" with at most a few dozen entries listed.
+std::string rankList(const std::vector<int>& ranks) {
+  constexpr size_t kMaxListed = 32;
+  std::string s;
+  for (size_t i = 0; i < ranks.size() && i < kMaxListed; i++)
+    s += (i ? "," : "") + std::to_string(ranks[i]);
+  if (ranks.size() > kMaxListed) s += ",... (" + std::to_string(ranks.size()) + " in all)";
+  return s;
+}
+
+// ---- Root ------------------------------------------------------------------
+
+class Root {
+ public:
+  Root(Fd listen_fd, uint64_t nonce, SocketAddress addr)
+      : listen_fd_(std::move(listen_fd)), nonce_(nonce), addr_(addr) {}
+
+  void run() {
+    const int64_t fallback_ms = param::TIMEOUT_MS();
+    fallback_deadline_ = fallback_ms > 0 ? Clock::now() + std::chrono::milliseconds(fallback_ms)
+                                         : Clock::time_point::max();
+    for (;;) {
+      if (nranks_ > 0 && arrived_ == nranks_) {
+        replySuccess();
+        return;
+      }
+      if (Clock::now() >= deadline()) {
+        replyTimeout();
+        return;
+      }
+      pollOnce();
+    }
+  }
+
+ private:
+  struct Pending {
+    Fd fd;
+    SocketAddress peer;
+    RootHello hello;
+    size_t got = 0;
+    Clock::time_point since;
+  };
+  struct Arrived {
+    Fd fd;
+    SocketAddress peer;
+    RootHello hello;
+    Clock::time_point deadline;
+  };
+
+  // The earliest deadline of the ranks that are here; before any came (or after
+  // all left), EP_TIMEOUT_MS from the start, so the thread never lingers forever.
+  Clock::time_point deadline() const {
+    if (arrived_ == 0) return last_deadline_ != Clock::time_point::max() ? last_deadline_ : fallback_deadline_;
+    Clock::time_point d = Clock::time_point::max();
+    for (const Arrived& a : ranks_)
+      if (a.fd.valid()) d = std::min(d, a.deadline);
+    return d;
+  }
+
+  void pollOnce() {
+    std::vector<pollfd> fds;
+    fds.push_back({listen_fd_.get(), POLLIN, 0});
+    for (const Pending& p : pending_) fds.push_back({p.fd.get(), POLLIN, 0});
+    // Watching the arrived ranks shows when one gives up (closes) while waiting.
+    std::vector<int> arrived_index;
+    for (size_t r = 0; r < ranks_.size(); r++)
+      if (ranks_[r].fd.valid()) {
+        fds.push_back({ranks_[r].fd.get(), POLLIN, 0});
+        arrived_index.push_back(int(r));
+      }
+    auto d = deadline();
+    int slice = 100;
+    if (d != Clock::time_point::max())
+      slice = int(std::min<int64_t>(
+          100, std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(d - Clock::now()).count())));
+    int rc = ::poll(fds.data(), fds.size(), slice);
+    if (rc <= 0) {
+      dropIdlePending();
+      return;
+    }
+    // Arrived ranks first: the indices below refer to this poll's fds.
+    for (size_t i = 0; i < arrived_index.size(); i++)
+      if (fds[1 + pending_.size() + i].revents != 0) checkArrived(arrived_index[i]);
+    std::vector<Pending> still_pending;
+    for (size_t i = 0; i < pending_.size(); i++) {
+      Pending& p = pending_[i];
+      if (fds[1 + i].revents != 0 && !readHello(&p)) continue;  // dropped or promoted
+      if (p.fd.valid()) still_pending.push_back(std::move(p));
+    }
+    pending_ = std::move(still_pending);
+    if (fds[0].revents != 0) acceptAll();
+    dropIdlePending();
+  }
+
+  void acceptAll() {
+    for (;;) {
+      Fd fd;
+      SocketAddress peer;
+      // A zero timeout: take what is in the backlog now, never block the loop.
+      Wait now_only;
+      now_only.deadline = Clock::now();
+      IoResult r = acceptConnection(listen_fd_.get(), now_only, &fd, &peer);
+      if (!r.ok()) {
+        if (r.status == IoStatus::kError)
+          EP_WARN(kSubsysBootstrap, "bootstrap root %s: accept failed: %s", addr_.toString().c_str(),
+                  r.describe().c_str());
+        return;
+      }
+      Pending p;
+      p.fd = std::move(fd);
+      p.peer = peer;
+      p.since = Clock::now();
+      EP_TRACE(kSubsysBootstrap, "bootstrap root: connection from %s", peer.toString().c_str());
+      pending_.push_back(std::move(p));
+    }
+  }
+
+  void dropIdlePending() {
+    auto now = Clock::now();
+    for (Pending& p : pending_)
+      if (p.fd.valid() && now - p.since > std::chrono::milliseconds(kRootHelloIdleMs)) {
+        EP_WARN(kSubsysBootstrap, "bootstrap root: %s connected but sent no hello, dropped",
+                p.peer.toString().c_str());
+        p.fd.reset();
+      }
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                  [](const Pending& p) { return !p.fd.valid(); }),
+                   pending_.end());
+  }
+
+  // Reads what is there of p's hello. False when p was consumed (moved to the
+  // arrived ranks, rejected or closed); p.fd is then invalid.
+  bool readHello(Pending* p) {
+    char* buf = reinterpret_cast<char*>(&p->hello);
+    for (;;) {
+      ssize_t n = ::recv(p->fd.get(), buf + p->got, sizeof(RootHello) - p->got, MSG_DONTWAIT);
+      if (n > 0) {
+        p->got += size_t(n);
+        if (p->got == sizeof(RootHello)) break;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      p->fd.reset();  // closed before the hello was complete
+      return false;
+    }
+    admit(p);
+    return false;
+  }
+
+  void reject(Pending* p, epResult_t status, const std::string& why) {
+    EP_WARN(kSubsysBootstrap, "bootstrap root %s: rejected %s: %s", addr_.toString().c_str(),
+            p->peer.toString().c_str(), why.c_str());
+    sendReply(p->fd.get(), status, nullptr, why, Wait::afterMs(1000));
+    p->fd.reset();
+  }
+
+  void admit(Pending* p) {
+    const RootHello& h = p->hello;
+    if (h.magic != kRootHelloMagic) return reject(p, epInvalidArgument, "not a moeep bootstrap hello");
+    if (h.nonce != nonce_)
+      return reject(p, epInvalidArgument,
+                    "the unique id does not belong to this root (stale id from another run?)");
+    if (h.nranks < 1)
+      return reject(p, epInvalidArgument, "nranks " + std::to_string(h.nranks) + " is not positive");
+    if (nranks_ > 0 && h.nranks != nranks_)
+      return reject(p, epInvalidUsage,
+                    "rank " + std::to_string(h.rank) + " says nranks is " + std::to_string(h.nranks) +
+                        " but the ranks already here say " + std::to_string(nranks_));
+    if (h.rank < 0 || h.rank >= h.nranks)
+      return reject(p, epInvalidArgument,
+                    "rank " + std::to_string(h.rank) + " is out of range for " +
+                        std::to_string(h.nranks) + " ranks");
+    if (nranks_ < 0) {
+      nranks_ = h.nranks;
+      ranks_.clear();
+      ranks_.resize(size_t(nranks_));
+    }
+    Arrived& slot = ranks_[size_t(h.rank)];
+    if (slot.fd.valid())
+      return reject(p, epInvalidUsage,
+                    "rank " + std::to_string(h.rank) + " of " + std::to_string(nranks_) +
+                        " arrived twice (first from " + slot.peer.toString() + ", again from " +
+                        p->peer.toString() + ")");
+    slot.fd = std::move(p->fd);
+    slot.peer = p->peer;
+    slot.hello = h;
+    slot.deadline = h.remaining_ms >= 0 ? Clock::now() + std::chrono::milliseconds(h.remaining_ms)
+                                        : Clock::time_point::max();
+    arrived_++;
+    EP_TRACE(kSubsysBootstrap, "bootstrap root: rank %d/%d arrived from %s (%d/%d here)", h.rank,
+             nranks_, slot.peer.toString().c_str(), arrived_, nranks_);
+  }
+
+  // A waiting rank's socket became readable: it closed (gave up or was
+  // aborted), or it broke the protocol. Either way it no longer counts.
+  void checkArrived(int r) {
+    Arrived& a = ranks_[size_t(r)];
+    char byte;
+    ssize_t n = ::recv(a.fd.get(), &byte, 1, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    EP_INFO(kSubsysBootstrap, "bootstrap root: rank %d left before all ranks arrived", r);
+    last_deadline_ = deadline();
+    a.fd.reset();
+    arrived_--;
+    if (arrived_ == 0) nranks_ = -1;  // nobody is left to hold the job size
+  }
+
+  static void sendReply(int fd, epResult_t status, const PackedAddress* next, const std::string& msg,
+                        const Wait& wait) {
+    RootReply reply;
+    memset(&reply, 0, sizeof(reply));
+    reply.status = status;
+    if (next != nullptr) reply.next = *next;
+    snprintf(reply.message, sizeof(reply.message), "%s", msg.c_str());
+    // Best effort: a rank that is gone cannot be told anything anyway.
+    sendExact(fd, &reply, sizeof(reply), wait);
+  }
+
+  void replySuccess() {
+    Wait wait = Wait::afterMs(kRootReplySendMs);
+    for (int r = 0; r < nranks_; r++) {
+      const PackedAddress& next = ranks_[size_t((r + 1) % nranks_)].hello.listen;
+      sendReply(ranks_[size_t(r)].fd.get(), epSuccess, &next, "", wait);
+    }
+    EP_INFO(kSubsysBootstrap, "bootstrap root %s: all %d ranks arrived", addr_.toString().c_str(),
+            nranks_);
+  }
+
+  void replyTimeout() {
+    if (arrived_ == 0) {
+      EP_INFO(kSubsysBootstrap, "bootstrap root %s: no rank arrived in time, closing",
+              addr_.toString().c_str());
+      return;
+    }
+    std::vector<int> missing;
+    int timeout_ms = INT_MAX;
+    for (int r = 0; r < nranks_; r++) {
+      const Arrived& a = ranks_[size_t(r)];
+      if (!a.fd.valid()) missing.push_back(r);
+      else if (a.hello.timeout_ms > 0) timeout_ms = std::min(timeout_ms, int(a.hello.timeout_ms));
+    }
+    std::string msg = std::string(missing.size() == 1 ? "rank " : "ranks ") + rankList(missing) +
+                      " of " + std::to_string(nranks_) + " did not arrive";
+    if (timeout_ms != INT_MAX) msg += " within " + std::to_string(timeout_ms) + " ms";
+    EP_WARN(kSubsysBootstrap, "bootstrap root %s: %s", addr_.toString().c_str(), msg.c_str());
+    Wait wait = Wait::afterMs(kRootReplySendMs);
+    for (const Arrived& a : ranks_)
+      if (a.fd.valid()) sendReply(a.fd.get(), epTimeout, nullptr, msg, wait);
+  }
+
+  Fd listen_fd_;
+  const uint64_t nonce_;
+  const SocketAddress addr_;
+  Clock::time_point fallback_deadline_ = Clock::time_point::max();
+  Clock::time_point last_deadline_ = Clock::time_point::max();
+  int nranks_ = -1;  // set by the first admitted rank
+  int arrived_ = 0;
+  std::vector<Pending> pending_;
+  std::vector<Arrived> ranks_;
+};
+
+void rootThreadMain(Root* root) {
+  // Nothing may escape a detached thread; the worst case is a rank timing out.
+  try {
+    root->run();
+  } catch (const std::exception& e) {
+    EP_WARN(kSubsysBootstrap, "bootstrap root failed: %s", e.what());
+  } catch (...) {
+    EP_WARN(kSubsysBootstrap, "bootstrap root failed");
+  }
+  delete root;  // closes the listening socket and every connection
+}
+
+}  // namespace
+
+// ---- Rank side ---------------------------------------------------------------
+
+struct Bootstrap {
+  int rank = 0;
+  int nranks = 1;
+  int timeout_ms = 0;  // per operation, <= 0: none
+  uint64_t nonce = 0;
+  const std::atomic<int>* user_abort = nullptr;
+  std::atomic<int> internal_abort{0};
+  epComm* comm = nullptr;
+  Fd next_fd;  // to (rank + 1) % nranks
+  Fd prev_fd;  // from (rank - 1 + nranks) % nranks
+  uint64_t op_seq = 0;
+  // An operation failed half way: the ring's byte streams are out of step.
+  bool broken = false;
+
+  int next() const { return (rank + 1) % nranks; }
+  int prev() const { return (rank - 1 + nranks) % nranks; }
+  Wait opWait() const { return Wait::afterMs(timeout_ms, user_abort, &internal_abort); }
+  bool aborted() const {
+    return internal_abort.load(std::memory_order_acquire) != 0 ||
+           (user_abort != nullptr && user_abort->load(std::memory_order_acquire) != 0);
+  }
+};
+
+epResult_t bootstrapGetUniqueId(epUniqueId* id) {
+  if (id == nullptr) return setError(nullptr, epInvalidArgument, "bootstrap: unique id pointer is NULL");
+  const int family = socketFamilyFromParam();
+  const char* comm_id = param::COMM_ID();
+  SocketAddress bind_addr;
+  std::string error, ifname;
+  if (comm_id != nullptr && *comm_id != '\0') {
+    if (!parseSocketAddress(comm_id, family, &bind_addr, &error))
+      return setError(nullptr, epInvalidArgument, "bootstrap: EP_COMM_ID: %s", error.c_str());
+  } else if (!findInterfaceAddress(param::SOCKET_IFNAME(), family, &bind_addr, &ifname, &error)) {
+    return setError(nullptr, epSystemError, "bootstrap: %s", error.c_str());
+  }
+
+  Fd listen_fd;
+  SocketAddress bound;
+  if (!listenSocket(bind_addr, &listen_fd, &bound, &error))
+    return setError(nullptr, epSystemError, "bootstrap: root: %s", error.c_str());
+  // A wildcard EP_COMM_ID (0.0.0.0:port) listens everywhere, but the id must
+  // carry an address other hosts can dial: that of the chosen interface.
+  SocketAddress advertised = bound;
+  if (bound.isWildcard()) {
+    if (!findInterfaceAddress(param::SOCKET_IFNAME(), bound.family(), &advertised, &ifname, &error))
+      return setError(nullptr, epSystemError, "bootstrap: %s", error.c_str());
+    advertised.setPort(bound.port());
+  }
+
+  IdLayout layout;
+  memset(&layout, 0, sizeof(layout));
+  memcpy(layout.magic, kIdMagic, sizeof(kIdMagic));
+  layout.nonce = freshNonce();
+  packAddress(advertised, &layout.root);
+
+  Root* root = new (std::nothrow) Root(std::move(listen_fd), layout.nonce, advertised);
+  if (root == nullptr) return setError(nullptr, epOutOfMemory, "bootstrap: cannot allocate the root");
+  try {
+    std::thread(rootThreadMain, root).detach();
+  } catch (const std::exception& e) {
+    delete root;
+    return setError(nullptr, epSystemError, "bootstrap: cannot start the root thread: %s", e.what());
+  }
+  memset(id, 0, sizeof(*id));
+  memcpy(id->internal, &layout, sizeof(layout));
+  EP_INFO(kSubsysBootstrap, "bootstrap root listening on %s%s%s", advertised.toString().c_str(),
+          ifname.empty() ? "" : " via ", ifname.c_str());
+  return epSuccess;
+}
+
+bool bootstrapIdValid(const epUniqueId& id) {
+  IdLayout layout;
+  memcpy(&layout, id.internal, sizeof(layout));
+  SocketAddress root;
+  return memcmp(layout.magic, kIdMagic, sizeof(kIdMagic)) == 0 && layout.nonce != 0 &&
+         unpackAddress(layout.root, &root) && root.port() != 0;
+}
+
+namespace {
+
+// The listening address of this rank: where the root connection left from,
+// unless EP_SOCKET_IFNAME picks an interface explicitly.
+bool chooseRankListenAddress(int root_fd, int root_family, SocketAddress* out, std::string* error) {
+  const char* spec = param::SOCKET_IFNAME();
+  if (spec != nullptr && *spec != '\0') {
+    int family = socketFamilyFromParam();
+    return findInterfaceAddress(spec, family != AF_UNSPEC ? family : root_family, out, nullptr, error);
+  }
+  if (!localAddress(root_fd, out)) {
+    *error = std::string("getsockname failed: ") + strerror(errno);
+    return false;
+  }
+  out->setPort(0);
+  return true;
+}
+
+// A failed step of bootstrapInit; `what` names the step and the peer.
+epResult_t ioFailure(epComm* comm, const IoResult& r, int rank, const std::string& what,
+                     int timeout_ms) {
+  switch (r.status) {
+    case IoStatus::kOk: return epSuccess;
+    case IoStatus::kTimeout:
+      return setError(comm, epTimeout, "bootstrap: rank %d: %s within %d ms", rank, what.c_str(),
+                      timeout_ms);
+    case IoStatus::kAborted:
+      return setError(comm, epAborted, "bootstrap: rank %d: aborted (%s)", rank, what.c_str());
+    case IoStatus::kClosed:
+      return setError(comm, epRemoteError, "bootstrap: rank %d: %s: %s", rank, what.c_str(),
+                      r.describe().c_str());
+    case IoStatus::kError:
+      return setError(comm, epSystemError, "bootstrap: rank %d: %s: %s", rank, what.c_str(),
+                      r.describe().c_str());
+  }
+  return epInternalError;
+}
+
+std::string rankText(int rank, const char* rest) { return "rank " + std::to_string(rank) + rest; }
+
+// Connects to the ring successor and accepts the predecessor.
+epResult_t joinRing(Bootstrap* b, int listen_fd, const SocketAddress& next_addr, const Wait& wait) {
+  const int timeout = b->timeout_ms;
+  IoResult r = connectWithRetry(next_addr, wait, &b->next_fd);
+  if (!r.ok()) {
+    return ioFailure(b->comm, r, b->rank,
+                     "could not connect to " + rankText(b->next(), " (ring successor at ") +
+                         next_addr.toString() + ", " + r.describe() + ")",
+                     timeout);
+  }
+  RingHello hello;
+  memset(&hello, 0, sizeof(hello));
+  hello.magic = kRingHelloMagic;
+  hello.nonce = b->nonce;
+  hello.rank = b->rank;
+  hello.nranks = b->nranks;
+  r = sendExact(b->next_fd.get(), &hello, sizeof(hello), wait);
+  if (!r.ok()) return ioFailure(b->comm, r, b->rank, "sending the ring hello to " + rankText(b->next(), ""), timeout);
+
+  // Anything else that dials our port (a stale rank of an earlier run, a port
+  // scanner) is closed and we keep waiting for the real predecessor.
+  for (;;) {
+    Fd fd;
+    SocketAddress peer;
+    r = acceptConnection(listen_fd, wait, &fd, &peer);
+    if (!r.ok())
+      return ioFailure(b->comm, r, b->rank, rankText(b->prev(), " (ring predecessor) did not connect"),
+                       timeout);
+    RingHello got;
+    r = recvExact(fd.get(), &got, sizeof(got), wait);
+    if (r.status == IoStatus::kTimeout || r.status == IoStatus::kAborted)
+      return ioFailure(b->comm, r, b->rank, rankText(b->prev(), " (ring predecessor) did not say hello"),
+                       timeout);
+    if (r.ok() && got.magic == kRingHelloMagic && got.nonce == b->nonce && got.rank == b->prev() &&
+        got.nranks == b->nranks) {
+      b->prev_fd = std::move(fd);
+      return epSuccess;
+    }
+    EP_WARN(kSubsysBootstrap,
+            "bootstrap: rank %d: ignored a connection from %s that is not rank %d of this job",
+            b->rank, peer.toString().c_str(), b->prev());
+  }
+}
+
+}  // namespace
+
+epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout_ms,
+                         const std::atomic<int>* abort_flag, epComm* comm, Bootstrap** out) {
+  if (out == nullptr) return setError(comm, epInvalidArgument, "bootstrap: output pointer is NULL");
+  *out = nullptr;
+  if (nranks < 1) return setError(comm, epInvalidArgument, "bootstrap: nranks %d is not positive", nranks);
+  if (rank < 0 || rank >= nranks)
+    return setError(comm, epInvalidArgument, "bootstrap: rank %d is out of range [0, %d)", rank, nranks);
+  if (!bootstrapIdValid(id))
+    return setError(comm, epInvalidArgument,
+                    "bootstrap: the unique id is not one made by epGetUniqueId (bad magic or address)");
+  IdLayout layout;
+  memcpy(&layout, id.internal, sizeof(layout));
+  SocketAddress root_addr;
+  unpackAddress(layout.root, &root_addr);
+
+  const int timeout = effectiveTimeoutMs(timeout_ms);
+  const Wait wait = Wait::afterMs(timeout, abort_flag);
+  const std::string root_text = root_addr.toString();
+
+  // 1. Reach the root; it may not listen yet when EP_COMM_ID names another host.
+  Fd root_fd;
+  IoResult r = connectWithRetry(root_addr, wait, &root_fd);
+  if (r.status == IoStatus::kTimeout)
+    return setError(comm, epTimeout, "bootstrap: rank %d could not reach the root at %s within %d ms (%s)",
+                    rank, root_text.c_str(), timeout, r.describe().c_str());
+  if (r.status == IoStatus::kAborted)
+    return setError(comm, epAborted, "bootstrap: rank %d: aborted while connecting to the root at %s",
+                    rank, root_text.c_str());
+  if (!r.ok())
+    return setError(comm, epSystemError, "bootstrap: rank %d: connecting to the root at %s failed: %s",
+                    rank, root_text.c_str(), r.describe().c_str());
+
+  // 2. Our own listener exists before the root learns its address, so the
+  //    predecessor's connect can never race ahead of it. One rank needs no ring.
+  Fd listen_fd;
+  SocketAddress listen_addr;
+  if (nranks > 1) {
+    std::string error;
+    SocketAddress bind_addr;
+    if (!chooseRankListenAddress(root_fd.get(), root_addr.family(), &bind_addr, &error) ||
+        !listenSocket(bind_addr, &listen_fd, &listen_addr, &error))
+      return setError(comm, epSystemError, "bootstrap: rank %d: %s", rank, error.c_str());
+  }
+
+  // 3. Hello to the root, then wait until it has heard from everybody.
+  RootHello hello;
+  memset(&hello, 0, sizeof(hello));
+  hello.magic = kRootHelloMagic;
+  hello.nonce = layout.nonce;
+  hello.rank = rank;
+  hello.nranks = nranks;
+  hello.timeout_ms = timeout;
+  hello.remaining_ms = int32_t(std::min<int64_t>(wait.remainingMs(), INT32_MAX));
+  packAddress(listen_addr, &hello.listen);
+  r = sendExact(root_fd.get(), &hello, sizeof(hello), wait);
+  if (!r.ok())
+    return ioFailure(comm, r, rank, "sending the hello to the root at " + root_text, timeout);
+
+  RootReply reply;
+  r = recvExact(root_fd.get(), &reply, sizeof(reply), wait.extendedBy(kRootReplyGraceMs));
+  if (r.status == IoStatus::kTimeout)
+    return setError(comm, epTimeout, "bootstrap: rank %d: the root at %s did not answer within %d ms",
+                    rank, root_text.c_str(), timeout);
+  if (!r.ok())
+    return ioFailure(comm, r, rank, "waiting for the root at " + root_text, timeout);
+  root_fd.reset();
+  reply.message[sizeof(reply.message) - 1] = '\0';
+  if (reply.status != epSuccess) {
+    epResult_t status = reply.status >= int(epUnhandledCudaError) && reply.status <= int(epOutOfMemory)
+                            ? epResult_t(reply.status)
+                            : epInternalError;
+    return setError(comm, status, "bootstrap: rank %d of %d: %s", rank, nranks, reply.message);
+  }
+
+  Bootstrap* b = new (std::nothrow) Bootstrap;
+  if (b == nullptr) return setError(comm, epOutOfMemory, "bootstrap: cannot allocate the bootstrap state");
+  b->rank = rank;
+  b->nranks = nranks;
+  b->timeout_ms = timeout;
+  b->nonce = layout.nonce;
+  b->user_abort = abort_flag;
+  b->comm = comm;
+
+  // 4. The ring.
+  if (nranks > 1) {
+    SocketAddress next_addr;
+    epResult_t res = unpackAddress(reply.next, &next_addr)
+                         ? joinRing(b, listen_fd.get(), next_addr, wait)
+                         : setError(comm, epInternalError,
+                                    "bootstrap: rank %d: the root sent no address for rank %d", rank,
+                                    (rank + 1) % nranks);
+    if (res != epSuccess) {
+      delete b;
+      return res;
+    }
+  }
+  EP_INFO(kSubsysBootstrap, "bootstrap: rank %d of %d joined (root %s, listen %s)", rank, nranks,
+          root_text.c_str(), nranks > 1 ? listen_addr.toString().c_str() : "-");
+  *out = b;
+  return epSuccess;
+}
+
+namespace {
+
+// Ring failure with the neighbour named; the ring is unusable afterwards.
+epResult_t ringFailure(Bootstrap* b, const IoResult& r, bool send_side, uint32_t kind) {
+  b->broken = true;
+  const char* op = opName(kind);
+  int peer = send_side ? b->next() : b->prev();
+  switch (r.status) {
+    case IoStatus::kOk: return epSuccess;
+    case IoStatus::kTimeout:
+      if (send_side)
+        return setError(b->comm, epTimeout, "bootstrap: rank %d did not take the %s data of rank %d within %d ms",
+                        peer, op, b->rank, b->timeout_ms);
+      return setError(b->comm, epTimeout, "bootstrap: rank %d did not answer the %s of rank %d within %d ms",
+                      peer, op, b->rank, b->timeout_ms);
+    case IoStatus::kAborted:
+      return setError(b->comm, epAborted, "bootstrap: rank %d: %s aborted", b->rank, op);
+    case IoStatus::kClosed:
+      return setError(b->comm, epRemoteError, "bootstrap: rank %d left during the %s of rank %d (%s)",
+                      peer, op, b->rank, r.describe().c_str());
+    case IoStatus::kError:
+      return setError(b->comm, epSystemError, "bootstrap: rank %d: %s with rank %d failed: %s", b->rank,
+                      op, peer, r.describe().c_str());
+  }
+  return epInternalError;
+}
+
+epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32_t kind) {
+  if (b == nullptr) return setError(nullptr, epInvalidArgument, "bootstrap: NULL bootstrap");
+  if (b->aborted())
+    return setError(b->comm, epAborted, "bootstrap: rank %d: %s after abort", b->rank, opName(kind));
+  if (b->broken)
+    return setError(b->comm, epRemoteError,
+                    "bootstrap: rank %d: %s on a ring broken by an earlier failure", b->rank, opName(kind));
+  if (data == nullptr && bytes_per_rank != 0)
+    return setError(b->comm, epInvalidArgument, "bootstrap: %s data is NULL", opName(kind));
+  if (b->nranks == 1) return epSuccess;
+  const Wait wait = b->opWait();
+
+  // The header exchange proves both neighbours run the same collective with
+  // the same size before any payload moves.
+  OpHeader mine = {kOpMagic, kind, b->op_seq, bytes_per_rank};
+  OpHeader theirs;
+  bool send_side = false;
+  IoResult r = sendRecvExact(b->next_fd.get(), &mine, sizeof(mine), b->prev_fd.get(), &theirs,
+                             sizeof(theirs), wait, &send_side);
+  if (!r.ok()) return ringFailure(b, r, send_side, kind);
+  if (theirs.magic != kOpMagic || theirs.kind != kind || theirs.seq != b->op_seq ||
+      theirs.bytes_per_rank != bytes_per_rank) {
+    b->broken = true;
+    return setError(b->comm, epInvalidUsage,
+                    "bootstrap: rank %d called %s #%llu with %llu bytes per rank, but rank %d called %s "
+                    "#%llu with %llu",
+                    b->rank, opName(kind), (unsigned long long)b->op_seq,
+                    (unsigned long long)bytes_per_rank, b->prev(),
+                    theirs.magic == kOpMagic ? opName(theirs.kind) : "something else",
+                    (unsigned long long)theirs.seq, (unsigned long long)theirs.bytes_per_rank);
+  }
+  b->op_seq++;
+
+  // Classic ring: at step s pass on the slot that arrived at step s-1 (our own at s=0).
+  char* base = static_cast<char*>(data);
+  const int n = b->nranks;
+  for (int step = 0; step < n - 1; step++) {
+    int send_slot = ((b->rank - step) % n + n) % n;
+    int recv_slot = ((b->rank - step - 1) % n + n) % n;
+    r = sendRecvExact(b->next_fd.get(), base + size_t(send_slot) * bytes_per_rank, bytes_per_rank,
+                      b->prev_fd.get(), base + size_t(recv_slot) * bytes_per_rank, bytes_per_rank, wait,
+                      &send_side);
+    if (!r.ok()) return ringFailure(b, r, send_side, kind);
+  }
+  EP_TRACE(kSubsysBootstrap, "bootstrap: rank %d %s of %zu bytes per rank done", b->rank, opName(kind),
+           bytes_per_rank);
+  return epSuccess;
+}
+
+}  // namespace
+
+epResult_t bootstrapAllGather(Bootstrap* b, void* data, size_t bytes_per_rank) {
+  return ringAllGather(b, data, bytes_per_rank, kOpAllGather);
+}
+
+epResult_t bootstrapBarrier(Bootstrap* b) {
+  if (b == nullptr) return setError(nullptr, epInvalidArgument, "bootstrap: NULL bootstrap");
+  std::vector<char> bytes;
+  try {
+    bytes.assign(size_t(b->nranks), 0);
+  } catch (const std::bad_alloc&) {
+    return setError(b->comm, epOutOfMemory, "bootstrap: barrier buffer");
+  }
+  return ringAllGather(b, bytes.data(), 1, kOpBarrier);
+}
+
+void bootstrapAbort(Bootstrap* b) {
+  if (b == nullptr) return;
+  b->internal_abort.store(1, std::memory_order_release);
+  // The poll loops see the flag within kPollSliceMs; shutting the connections
+  // down as well tells the neighbours right away instead of at their timeout.
+  if (b->next_fd.valid()) ::shutdown(b->next_fd.get(), SHUT_RDWR);
+  if (b->prev_fd.valid()) ::shutdown(b->prev_fd.get(), SHUT_RDWR);
+}
+
+epResult_t bootstrapClose(Bootstrap* b) {
+  delete b;  // the Fd members close the ring sockets
+  return epSuccess;
+}
+
+}  // namespace ep

@@ -1,0 +1,475 @@
+// Standalone self-test of the bootstrap (src/bootstrap.cc, src/socket.cc).
+//
+// Every case runs in its own forked process, so that each can set EP_*
+// variables before the library first reads (and caches) them; ranks are forked
+// children of the case process and talk over loopback. Build:
+//   g++ -std=c++17 -O2 -Iinclude -Isrc tests/unit/bootstrap_selftest.cc src/bootstrap.cc
+//       src/socket.cc src/debug.cc src/params.cc -lpthread -o /tmp/bs && /tmp/bs
+// Prints "N passed, M failed" and exits non-zero when a case failed.
+#include <arpa/inet.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap.h"
+#include "debug.h"
+#include "socket.h"
+
+// Weak stand-ins for symbols that debug.cc needs from the rest of the library,
+// so the test links with or without comm.cc / the API file; real definitions win.
+namespace ep {
+__attribute__((weak)) void commStoreError(epComm*, const char*) {}
+}  // namespace ep
+extern "C" __attribute__((weak)) const char* epGetErrorString(epResult_t result) {
+  switch (result) {
+    case epSuccess: return "epSuccess";
+    case epTimeout: return "epTimeout";
+    case epAborted: return "epAborted";
+    case epInvalidArgument: return "epInvalidArgument";
+    case epInvalidUsage: return "epInvalidUsage";
+    case epRemoteError: return "epRemoteError";
+    case epSystemError: return "epSystemError";
+    default: return "epResult";
+  }
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+long msSince(Clock::time_point t0) {
+  return long(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+}
+
+// Failure report of the current process; a case or rank fails when it is non-empty.
+#define CHECK(cond, ...)                                                   \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "    [pid %d] %s:%d: check failed: %s: ", getpid(), \
+              __FILE__, __LINE__, #cond);                                  \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fprintf(stderr, "\n");                                               \
+      return 1;                                                            \
+    }                                                                      \
+  } while (0)
+
+bool contains(const char* haystack, const char* needle) { return strstr(haystack, needle) != nullptr; }
+
+// Waits for pid up to limit_ms; kills it (only that pid) when it overstays. Returns its
+// exit code, or 100 + signal / 99 on a kill.
+int waitChild(pid_t pid, long limit_ms) {
+  auto t0 = Clock::now();
+  for (;;) {
+    int status = 0;
+    pid_t got = waitpid(pid, &status, WNOHANG);
+    if (got == pid) {
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) return 100 + WTERMSIG(status);
+      return 98;
+    }
+    if (got < 0) return 97;
+    if (msSince(t0) > limit_ms) {
+      fprintf(stderr, "    [pid %d] still running after %ld ms, killed\n", pid, limit_ms);
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return 99;
+    }
+    usleep(5000);
+  }
+}
+
+// Forks one child per body; returns their exit codes (0: the body returned 0).
+std::vector<int> runForked(const std::vector<std::function<int()>>& bodies, long limit_ms = 12000) {
+  std::vector<pid_t> pids;
+  for (const auto& body : bodies) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) _exit(body());  // no atexit handlers, no destructors of the parent's state
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) codes.push_back(pid > 0 ? waitChild(pid, limit_ms) : 96);
+  return codes;
+}
+
+bool allZero(const std::vector<int>& codes) {
+  for (int c : codes)
+    if (c != 0) return false;
+  return true;
+}
+
+// ---- Rank bodies -----------------------------------------------------------------
+
+unsigned char pattern(int rank, size_t i, int round) { return (unsigned char)(rank * 131 + i * 7 + round * 13 + 1); }
+
+int checkSlots(const std::vector<unsigned char>& data, int nranks, size_t bytes, int round) {
+  for (int r = 0; r < nranks; r++)
+    for (size_t i = 0; i < bytes; i++)
+      CHECK(data[size_t(r) * bytes + i] == pattern(r, i, round), "slot %d byte %zu wrong (round %d)", r, i, round);
+  return 0;
+}
+
+int allGatherRound(ep::Bootstrap* b, int rank, int nranks, size_t bytes, int round) {
+  std::vector<unsigned char> data(size_t(nranks) * bytes, 0xEE);
+  for (size_t i = 0; i < bytes; i++) data[size_t(rank) * bytes + i] = pattern(rank, i, round);
+  epResult_t res = ep::bootstrapAllGather(b, data.data(), bytes);
+  CHECK(res == epSuccess, "allgather of %zu bytes: %d %s", bytes, res, ep::threadLastError());
+  return checkSlots(data, nranks, bytes, round);
+}
+
+int happyRank(const epUniqueId& id, int rank, int nranks) {
+  ep::Bootstrap* b = nullptr;
+  epResult_t res = ep::bootstrapInit(id, rank, nranks, 5000, nullptr, nullptr, &b);
+  CHECK(res == epSuccess && b != nullptr, "init rank %d/%d: %d %s", rank, nranks, res, ep::threadLastError());
+  int round = 0;
+  // Small, odd, large (beyond socket buffers: exercises partial sends) and zero sizes.
+  for (size_t bytes : {size_t(37), size_t(1), size_t(3 << 20) + 5, size_t(8)})
+    if (allGatherRound(b, rank, nranks, bytes, round++) != 0) return 1;
+  CHECK(ep::bootstrapAllGather(b, nullptr, 0) == epSuccess, "zero-byte allgather");
+  for (int i = 0; i < 3; i++)
+    CHECK(ep::bootstrapBarrier(b) == epSuccess, "barrier %d: %s", i, ep::threadLastError());
+  if (allGatherRound(b, rank, nranks, 64, round++) != 0) return 1;
+  CHECK(ep::bootstrapClose(b) == epSuccess, "close");
+  return 0;
+}
+
+int happyJob(int nranks) {
+  epUniqueId id;
+  epResult_t res = ep::bootstrapGetUniqueId(&id);
+  CHECK(res == epSuccess, "getUniqueId: %s", ep::threadLastError());
+  CHECK(ep::bootstrapIdValid(id), "fresh id not valid");
+  std::vector<std::function<int()>> ranks;
+  for (int r = 0; r < nranks; r++) ranks.push_back([&id, r, nranks] { return happyRank(id, r, nranks); });
+  auto codes = runForked(ranks);
+  CHECK(allZero(codes), "a rank of %d failed", nranks);
+  return 0;
+}
+
+// ---- Cases -----------------------------------------------------------------------
+
+int caseParsing() {
+  ep::SocketAddress a;
+  std::string err;
+  CHECK(ep::parseSocketAddress("127.0.0.1:1234", AF_UNSPEC, &a, &err), "%s", err.c_str());
+  CHECK(a.family() == AF_INET && a.port() == 1234 && a.toString() == "127.0.0.1:1234", "%s", a.toString().c_str());
+  CHECK(ep::parseSocketAddress("[::1]:5678", AF_UNSPEC, &a, &err), "%s", err.c_str());
+  CHECK(a.family() == AF_INET6 && a.port() == 5678 && a.toString() == "[::1]:5678", "%s", a.toString().c_str());
+  CHECK(ep::parseSocketAddress(" localhost:80 ", AF_INET, &a, &err), "%s", err.c_str());
+  CHECK(a.family() == AF_INET && a.isLoopback(), "%s", a.toString().c_str());
+  CHECK(!ep::parseSocketAddress("::1:80", AF_UNSPEC, &a, &err) && contains(err.c_str(), "[addr]"), "%s", err.c_str());
+  CHECK(!ep::parseSocketAddress("127.0.0.1", AF_UNSPEC, &a, &err), "no port accepted");
+  CHECK(!ep::parseSocketAddress("127.0.0.1:99999", AF_UNSPEC, &a, &err), "port range");
+  CHECK(!ep::parseSocketAddress("127.0.0.1:http", AF_UNSPEC, &a, &err), "named port");
+  CHECK(!ep::parseSocketAddress("[::1]", AF_UNSPEC, &a, &err), "v6 without port");
+  CHECK(!ep::parseSocketAddress("[::1]:80", AF_INET, &a, &err), "v6 literal with AF_INET forced");
+
+  ep::PackedAddress packed;
+  ep::SocketAddress back;
+  ep::parseSocketAddress("[fd00::1:2]:65535", AF_UNSPEC, &a, &err);
+  ep::packAddress(a, &packed);
+  CHECK(ep::unpackAddress(packed, &back) && back.toString() == "[fd00::1:2]:65535", "%s", back.toString().c_str());
+  ep::parseSocketAddress("10.1.2.3:7", AF_UNSPEC, &a, &err);
+  ep::packAddress(a, &packed);
+  CHECK(ep::unpackAddress(packed, &back) && back.toString() == "10.1.2.3:7", "%s", back.toString().c_str());
+
+  CHECK(ep::interfaceNameMatches("", "eth0"), "empty spec");
+  CHECK(ep::interfaceNameMatches("eth", "eth0"), "prefix");
+  CHECK(!ep::interfaceNameMatches("eth", "ib0"), "prefix mismatch");
+  CHECK(ep::interfaceNameMatches("ib,eth", "eth1"), "list");
+  CHECK(!ep::interfaceNameMatches("=eth", "eth0"), "exact");
+  CHECK(ep::interfaceNameMatches("=eth0", "eth0"), "exact match");
+  CHECK(!ep::interfaceNameMatches("^docker,lo", "docker0"), "exclude");
+  CHECK(ep::interfaceNameMatches("^docker,lo", "eth0"), "exclude other");
+  CHECK(ep::interfaceNameMatches("^=eth", "eth0"), "exact exclude");
+
+  CHECK(ep::findInterfaceAddress("lo", AF_INET, &a, nullptr, &err) && a.isLoopback(), "%s", err.c_str());
+  CHECK(!ep::findInterfaceAddress("=no_such_if", AF_UNSPEC, &a, nullptr, &err) &&
+            contains(err.c_str(), "no_such_if") && contains(err.c_str(), "lo"),
+        "%s", err.c_str());
+  return 0;
+}
+
+int caseHappy(int nranks) { return happyJob(nranks); }
+
+bool haveIpv6Loopback() {
+  ep::SocketAddress a, bound;
+  ep::Fd fd;
+  std::string err;
+  return ep::parseSocketAddress("[::1]:0", AF_INET6, &a, &err) && ep::listenSocket(a, &fd, &bound, &err);
+}
+
+int caseIpv6() {
+  if (!haveIpv6Loopback()) {
+    printf("    (no IPv6 loopback here: skipped)\n");
+    return 0;
+  }
+  setenv("EP_SOCKET_FAMILY", "AF_INET6", 1);
+  return happyJob(3);
+}
+
+int caseCommId() {
+  // A port that was free a moment ago.
+  ep::SocketAddress a, bound;
+  ep::Fd probe;
+  std::string err;
+  CHECK(ep::parseSocketAddress("127.0.0.1:0", AF_INET, &a, &err) && ep::listenSocket(a, &probe, &bound, &err), "%s",
+        err.c_str());
+  std::string comm_id = bound.toString();
+  probe.reset();
+  setenv("EP_COMM_ID", comm_id.c_str(), 1);
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "getUniqueId with EP_COMM_ID=%s: %s", comm_id.c_str(),
+        ep::threadLastError());
+  auto codes = runForked({[&id] { return happyRank(id, 0, 2); }, [&id] { return happyRank(id, 1, 2); }});
+  CHECK(allZero(codes), "a rank failed with EP_COMM_ID=%s", comm_id.c_str());
+  return 0;
+}
+
+// (a) ranks 0 and 1 of 3 come, rank 2 never does.
+int caseMissingRank() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  auto body = [&id](int rank) {
+    auto t0 = Clock::now();
+    ep::Bootstrap* b = nullptr;
+    epResult_t res = ep::bootstrapInit(id, rank, 3, 1500, nullptr, nullptr, &b);
+    long ms = msSince(t0);
+    const char* msg = ep::threadLastError();
+    CHECK(res == epTimeout, "rank %d: got %d (%s)", rank, res, msg);
+    CHECK(ms >= 1300 && ms <= 2800, "rank %d: timeout after %ld ms, want ~1500", rank, ms);
+    CHECK(contains(msg, "rank 2 of 3 did not arrive within 1500 ms"), "rank %d: message \"%s\"", rank, msg);
+    return 0;
+  };
+  auto codes = runForked({[&] { return body(0); }, [&] { return body(1); }});
+  CHECK(allZero(codes), "missing-rank case");
+  return 0;
+}
+
+// (b) an abort flag set by another thread unblocks bootstrapInit.
+int caseAbortInit() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  std::atomic<int> abort_flag{0};
+  std::thread setter([&abort_flag] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    abort_flag.store(1);
+  });
+  auto t0 = Clock::now();
+  ep::Bootstrap* b = nullptr;
+  epResult_t res = ep::bootstrapInit(id, 0, 2, 10000, &abort_flag, nullptr, &b);
+  long ms = msSince(t0);
+  setter.join();
+  CHECK(res == epAborted, "got %d (%s)", res, ep::threadLastError());
+  CHECK(ms >= 250 && ms < 800, "abort took %ld ms", ms);
+  CHECK(b == nullptr, "no bootstrap on failure");
+  return 0;
+}
+
+// (c) ids that epGetUniqueId did not make.
+int caseBadId() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  epUniqueId bad = id;
+  bad.internal[0] ^= 0x5a;
+  CHECK(!ep::bootstrapIdValid(bad), "corrupted magic accepted");
+  ep::Bootstrap* b = nullptr;
+  auto t0 = Clock::now();
+  epResult_t res = ep::bootstrapInit(bad, 0, 1, 1500, nullptr, nullptr, &b);
+  CHECK(res == epInvalidArgument && b == nullptr, "bad magic gave %d", res);
+  CHECK(contains(ep::threadLastError(), "unique id"), "message \"%s\"", ep::threadLastError());
+  CHECK(msSince(t0) < 200, "rejection was not immediate");
+  epUniqueId zero;
+  memset(&zero, 0, sizeof(zero));
+  CHECK(!ep::bootstrapIdValid(zero), "zero id accepted");
+  CHECK(ep::bootstrapInit(zero, 0, 1, 1500, nullptr, nullptr, &b) == epInvalidArgument, "zero id");
+  CHECK(ep::bootstrapInit(id, 2, 2, 1500, nullptr, nullptr, &b) == epInvalidArgument, "rank out of range");
+  CHECK(ep::bootstrapInit(id, 0, 0, 1500, nullptr, nullptr, &b) == epInvalidArgument, "nranks 0");
+  // The real id still works afterwards (a single rank).
+  CHECK(ep::bootstrapInit(id, 0, 1, 1500, nullptr, nullptr, &b) == epSuccess, "%s", ep::threadLastError());
+  CHECK(ep::bootstrapBarrier(b) == epSuccess, "barrier of one");
+  ep::bootstrapClose(b);
+  return 0;
+}
+
+// A root that is gone: epTimeout naming its address.
+int caseRootUnreachable() {
+  setenv("EP_TIMEOUT_MS", "200", 1);  // the root gives up 200 ms after nobody came
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto t0 = Clock::now();
+  ep::Bootstrap* b = nullptr;
+  epResult_t res = ep::bootstrapInit(id, 0, 1, 700, nullptr, nullptr, &b);
+  long ms = msSince(t0);
+  const char* msg = ep::threadLastError();
+  CHECK(res == epTimeout, "got %d (%s)", res, msg);
+  CHECK(ms >= 650 && ms < 1500, "took %ld ms", ms);
+  CHECK(contains(msg, "root at 127.0.0.1:"), "message \"%s\"", msg);
+  return 0;
+}
+
+// One rank never calls the allgather: the other names it.
+int caseRingTimeout() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  auto codes = runForked({[&id] {
+                            ep::Bootstrap* b = nullptr;
+                            CHECK(ep::bootstrapInit(id, 0, 2, 1000, nullptr, nullptr, &b) == epSuccess, "%s",
+                                  ep::threadLastError());
+                            int v[2] = {7, 0};
+                            auto t0 = Clock::now();
+                            epResult_t res = ep::bootstrapAllGather(b, v, sizeof(int));
+                            long ms = msSince(t0);
+                            CHECK(res == epTimeout, "got %d (%s)", res, ep::threadLastError());
+                            CHECK(ms >= 900 && ms < 1800, "took %ld ms", ms);
+                            CHECK(contains(ep::threadLastError(), "rank 1 did not answer the allgather"),
+                                  "message \"%s\"", ep::threadLastError());
+                            CHECK(ep::bootstrapBarrier(b) == epRemoteError, "broken ring not reported");
+                            ep::bootstrapClose(b);
+                            return 0;
+                          },
+                          [&id] {
+                            ep::Bootstrap* b = nullptr;
+                            CHECK(ep::bootstrapInit(id, 1, 2, 1000, nullptr, nullptr, &b) == epSuccess, "%s",
+                                  ep::threadLastError());
+                            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+                            ep::bootstrapClose(b);
+                            return 0;
+                          }});
+  CHECK(allZero(codes), "ring-timeout case");
+  return 0;
+}
+
+// bootstrapAbort from another thread unblocks a waiting barrier; the peer hears of it.
+int caseAbortRing() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  auto codes = runForked({[&id] {
+                            ep::Bootstrap* b = nullptr;
+                            CHECK(ep::bootstrapInit(id, 0, 2, 5000, nullptr, nullptr, &b) == epSuccess, "%s",
+                                  ep::threadLastError());
+                            std::thread aborter([b] {
+                              std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                              ep::bootstrapAbort(b);
+                            });
+                            auto t0 = Clock::now();
+                            epResult_t res = ep::bootstrapBarrier(b);
+                            long ms = msSince(t0);
+                            aborter.join();
+                            CHECK(res == epAborted, "got %d (%s)", res, ep::threadLastError());
+                            CHECK(ms >= 250 && ms < 800, "abort took %ld ms", ms);
+                            CHECK(ep::bootstrapBarrier(b) == epAborted, "later call not aborted");
+                            ep::bootstrapClose(b);
+                            return 0;
+                          },
+                          [&id] {
+                            ep::Bootstrap* b = nullptr;
+                            CHECK(ep::bootstrapInit(id, 1, 2, 5000, nullptr, nullptr, &b) == epSuccess, "%s",
+                                  ep::threadLastError());
+                            std::this_thread::sleep_for(std::chrono::milliseconds(600));
+                            // Rank 0 shut its connections down: this fails at once, not after 5 s.
+                            auto t0 = Clock::now();
+                            epResult_t res = ep::bootstrapBarrier(b);
+                            CHECK(res == epRemoteError && msSince(t0) < 1000, "got %d after %ld ms (%s)", res,
+                                  msSince(t0), ep::threadLastError());
+                            ep::bootstrapClose(b);
+                            return 0;
+                          }});
+  CHECK(allZero(codes), "abort-ring case");
+  return 0;
+}
+
+// Different sizes on different ranks fail with a message instead of hanging.
+int caseSizeMismatch() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  auto body = [&id](int rank) {
+    ep::Bootstrap* b = nullptr;
+    CHECK(ep::bootstrapInit(id, rank, 2, 2000, nullptr, nullptr, &b) == epSuccess, "%s", ep::threadLastError());
+    std::vector<char> data(64);
+    epResult_t res = ep::bootstrapAllGather(b, data.data(), rank == 0 ? 8 : 16);
+    CHECK(res == epInvalidUsage, "rank %d got %d (%s)", rank, res, ep::threadLastError());
+    CHECK(contains(ep::threadLastError(), "bytes per rank"), "message \"%s\"", ep::threadLastError());
+    ep::bootstrapClose(b);
+    return 0;
+  };
+  auto codes = runForked({[&] { return body(0); }, [&] { return body(1); }});
+  CHECK(allZero(codes), "size-mismatch case");
+  return 0;
+}
+
+// Two processes claim rank 0: the second is turned away, the first times out on rank 1.
+int caseDuplicateRank() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  auto body = [&id](int delay_ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ep::Bootstrap* b = nullptr;
+    epResult_t res = ep::bootstrapInit(id, 0, 2, 1000, nullptr, nullptr, &b);
+    const char* msg = ep::threadLastError();
+    if (res == epInvalidUsage && contains(msg, "arrived twice")) return 10;
+    if (res == epTimeout && contains(msg, "rank 1 of 2 did not arrive")) return 11;
+    fprintf(stderr, "    unexpected %d (%s)\n", res, msg);
+    return 1;
+  };
+  auto codes = runForked({[&] { return body(0); }, [&] { return body(200); }});
+  CHECK(codes.size() == 2 && codes[0] == 11 && codes[1] == 10, "codes %d %d", codes[0], codes[1]);
+  return 0;
+}
+
+}  // namespace
+
+int main() {
+  signal(SIGPIPE, SIG_IGN);  // belt and braces: the library uses MSG_NOSIGNAL itself
+  // Loopback only, whatever interfaces this machine has; before any param is read.
+  setenv("EP_SOCKET_IFNAME", "lo", 1);
+  unsetenv("EP_COMM_ID");
+  unsetenv("EP_SOCKET_FAMILY");
+  unsetenv("EP_TIMEOUT_MS");
+
+  struct Case {
+    const char* name;
+    std::function<int()> run;
+  };
+  std::vector<Case> cases = {
+      {"parsing and interfaces", caseParsing},
+      {"1 rank", [] { return caseHappy(1); }},
+      {"2 ranks", [] { return caseHappy(2); }},
+      {"3 ranks", [] { return caseHappy(3); }},
+      {"4 ranks", [] { return caseHappy(4); }},
+      {"3 ranks over IPv6", caseIpv6},
+      {"2 ranks with EP_COMM_ID", caseCommId},
+      {"missing rank times out naming it", caseMissingRank},
+      {"abort flag unblocks init", caseAbortInit},
+      {"bad unique id rejected", caseBadId},
+      {"unreachable root times out naming it", caseRootUnreachable},
+      {"silent ring peer times out naming it", caseRingTimeout},
+      {"bootstrapAbort unblocks a barrier", caseAbortRing},
+      {"allgather size mismatch", caseSizeMismatch},
+      {"duplicate rank rejected", caseDuplicateRank},
+  };
+  int passed = 0, failed = 0;
+  auto t_all = Clock::now();
+  for (const Case& c : cases) {
+    auto t0 = Clock::now();
+    // Each case in its own process: fresh parameter cache, and a hang cannot stop the run.
+    int code = runForked({c.run}, 15000)[0];
+    bool ok = code == 0;
+    printf("%s %-40s %5ld ms\n", ok ? "PASS" : "FAIL", c.name, msSince(t0));
+    fflush(stdout);
+    (ok ? passed : failed)++;
+  }
+  printf("%d passed, %d failed (%ld ms)\n", passed, failed, msSince(t_all));
+  return failed == 0 ? 0 : 1;
+}
