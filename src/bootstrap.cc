@@ -8,6 +8,7 @@
 //   each collective: OpHeader exchanged with the neighbours first, so that ranks
 //   that call different collectives or sizes fail with a message instead of hanging.
 #include "bootstrap.h"
+#include "checks.h"
 
 #include <poll.h>
 #include <sys/random.h>
@@ -52,6 +53,9 @@ struct IdLayout {
   char magic[8];
   uint64_t nonce;
   PackedAddress root;
+  // 1: made from EP_COMM_ID on every rank; no root runs yet and rank 0 starts
+  // it in bootstrapInit (how mpirun jobs share an id without MPI calls).
+  uint32_t root_by_rank0;
 };
 static_assert(sizeof(IdLayout) <= EP_UNIQUE_ID_BYTES, "unique id layout too large");
 
@@ -411,19 +415,18 @@ struct Bootstrap {
   }
 };
 
-epResult_t bootstrapGetUniqueId(epUniqueId* id) {
-  if (id == nullptr) return setError(nullptr, epInvalidArgument, "bootstrap: unique id pointer is NULL");
-  const int family = socketFamilyFromParam();
-  const char* comm_id = param::COMM_ID();
-  SocketAddress bind_addr;
-  std::string error, ifname;
-  if (comm_id != nullptr && *comm_id != '\0') {
-    if (!parseSocketAddress(comm_id, family, &bind_addr, &error))
-      return setError(nullptr, epInvalidArgument, "bootstrap: EP_COMM_ID: %s", error.c_str());
-  } else if (!findInterfaceAddress(param::SOCKET_IFNAME(), family, &bind_addr, &ifname, &error)) {
-    return setError(nullptr, epSystemError, "bootstrap: %s", error.c_str());
-  }
+namespace {
 
+// The same nonce on every rank that reads the same EP_COMM_ID.
+uint64_t nonceOfCommId(const char* comm_id) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char* c = comm_id; *c; c++) h = (h ^ uint8_t(*c)) * 1099511628211ull;
+  return h != 0 ? h : 1;
+}
+
+// Listens at bind_addr and serves the ranks of `nonce` from a detached thread.
+epResult_t startRoot(const SocketAddress& bind_addr, uint64_t nonce, SocketAddress* advertised_out) {
+  std::string error, ifname;
   Fd listen_fd;
   SocketAddress bound;
   if (!listenSocket(bind_addr, &listen_fd, &bound, &error))
@@ -436,14 +439,7 @@ epResult_t bootstrapGetUniqueId(epUniqueId* id) {
       return setError(nullptr, epSystemError, "bootstrap: %s", error.c_str());
     advertised.setPort(bound.port());
   }
-
-  IdLayout layout;
-  memset(&layout, 0, sizeof(layout));
-  memcpy(layout.magic, kIdMagic, sizeof(kIdMagic));
-  layout.nonce = freshNonce();
-  packAddress(advertised, &layout.root);
-
-  Root* root = new (std::nothrow) Root(std::move(listen_fd), layout.nonce, advertised);
+  Root* root = new (std::nothrow) Root(std::move(listen_fd), nonce, advertised);
   if (root == nullptr) return setError(nullptr, epOutOfMemory, "bootstrap: cannot allocate the root");
   try {
     std::thread(rootThreadMain, root).detach();
@@ -451,10 +447,44 @@ epResult_t bootstrapGetUniqueId(epUniqueId* id) {
     delete root;
     return setError(nullptr, epSystemError, "bootstrap: cannot start the root thread: %s", e.what());
   }
-  memset(id, 0, sizeof(*id));
-  memcpy(id->internal, &layout, sizeof(layout));
   EP_INFO(kSubsysBootstrap, "bootstrap root listening on %s%s%s", advertised.toString().c_str(),
           ifname.empty() ? "" : " via ", ifname.c_str());
+  if (advertised_out) *advertised_out = advertised;
+  return epSuccess;
+}
+
+}  // namespace
+
+epResult_t bootstrapGetUniqueId(epUniqueId* id) {
+  if (id == nullptr) return setError(nullptr, epInvalidArgument, "bootstrap: unique id pointer is NULL");
+  const int family = socketFamilyFromParam();
+  const char* comm_id = param::COMM_ID();
+  SocketAddress bind_addr;
+  std::string error, ifname;
+  IdLayout layout;
+  memset(&layout, 0, sizeof(layout));
+  memcpy(layout.magic, kIdMagic, sizeof(kIdMagic));
+  if (comm_id != nullptr && *comm_id != '\0') {
+    // Every rank derives the same id from EP_COMM_ID; rank 0 serves the root
+    // there when it joins (bootstrapInit), so no rank needs to send the id.
+    if (!parseSocketAddress(comm_id, family, &bind_addr, &error))
+      return setError(nullptr, epInvalidArgument, "bootstrap: EP_COMM_ID: %s", error.c_str());
+    if (bind_addr.isWildcard() || bind_addr.port() == 0)
+      return setError(nullptr, epInvalidArgument,
+                      "bootstrap: EP_COMM_ID=%s must name the address and port of rank 0's host", comm_id);
+    layout.nonce = nonceOfCommId(comm_id);
+    layout.root_by_rank0 = 1;
+    packAddress(bind_addr, &layout.root);
+  } else {
+    if (!findInterfaceAddress(param::SOCKET_IFNAME(), family, &bind_addr, &ifname, &error))
+      return setError(nullptr, epSystemError, "bootstrap: %s", error.c_str());
+    layout.nonce = freshNonce();
+    SocketAddress advertised;
+    EPCHECK(startRoot(bind_addr, layout.nonce, &advertised));
+    packAddress(advertised, &layout.root);
+  }
+  memset(id, 0, sizeof(*id));
+  memcpy(id->internal, &layout, sizeof(layout));
   return epSuccess;
 }
 
@@ -570,6 +600,7 @@ epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout
   const int timeout = effectiveTimeoutMs(timeout_ms);
   const Wait wait = Wait::afterMs(timeout, abort_flag);
   const std::string root_text = root_addr.toString();
+  if (layout.root_by_rank0 && rank == 0) EPCHECK(startRoot(root_addr, layout.nonce, nullptr));
 
   // 1. Reach the root; it may not listen yet when EP_COMM_ID names another host.
   Fd root_fd;

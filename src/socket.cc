@@ -304,12 +304,12 @@ bool findInterfaceAddress(const char* spec, int family, SocketAddress* out, std:
   std::vector<int> families;
   if (family == AF_UNSPEC) families = {AF_INET, AF_INET6};
   else families = {family};
-  std::vector<bool> loopback_order;
-  if (explicit_include) loopback_order = {false};  // "false" here means: either kind
-  else loopback_order = {false, true};
+  // Pass 0 takes non-loopback interfaces, pass 1 loopback; an explicit include
+  // list needs one pass that takes both.
+  const int passes = explicit_include ? 1 : 2;
 
   bool found = false;
-  for (size_t pass = 0; pass < loopback_order.size() && !found; pass++) {
+  for (int pass = 0; pass < passes && !found; pass++) {
     for (int fam : families) {
       for (ifaddrs* ifa = list; ifa != nullptr && !found; ifa = ifa->ifa_next) {
         if (ifa->ifa_addr == nullptr || ifa->ifa_addr->sa_family != fam) continue;
@@ -318,7 +318,7 @@ bool findInterfaceAddress(const char* spec, int family, SocketAddress* out, std:
             IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(ifa->ifa_addr)->sin6_addr))
           continue;
         bool loopback = (ifa->ifa_flags & IFF_LOOPBACK) != 0;
-        if (!explicit_include && loopback != loopback_order[pass]) continue;
+        if (!explicit_include && loopback != (pass == 1)) continue;
         if (!interfaceNameMatches(spec, ifa->ifa_name)) continue;
         *out = SocketAddress();
         memcpy(&out->storage, ifa->ifa_addr,

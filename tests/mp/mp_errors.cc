@@ -1,0 +1,300 @@
+// Failures must give an error code and a message, never a crash or a hang.
+//
+//   mp_errors [--only NAME]
+//
+// Each scenario forks its own ranks (MPI-free launcher) and checks the result
+// code, the message and the time it took.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "common/launch.h"
+#include "mp_common.h"
+
+using namespace mp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kTimeoutMs = 1500;
+
+epConfig_t smallConfig(int hidden = 64) {
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = 12;
+  cfg.hidden = hidden;
+  cfg.max_tokens_per_rank = 32;
+  cfg.max_topk = 4;
+  cfg.backend = epBackendHost;
+  cfg.timeout_ms = kTimeoutMs;
+  return cfg;
+}
+
+double secondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+bool contains(const char* text, const char* part) { return text != nullptr && strstr(text, part) != nullptr; }
+
+struct Tokens {
+  std::vector<uint16_t> x;
+  std::vector<int64_t> topk;
+  std::vector<float> w;
+  int n;
+  Tokens(int n_, int hidden, int topk_, int experts, uint64_t seed) : n(n_) {
+    Rng rng(seed);
+    x.resize(size_t(n) * hidden);
+    for (auto& v : x) v = toBf16(rng.uniform());
+    topk.resize(size_t(n) * topk_);
+    for (int t = 0; t < n; t++)
+      for (int k = 0; k < topk_; k++) topk[size_t(t) * topk_ + k] = (t + k * 3) % experts;
+    w.assign(size_t(n) * topk_, 0.5f);
+  }
+};
+
+epDispatchArgs_t dispatchArgs(Tokens& tk, int topk, std::vector<uint16_t>& recv, int64_t capacity) {
+  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+  a.x = tk.x.data();
+  a.x_type = epBfloat16;
+  a.topk_idx = tk.topk.data();
+  a.topk_idx_type = epInt64;
+  a.topk_weights = tk.w.data();
+  a.num_tokens = tk.n;
+  a.num_topk = topk;
+  a.recv_x = recv.data();
+  a.recv_capacity = capacity;
+  a.flags = EP_DISPATCH_NO_HOST_SYNC;
+  return a;
+}
+
+// --- scenarios: each returns failures on this rank ---------------------------
+
+int configMismatch(const LaunchInfo& li, Tally* t) {
+  epConfig_t cfg = smallConfig(li.rank == 1 ? 32 : 64);
+  epComm_t comm = nullptr;
+  epResult_t res = epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg);
+  t->check(res == epInvalidArgument, "config mismatch gives epInvalidArgument", li.rank);
+  t->check(contains(epGetLastError(nullptr), "config differs") && contains(epGetLastError(nullptr), "hidden"),
+           "message names the differing field", li.rank);
+  t->check(comm == nullptr, "no communicator on failure", li.rank);
+  return 0;
+}
+
+int missingRank(const LaunchInfo& li, Tally* t) {
+  if (li.rank == 2) _exit(0);  // never arrives
+  epConfig_t cfg = smallConfig();
+  epComm_t comm = nullptr;
+  auto t0 = Clock::now();
+  epResult_t res = epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg);
+  double s = secondsSince(t0);
+  t->check(res == epTimeout, "missing rank gives epTimeout", li.rank);
+  t->check(contains(epGetLastError(nullptr), "2"), "message names rank 2", li.rank);
+  if (!contains(epGetLastError(nullptr), "2")) fprintf(stderr, "  message: %s\n", epGetLastError(nullptr));
+  t->check(s < kTimeoutMs / 1000.0 + 5.0, "within the timeout", li.rank);
+  return 0;
+}
+
+int rankExits(const LaunchInfo& li, Tally* t) {
+  epConfig_t cfg = smallConfig();
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
+    t->check(false, "init", li.rank);
+    return 0;
+  }
+  if (li.rank == 1) _exit(0);  // leaves without a word
+  Tokens tk(16, 64, 2, 12, 7);
+  std::vector<uint16_t> recv(64 * 64);
+  epDispatchArgs_t a = dispatchArgs(tk, 2, recv, 64);
+  epHandle_t h = nullptr;
+  auto t0 = Clock::now();
+  epResult_t res = epDispatch(comm, &a, &h, nullptr);
+  double s = secondsSince(t0);
+  t->check(res == epRemoteError || res == epTimeout, "dispatch to a dead rank fails", li.rank);
+  t->check(contains(epGetLastError(comm), "rank 1"), "message names rank 1", li.rank);
+  t->check(s < kTimeoutMs / 1000.0 + 5.0, "within the timeout", li.rank);
+  res = epDispatch(comm, &a, &h, nullptr);
+  t->check(res != epSuccess, "a failed communicator refuses further calls", li.rank);
+  t->check(epCommDestroy(comm) == epSuccess, "destroy after failure", li.rank);
+  return 0;
+}
+
+int abortUnblocks(const LaunchInfo& li, Tally* t) {
+  epConfig_t cfg = smallConfig();
+  cfg.timeout_ms = 60000;  // the abort, not the timeout, must end the wait
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
+    t->check(false, "init", li.rank);
+    return 0;
+  }
+  if (li.rank == 1) {  // busy elsewhere: never joins the dispatch
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    epCommDestroy(comm);
+    return 0;
+  }
+  std::thread aborter([comm] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    epCommAbort(comm);
+  });
+  Tokens tk(16, 64, 2, 12, 7);
+  std::vector<uint16_t> recv(64 * 64);
+  epDispatchArgs_t a = dispatchArgs(tk, 2, recv, 64);
+  epHandle_t h = nullptr;
+  auto t0 = Clock::now();
+  epResult_t res = epDispatch(comm, &a, &h, nullptr);
+  double s = secondsSince(t0);
+  aborter.join();
+  t->check(res == epAborted, "epCommAbort unblocks a waiting dispatch", li.rank);
+  t->check(s < 2.0, "promptly", li.rank);
+  return 0;
+}
+
+int badArgs(const LaunchInfo& li, Tally* t) {
+  epConfig_t cfg = smallConfig();
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
+    t->check(false, "init", li.rank);
+    return 0;
+  }
+  const int K = 2;
+  Tokens tk(16, 64, K, 12, 11 + li.rank);
+  std::vector<uint16_t> recv(64 * 64, 0);
+  epHandle_t h = nullptr;
+  if (li.rank == 0) {  // local argument errors: no communication happens
+    epDispatchArgs_t a = dispatchArgs(tk, K, recv, 64);
+    t->check(epDispatch(comm, nullptr, &h, nullptr) == epInvalidArgument, "NULL args", 0);
+    t->check(epDispatch(comm, &a, nullptr, nullptr) == epInvalidArgument, "NULL handle pointer", 0);
+    epDispatchArgs_t b = a;
+    b.magic = 0;
+    t->check(epDispatch(comm, &b, &h, nullptr) == epInvalidArgument, "wrong magic", 0);
+    b = a;
+    b.x = nullptr;
+    t->check(epDispatch(comm, &b, &h, nullptr) == epInvalidArgument && contains(epGetLastError(comm), "x is NULL"),
+             "NULL x named", 0);
+    b = a;
+    b.x_type = epFloat32;
+    t->check(epDispatch(comm, &b, &h, nullptr) == epInvalidArgument && contains(epGetLastError(comm), "x_type"),
+             "wrong x_type named", 0);
+    b = a;
+    b.num_tokens = 33;
+    t->check(epDispatch(comm, &b, &h, nullptr) == epInvalidArgument && contains(epGetLastError(comm), "num_tokens"),
+             "too many tokens named", 0);
+    b = a;
+    b.num_topk = 0;
+    t->check(epDispatch(comm, &b, &h, nullptr) == epInvalidArgument, "top-k 0", 0);
+    std::vector<int64_t> bad = tk.topk;
+    bad[5] = 12;  // one past the last expert
+    b = a;
+    b.topk_idx = bad.data();
+    t->check(epDispatch(comm, &b, &h, nullptr) == epInvalidArgument && contains(epGetLastError(comm), "topk_idx[2][1]"),
+             "expert id out of range named with its position", 0);
+    bad[5] = -2;
+    t->check(epDispatch(comm, &b, &h, nullptr) == epInvalidArgument, "expert id -2", 0);
+    epCombineArgs_t c = EP_COMBINE_ARGS_INITIALIZER;
+    t->check(epCombine(comm, &c, nullptr, nullptr) == epInvalidArgument, "combine with NULL handle", 0);
+    t->check(h == nullptr, "no handle was created by failed calls", 0);
+  }
+  // A collective with too small an output on rank 0: it fails there, the other
+  // rank completes, and the communicator stays usable.
+  epDispatchArgs_t a = dispatchArgs(tk, K, recv, li.rank == 0 ? 1 : 64);
+  epResult_t res = epDispatch(comm, &a, &h, nullptr);
+  if (li.rank == 0) {
+    t->check(res == epInvalidArgument && contains(epGetLastError(comm), "recv_capacity"),
+             "too small recv_capacity", 0);
+    t->check(h == nullptr, "no handle on failure", 0);
+  } else {
+    t->check(res == epSuccess, "peer of a too-small output completes", 1);
+    epHandleDestroy(h);
+    h = nullptr;
+  }
+  a = dispatchArgs(tk, K, recv, 64);
+  t->check(epDispatch(comm, &a, &h, nullptr) == epSuccess, "communicator usable after argument errors", li.rank);
+  std::vector<uint16_t> out(size_t(tk.n) * 64);
+  epCombineArgs_t c = EP_COMBINE_ARGS_INITIALIZER;
+  c.y = recv.data();
+  c.out = out.data();
+  t->check(epCombine(comm, &c, h, nullptr) == epSuccess, "combine after argument errors", li.rank);
+  epHandleDestroy(h);
+  epCommDestroy(comm);
+  return 0;
+}
+
+int orderMismatch(const LaunchInfo& li, Tally* t) {
+  epConfig_t cfg = smallConfig();
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
+    t->check(false, "init", li.rank);
+    return 0;
+  }
+  Tokens tk(16, 64, 2, 12, 5);
+  std::vector<uint16_t> recv(64 * 64);
+  epDispatchArgs_t a = dispatchArgs(tk, 2, recv, 64);
+  epHandle_t h = nullptr;
+  t->check(epDispatch(comm, &a, &h, nullptr) == epSuccess, "first dispatch", li.rank);
+  auto t0 = Clock::now();
+  epResult_t res;
+  if (li.rank == 0) {  // combine while the peer dispatches again
+    std::vector<uint16_t> out(16 * 64);
+    epCombineArgs_t c = EP_COMBINE_ARGS_INITIALIZER;
+    c.y = recv.data();
+    c.out = out.data();
+    res = epCombine(comm, &c, h, nullptr);
+  } else {
+    res = epDispatch(comm, &a, &h, nullptr);
+  }
+  t->check(res == epInvalidUsage || res == epTimeout, "calls out of step fail", li.rank);
+  t->check(secondsSince(t0) < kTimeoutMs / 1000.0 + 5.0, "without hanging", li.rank);
+  epHandleDestroy(h);
+  epCommDestroy(comm);
+  return 0;
+}
+
+struct Scenario {
+  const char* name;
+  int nranks;
+  int (*run)(const LaunchInfo&, Tally*);
+};
+
+const Scenario kScenarios[] = {
+    {"config-mismatch", 2, configMismatch}, {"missing-rank", 3, missingRank},
+    {"rank-exits", 2, rankExits},           {"abort", 2, abortUnblocks},
+    {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* only = nullptr;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+    else {
+      fprintf(stderr, "usage: %s [--only NAME]\n", argv[0]);
+      return 2;
+    }
+  }
+  int passed = 0, failed = 0;
+  for (const Scenario& sc : kScenarios) {
+    if (only && strcmp(only, sc.name) != 0) continue;
+    fflush(stdout);
+    pid_t pid = fork();  // one supervising process per scenario keeps them apart
+    if (pid == 0) {
+      LaunchInfo li;
+      if (launchRanks(sc.nranks, 60, &li) != 0) _exit(1);
+      Tally tally;
+      sc.run(li, &tally);
+      if (tally.failed) fprintf(stderr, "%s: rank %d failed %d checks\n", sc.name, li.rank, tally.failed);
+      fflush(stdout);
+      _exit(tally.failed == 0 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    printf("%-16s %s\n", sc.name, ok ? "PASSED" : "FAILED");
+    (ok ? passed : failed)++;
+  }
+  printf("mp_errors: %d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
