@@ -65,6 +65,10 @@ TOOL_COMMON := $(wildcard tools/common/*.cc)
 # Unit tests: CMocka suites against the internal archive (C++ sees the internals).
 UNIT_SRCS := $(wildcard tests/unit/test_*.cc)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.cc=$(BUILD)/tests/%)
+$(BUILD)/tests/bootstrap_selftest: tests/unit/bootstrap_selftest.cc $(LIB_INTERNAL)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ $(LIB_INTERNAL) $(LIBS) $(LDFLAGS)
+
 # Multi-process tests: public API only.
 MP_SRCS := $(wildcard tests/mp/*.cc)
 MP_BINS := $(MP_SRCS:tests/mp/%.cc=$(BUILD)/tests/%)
@@ -76,7 +80,8 @@ all: lib tools tests
 
 lib: $(LIB_DEV) $(LIB_INTERNAL)
 tools: $(TOOLS)
-tests: $(UNIT_BINS) $(MP_BINS)
+SELFTEST_BINS := $(BUILD)/tests/bootstrap_selftest
+tests: $(UNIT_BINS) $(MP_BINS) $(SELFTEST_BINS)
 
 $(BUILD)/obj/%.o: %.cc
 	@mkdir -p $(dir $@)

@@ -6,14 +6,15 @@
 // so that a failure says more than the expression that failed.
 #pragma once
 
-// cmocka.h needs these before it.
+// cmocka.h needs these before it, and (1.1.x) declares its functions without
+// extern "C" guards.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-// clang-format off
+extern "C" {
 #include <cmocka.h>
-// clang-format on
+}
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs every test level this machine supports and says which it skipped.
+# Levels: abi, unit (CMocka), bootstrap selftest, multi-process (MPI-free launcher
+# and Open MPI), GPU (only where a GPU is visible; `make gpu-test` requires one).
+# Ends with one line "N passed, M failed[, K skipped]" counting test programs.
+set -u
+BUILD=${BUILD:-build}
+cd "$(dirname "$0")/.."
+passed=0; failed=0; skipped=0
+failures=()
+
+run() {  # run NAME CMD...: one test program, counted by its exit status
+  local name=$1; shift
+  echo "=== $name: $*"
+  local start=$SECONDS
+  if "$@"; then
+    passed=$((passed + 1)); echo "=== $name: PASSED ($((SECONDS - start)) s)"
+  else
+    failed=$((failed + 1)); failures+=("$name"); echo "=== $name: FAILED ($((SECONDS - start)) s)"
+  fi
+}
+skip() { skipped=$((skipped + 1)); echo "=== $1: SKIPPED ($2)"; }
+
+# --- ABI: exported symbols, headers alone, abidiff against the baseline
+run abi-check env BUILD="$BUILD" bash scripts/abi-check.sh
+
+# --- unit suites (CMocka) and the bootstrap selftest
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] && run "unit $(basename "$t")" timeout 300 "$t"
+done
+run "bootstrap selftest" timeout 300 "$BUILD/tests/bootstrap_selftest"
+
+# --- install + pkg-config: a C program links against the installed library
+run "install + pkg-config" bash tests/install_check.sh "$BUILD"
+
+# --- multi-process, MPI-free launcher: 1, 2, 3 and 4 ranks on random shapes
+for n in 1 2 3 4; do
+  run "mp_dispatch $n ranks" timeout 600 "$BUILD/tests/mp_dispatch" -n "$n" --cases 16 --seed $((1000 + n))
+done
+run "mp_errors" timeout 300 "$BUILD/tests/mp_errors"
+run "ep_bench 3 ranks --check" timeout 300 "$BUILD/bin/ep_bench" -n 3 --check --iters 1 --warmup 0 \
+  --shape 520:5:24:200 --shape 2560:6:64:100
+
+# --- multi-process under Open MPI (id shared through a file, and through EP_COMM_ID)
+if command -v mpirun >/dev/null 2>&1; then
+  MPIRUN=(mpirun --oversubscribe -n)
+  [ "$(id -u)" -eq 0 ] && MPIRUN=(mpirun --allow-run-as-root --oversubscribe -n)
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+  for n in 2 4; do
+    run "mp_dispatch mpirun $n ranks" timeout 300 "${MPIRUN[@]}" "$n" "$BUILD/tests/mp_dispatch" --case $((n + 1))
+  done
+  port=$((20000 + RANDOM % 20000))
+  run "mp_dispatch mpirun 3 ranks EP_COMM_ID" timeout 300 env EP_COMM_ID=127.0.0.1:$port \
+    "${MPIRUN[@]}" 3 "$BUILD/tests/mp_dispatch" --case 6
+  run "ep_bench mpirun 2 ranks --check" timeout 300 "${MPIRUN[@]}" 2 "$BUILD/bin/ep_bench" --check \
+    --iters 1 --warmup 0 --shape 2560:6:64:100
+else
+  skip "multi-process under mpirun" "mpirun not found (scripts/install-deps.sh installs openmpi-bin)"
+fi
+
+# --- GPU level
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ -f tests/gpu/run.sh ]; then
+  run "gpu" env BUILD="$BUILD" bash tests/gpu/run.sh
+else
+  skip "gpu" "no NVIDIA GPU visible on this machine (run make gpu-test on a GPU machine)"
+fi
+
+echo
+if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,514 @@
+// configResolve (the caller's epConfig_t of any known size -> ep::Config),
+// buildNodeMap, and dataTypeSize / dataTypeName.
+//
+// The group setup clears every EP_* variable, so the cases see the library
+// defaults; the cases about EP_* precedence run in a forked child that sets
+// its variables before the library first reads them (accessors cache).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <functional>
+#include <vector>
+
+#include "comm.h"
+#include "common.h"
+
+namespace {
+
+using ep::Config;
+using ep::configResolve;
+
+// A valid config of the kind most cases start from.
+epConfig_t validConfig() {
+  epConfig_t c = EP_CONFIG_INITIALIZER;
+  c.num_experts = 16;
+  c.hidden = 128;
+  c.max_tokens_per_rank = 64;
+  c.max_topk = 4;
+  c.backend = epBackendHost;
+  return c;
+}
+
+// Resolves c for nranks and expects rejection with a message containing field.
+void expectRejected(const epConfig_t& c, int nranks, const char* field, const char* file, int line) {
+  Config out;
+  out.hidden = -777;  // sentinel: nothing is written on error
+  epResult_t res = configResolve(&c, nranks, &out, nullptr);
+  if (res != epInvalidArgument) {
+    print_error("%s:%d: configResolve returned %d, expected epInvalidArgument (field %s)\n", file,
+                line, int(res), field);
+    _fail(file, line);
+  }
+  ::eptest::containsImpl(ep::threadLastError(), field, "ep::threadLastError()", file, line);
+  if (out.hidden != -777) {
+    print_error("%s:%d: configResolve wrote its output on error\n", file, line);
+    _fail(file, line);
+  }
+}
+#define expect_rejected(c, nranks, field) expectRejected((c), (nranks), (field), __FILE__, __LINE__)
+
+Config expectAccepted(const epConfig_t& c, int nranks, const char* file, int line) {
+  Config out;
+  ep::clearThreadError();
+  epResult_t res = configResolve(&c, nranks, &out, nullptr);
+  if (res != epSuccess) {
+    print_error("%s:%d: configResolve returned %d: %s\n", file, line, int(res), ep::threadLastError());
+    _fail(file, line);
+  }
+  return out;
+}
+#define expect_accepted(c, nranks) expectAccepted((c), (nranks), __FILE__, __LINE__)
+
+// Runs body in a forked child (exit status 0: passed); the child may set EP_*
+// variables that the parent never sees.
+void runInChild(const std::function<int()>& body) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) _exit(body());
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  if (WEXITSTATUS(status) != 0) print_error("child failed at check %d\n", WEXITSTATUS(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+int groupSetup(void**) {
+  eptest::unsetAllParams();
+  return 0;
+}
+
+// ---- The initializer and the struct layout ------------------------------------------
+
+void initializer_is_valid_cxx_and_fills_header(void**) {
+  epConfig_t c = EP_CONFIG_INITIALIZER;
+  assert_int_equal(c.size, sizeof(epConfig_t));
+  assert_int_equal(c.magic, EP_CONFIG_MAGIC);
+  assert_int_equal(c.version, EP_CONFIG_VERSION);
+  assert_int_equal(c.num_experts, 0);
+  assert_int_equal(c.hidden, 0);
+  assert_int_equal(c.max_tokens_per_rank, 0);
+  assert_int_equal(c.max_topk, 0);
+  assert_int_equal(c.dispatch_type, epBfloat16);
+  assert_int_equal(c.combine_type, epBfloat16);
+  assert_int_equal(c.backend, epBackendAuto);
+  assert_int_equal(c.device, -1);
+  assert_int_equal(c.buffer_bytes_cap, 0);
+  assert_int_equal(c.timeout_ms, 0);
+  assert_int_equal(c.num_sms, 0);
+  assert_int_equal(c.max_nodes_per_token, 0);
+  // The other initializers too, as C++ sees them.
+  epLayoutArgs_t l = EP_LAYOUT_ARGS_INITIALIZER;
+  assert_int_equal(l.size, sizeof(epLayoutArgs_t));
+  assert_int_equal(l.magic, EP_LAYOUT_ARGS_MAGIC);
+  assert_int_equal(l.topk_idx_type, epInt64);
+  epDispatchArgs_t d = EP_DISPATCH_ARGS_INITIALIZER;
+  assert_int_equal(d.size, sizeof(epDispatchArgs_t));
+  assert_int_equal(d.magic, EP_DISPATCH_ARGS_MAGIC);
+  assert_int_equal(d.version, EP_DISPATCH_ARGS_VERSION);
+  assert_int_equal(d.topk_idx_type, epInt64);
+  assert_null(d.num_recv);
+  epCombineArgs_t cb = EP_COMBINE_ARGS_INITIALIZER;
+  assert_int_equal(cb.size, sizeof(epCombineArgs_t));
+  assert_int_equal(cb.magic, EP_COMBINE_ARGS_MAGIC);
+  assert_null(cb.out_topk_weights);
+}
+
+void magic_numbers_are_distinct(void**) {
+  const unsigned magics[] = {EP_CONFIG_MAGIC, EP_LAYOUT_ARGS_MAGIC, EP_DISPATCH_ARGS_MAGIC,
+                             EP_COMBINE_ARGS_MAGIC};
+  for (size_t i = 0; i < 4; i++)
+    for (size_t j = i + 1; j < 4; j++) assert_int_not_equal(magics[i], magics[j]);
+}
+
+// ---- Defaults ---------------------------------------------------------------------
+
+void resolve_fills_defaults(void**) {
+  epConfig_t c = validConfig();
+  Config r = expect_accepted(c, 4);
+  assert_int_equal(r.num_experts, 16);
+  assert_int_equal(r.hidden, 128);
+  assert_int_equal(r.max_tokens_per_rank, 64);
+  assert_int_equal(r.max_topk, 4);
+  assert_int_equal(r.dispatch_type, epBfloat16);
+  assert_int_equal(r.combine_type, epBfloat16);
+  assert_int_equal(r.backend, epBackendHost);
+  assert_int_equal(r.device, -1);
+  assert_int_equal(r.timeout_ms, 60000);  // EP_TIMEOUT_MS default
+  assert_int_equal(r.num_sms, 0);
+  assert_int_equal(r.buffer_bytes_cap, 0);
+  assert_int_equal(r.max_nodes_per_token, 0);
+}
+
+void resolve_keeps_explicit_values(void**) {
+  epConfig_t c = validConfig();
+  c.timeout_ms = 1234;
+  c.num_sms = 20;
+  c.buffer_bytes_cap = size_t(1) << 20;
+  c.max_nodes_per_token = 4;
+  c.device = 3;
+  c.dispatch_type = epFloat8E4M3;
+  c.combine_type = epFloat32;
+  Config r = expect_accepted(c, 2);
+  assert_int_equal(r.timeout_ms, 1234);
+  assert_int_equal(r.num_sms, 20);
+  assert_int_equal(r.buffer_bytes_cap, size_t(1) << 20);
+  assert_int_equal(r.max_nodes_per_token, 4);
+  assert_int_equal(r.device, 3);
+  assert_int_equal(r.dispatch_type, epFloat8E4M3);
+  assert_int_equal(r.combine_type, epFloat32);
+}
+
+void env_fills_zero_fields_and_struct_wins(void**) {
+  runInChild([] {
+    setenv("EP_TIMEOUT_MS", "2500", 1);
+    setenv("EP_NUM_SMS", "0x10", 1);
+    setenv("EP_BUFFER_BYTES_CAP", "1048576", 1);
+    epConfig_t c = validConfig();
+    Config r;
+    if (configResolve(&c, 1, &r, nullptr) != epSuccess) return 1;
+    if (r.timeout_ms != 2500) return 2;
+    if (r.num_sms != 16) return 3;
+    if (r.buffer_bytes_cap != 1048576) return 4;
+    c.timeout_ms = 700;  // struct > EP_* > default
+    c.num_sms = 3;
+    c.buffer_bytes_cap = 4096;
+    if (configResolve(&c, 1, &r, nullptr) != epSuccess) return 5;
+    if (r.timeout_ms != 700 || r.num_sms != 3 || r.buffer_bytes_cap != 4096) return 6;
+    return 0;
+  });
+}
+
+void env_malformed_timeout_keeps_default(void**) {
+  runInChild([] {
+    setenv("EP_TIMEOUT_MS", "soon", 1);
+    epConfig_t c = validConfig();
+    Config r;
+    if (configResolve(&c, 1, &r, nullptr) != epSuccess) return 1;
+    return r.timeout_ms == 60000 ? 0 : 2;
+  });
+}
+
+void env_negative_timeout_rejected_naming_variable(void**) {
+  runInChild([] {
+    setenv("EP_TIMEOUT_MS", "-5", 1);
+    epConfig_t c = validConfig();
+    Config r;
+    if (configResolve(&c, 1, &r, nullptr) != epInvalidArgument) return 1;
+    // The message must say where the bad value came from.
+    return strstr(ep::threadLastError(), "EP_TIMEOUT_MS") != nullptr ? 0 : 2;
+  });
+}
+
+// ---- Header checks --------------------------------------------------------------------
+
+void resolve_rejects_null_config(void**) {
+  Config out;
+  out.hidden = -777;
+  assert_result(configResolve(nullptr, 1, &out, nullptr), epInvalidArgument);
+  assert_contains(ep::threadLastError(), "config");
+  assert_int_equal(out.hidden, -777);
+}
+
+void resolve_rejects_wrong_magic(void**) {
+  epConfig_t c = validConfig();
+  c.magic = 0x12345678u;
+  expect_rejected(c, 1, "config.magic");
+  assert_contains(ep::threadLastError(), "EP_CONFIG_INITIALIZER");
+  c.magic = EP_LAYOUT_ARGS_MAGIC;  // another struct's magic is no better
+  expect_rejected(c, 1, "config.magic");
+}
+
+void resolve_rejects_too_small_size(void**) {
+  const size_t v1 = offsetof(epConfig_t, max_nodes_per_token) + sizeof(int);
+  epConfig_t c = validConfig();
+  for (size_t size : {size_t(0), size_t(8), size_t(16), v1 - 4, v1 - 1}) {
+    c.size = size;
+    expect_rejected(c, 1, "config.size");
+  }
+}
+
+void resolve_accepts_older_v1_sized_struct(void**) {
+  const size_t v1 = offsetof(epConfig_t, max_nodes_per_token) + sizeof(int);
+  // What a v1 caller owns: exactly v1 bytes; whatever lies past them is not its.
+  union {
+    epConfig_t c;
+    unsigned char bytes[sizeof(epConfig_t) + 64];
+  } buf;
+  memset(buf.bytes, 0xff, sizeof(buf.bytes));
+  epConfig_t valid = validConfig();
+  valid.max_nodes_per_token = 2;
+  valid.timeout_ms = 999;
+  memcpy(buf.bytes, &valid, v1);
+  buf.c.size = v1;
+  Config r = expect_accepted(buf.c, 4);
+  assert_int_equal(r.num_experts, 16);
+  assert_int_equal(r.hidden, 128);
+  assert_int_equal(r.max_nodes_per_token, 2);
+  assert_int_equal(r.timeout_ms, 999);
+}
+
+void resolve_accepts_larger_struct_copying_only_known_fields(void**) {
+  struct Future {
+    epConfig_t c;
+    int new_field_a;  // fields a later version might add
+    int64_t new_field_b;
+    char more[40];
+  } f;
+  memset(&f, 0x5a, sizeof(f));
+  f.c = validConfig();
+  f.c.size = sizeof(Future);
+  f.c.version = EP_CONFIG_VERSION + 1;
+  f.c.max_topk = 8;
+  Config r = expect_accepted(f.c, 2);
+  assert_int_equal(r.num_experts, 16);
+  assert_int_equal(r.max_topk, 8);
+  assert_int_equal(r.timeout_ms, 60000);
+  assert_int_equal(r.max_nodes_per_token, 0);
+  // The caller's struct is untouched (it is const, and nothing writes through it).
+  assert_int_equal(f.c.size, sizeof(Future));
+  assert_int_equal(f.new_field_a, 0x5a5a5a5a);
+}
+
+// ---- Field checks ---------------------------------------------------------------------
+
+void resolve_rejects_experts_not_multiple_of_ranks(void**) {
+  epConfig_t c = validConfig();
+  c.num_experts = 6;
+  expect_rejected(c, 4, "config.num_experts");
+  assert_contains(ep::threadLastError(), "4 ranks");
+  c.num_experts = 8;
+  expect_accepted(c, 4);
+  c.num_experts = 7;
+  expect_accepted(c, 7);
+  expect_accepted(c, 1);
+  c.num_experts = 4;
+  expect_rejected(c, 8, "config.num_experts");  // fewer experts than ranks
+}
+
+void resolve_rejects_nonpositive_experts_and_hidden(void**) {
+  epConfig_t c = validConfig();
+  c.num_experts = 0;
+  expect_rejected(c, 1, "config.num_experts");
+  c.num_experts = -16;
+  expect_rejected(c, 1, "config.num_experts");
+  c = validConfig();
+  c.hidden = 0;
+  expect_rejected(c, 1, "config.hidden");
+  c.hidden = -128;
+  expect_rejected(c, 1, "config.hidden");
+}
+
+void resolve_checks_row_is_multiple_of_16_bytes(void**) {
+  epConfig_t c = validConfig();
+  c.hidden = 12;  // bf16: 24 bytes
+  expect_rejected(c, 1, "config.hidden");
+  assert_contains(ep::threadLastError(), "24 bytes");
+  c.hidden = 8;  // bf16: 16 bytes
+  expect_accepted(c, 1);
+  c.hidden = 7168;  // not a power of two (DeepSeek-V3)
+  expect_accepted(c, 1);
+  c.hidden = 2056;  // 4112 bytes
+  expect_accepted(c, 1);
+
+  c.dispatch_type = epFloat8E4M3;
+  c.hidden = 16;  // fp8 16 bytes, bf16 combine 32 bytes
+  expect_accepted(c, 1);
+  c.hidden = 8;  // fp8: 8 bytes
+  expect_rejected(c, 1, "config.hidden");
+  assert_contains(ep::threadLastError(), "fp8e4m3");
+
+  c = validConfig();
+  c.dispatch_type = epFloat32;
+  c.combine_type = epFloat32;
+  c.hidden = 4;  // 16 bytes
+  expect_accepted(c, 1);
+  c.hidden = 2;
+  expect_rejected(c, 1, "config.hidden");
+
+  c = validConfig();
+  c.combine_type = epFloat16;
+  c.hidden = 12;  // the combine row counts too
+  expect_rejected(c, 1, "config.hidden");
+}
+
+void resolve_checks_topk_range(void**) {
+  epConfig_t c = validConfig();
+  for (int k : {0, 33, -1, 1000}) {
+    c.max_topk = k;
+    expect_rejected(c, 1, "config.max_topk");
+  }
+  for (int k : {1, 8, 32}) {
+    c.max_topk = k;
+    Config r = expect_accepted(c, 1);
+    assert_int_equal(r.max_topk, k);
+  }
+}
+
+void resolve_rejects_unknown_types_and_backend(void**) {
+  epConfig_t c = validConfig();
+  c.dispatch_type = epInt32;
+  expect_rejected(c, 1, "config.dispatch_type");
+  c.dispatch_type = epDataType_t(42);
+  expect_rejected(c, 1, "config.dispatch_type");
+  c.dispatch_type = epDataType_t(-1);
+  expect_rejected(c, 1, "config.dispatch_type");
+  c = validConfig();
+  c.combine_type = epFloat8E4M3;  // no FP8 combine
+  expect_rejected(c, 1, "config.combine_type");
+  c.combine_type = epInt64;
+  expect_rejected(c, 1, "config.combine_type");
+  c = validConfig();
+  c.backend = epBackend_t(3);
+  expect_rejected(c, 1, "config.backend");
+  c.backend = epBackend_t(-1);
+  expect_rejected(c, 1, "config.backend");
+  c.backend = epBackendCuda;  // known (availability is checked at init)
+  expect_accepted(c, 1);
+}
+
+void resolve_rejects_negative_counts(void**) {
+  epConfig_t c = validConfig();
+  c.max_tokens_per_rank = -1;
+  expect_rejected(c, 1, "config.max_tokens_per_rank");
+  c = validConfig();
+  c.max_tokens_per_rank = 0;  // no tokens at all is allowed
+  expect_accepted(c, 1);
+  c = validConfig();
+  c.max_nodes_per_token = -2;
+  expect_rejected(c, 1, "config.max_nodes_per_token");
+}
+
+void resolve_rejects_negative_timeout(void**) {
+  // 0 means "EP_TIMEOUT_MS"; a negative value is a caller error, not "use the default".
+  epConfig_t c = validConfig();
+  c.timeout_ms = -1;
+  expect_rejected(c, 1, "config.timeout_ms");
+}
+
+void resolve_rejects_negative_num_sms(void**) {
+  epConfig_t c = validConfig();
+  c.num_sms = -4;
+  expect_rejected(c, 1, "config.num_sms");
+}
+
+// ---- Data types ------------------------------------------------------------------------
+
+void data_type_sizes_and_names(void**) {
+  assert_int_equal(ep::dataTypeSize(epBfloat16), 2);
+  assert_int_equal(ep::dataTypeSize(epFloat16), 2);
+  assert_int_equal(ep::dataTypeSize(epFloat32), 4);
+  assert_int_equal(ep::dataTypeSize(epFloat8E4M3), 1);
+  assert_int_equal(ep::dataTypeSize(epInt32), 4);
+  assert_int_equal(ep::dataTypeSize(epInt64), 8);
+  assert_int_equal(ep::dataTypeSize(epDataType_t(6)), 0);
+  assert_int_equal(ep::dataTypeSize(epDataType_t(-1)), 0);
+  assert_string_equal(ep::dataTypeName(epBfloat16), "bf16");
+  assert_string_equal(ep::dataTypeName(epFloat8E4M3), "fp8e4m3");
+  assert_string_equal(ep::dataTypeName(epInt64), "int64");
+  assert_string_equal(ep::dataTypeName(epDataType_t(99)), "unknown");
+}
+
+// ---- buildNodeMap ------------------------------------------------------------------------
+
+std::vector<epPeerInfo_v1_t> peersWithHosts(const std::vector<uint64_t>& hosts) {
+  std::vector<epPeerInfo_v1_t> peers(hosts.size());
+  for (size_t r = 0; r < hosts.size(); r++) {
+    memset(&peers[r], 0, sizeof(peers[r]));
+    peers[r].rank = int(r);
+    peers[r].host_hash = hosts[r];
+    peers[r].cuda_device = -1;
+  }
+  return peers;
+}
+
+void node_map_by_interleaved_host_hash(void**) {
+  const uint64_t A = 0xaaaa, B = 0xbbbb, C = 0xcccc;
+  auto peers = peersWithHosts({B, A, B, A, C, B});
+  ep::NodeMap m;
+  assert_ok(ep::buildNodeMap(peers, 0, &m));
+  assert_int_equal(m.num_nodes, 3);
+  // Node order follows the first rank of each host: B (rank 0), A (rank 1), C (rank 4).
+  assert_true((m.node_of_rank == std::vector<int>{0, 1, 0, 1, 2, 0}));
+  assert_true((m.local_rank == std::vector<int>{0, 0, 1, 1, 0, 2}));
+  assert_true((m.node_size == std::vector<int>{3, 2, 1}));
+  assert_true((m.node_first == std::vector<int>{0, 1, 4}));
+  assert_int_equal(m.node_ranks.size(), 3);
+  assert_true((m.node_ranks[0] == std::vector<int>{0, 2, 5}));
+  assert_true((m.node_ranks[1] == std::vector<int>{1, 3}));
+  assert_true((m.node_ranks[2] == std::vector<int>{4}));
+}
+
+void node_map_single_host_is_one_node(void**) {
+  auto peers = peersWithHosts({7, 7, 7, 7});
+  ep::NodeMap m;
+  assert_ok(ep::buildNodeMap(peers, 0, &m));
+  assert_int_equal(m.num_nodes, 1);
+  assert_true((m.node_of_rank == std::vector<int>{0, 0, 0, 0}));
+  assert_true((m.local_rank == std::vector<int>{0, 1, 2, 3}));
+  assert_true((m.node_size == std::vector<int>{4}));
+}
+
+void node_map_by_node_size_ignores_hosts(void**) {
+  auto peers = peersWithHosts({1, 2, 1, 2, 1, 2});
+  ep::NodeMap m;
+  assert_ok(ep::buildNodeMap(peers, 2, &m));
+  assert_int_equal(m.num_nodes, 3);
+  assert_true((m.node_of_rank == std::vector<int>{0, 0, 1, 1, 2, 2}));
+  assert_true((m.local_rank == std::vector<int>{0, 1, 0, 1, 0, 1}));
+  assert_true((m.node_first == std::vector<int>{0, 2, 4}));
+  assert_true((m.node_ranks[1] == std::vector<int>{2, 3}));
+  assert_ok(ep::buildNodeMap(peers, 3, &m));
+  assert_int_equal(m.num_nodes, 2);
+  assert_true((m.node_of_rank == std::vector<int>{0, 0, 0, 1, 1, 1}));
+  assert_ok(ep::buildNodeMap(peers, 6, &m));
+  assert_int_equal(m.num_nodes, 1);
+  assert_ok(ep::buildNodeMap(peers, 1, &m));
+  assert_int_equal(m.num_nodes, 6);
+  assert_true((m.local_rank == std::vector<int>{0, 0, 0, 0, 0, 0}));
+}
+
+void node_map_rejects_node_size_not_dividing_ranks(void**) {
+  auto peers = peersWithHosts({1, 1, 1, 1, 1, 1});
+  ep::NodeMap m;
+  m.num_nodes = 99;  // sentinel
+  assert_result(ep::buildNodeMap(peers, 4, &m), epInvalidArgument);
+  assert_contains(ep::threadLastError(), "EP_NODE_SIZE");
+  assert_int_equal(m.num_nodes, 99);
+  assert_result(ep::buildNodeMap(peers, 7, &m), epInvalidArgument);
+  assert_contains(ep::threadLastError(), "EP_NODE_SIZE = 7");
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(initializer_is_valid_cxx_and_fills_header),
+      cmocka_unit_test(magic_numbers_are_distinct),
+      cmocka_unit_test(resolve_fills_defaults),
+      cmocka_unit_test(resolve_keeps_explicit_values),
+      cmocka_unit_test(env_fills_zero_fields_and_struct_wins),
+      cmocka_unit_test(env_malformed_timeout_keeps_default),
+      cmocka_unit_test(env_negative_timeout_rejected_naming_variable),
+      cmocka_unit_test(resolve_rejects_null_config),
+      cmocka_unit_test(resolve_rejects_wrong_magic),
+      cmocka_unit_test(resolve_rejects_too_small_size),
+      cmocka_unit_test(resolve_accepts_older_v1_sized_struct),
+      cmocka_unit_test(resolve_accepts_larger_struct_copying_only_known_fields),
+      cmocka_unit_test(resolve_rejects_experts_not_multiple_of_ranks),
+      cmocka_unit_test(resolve_rejects_nonpositive_experts_and_hidden),
+      cmocka_unit_test(resolve_checks_row_is_multiple_of_16_bytes),
+      cmocka_unit_test(resolve_checks_topk_range),
+      cmocka_unit_test(resolve_rejects_unknown_types_and_backend),
+      cmocka_unit_test(resolve_rejects_negative_counts),
+      cmocka_unit_test(resolve_rejects_negative_timeout),
+      cmocka_unit_test(resolve_rejects_negative_num_sms),
+      cmocka_unit_test(data_type_sizes_and_names),
+      cmocka_unit_test(node_map_by_interleaved_host_hash),
+      cmocka_unit_test(node_map_single_host_is_one_node),
+      cmocka_unit_test(node_map_by_node_size_ignores_hosts),
+      cmocka_unit_test(node_map_rejects_node_size_not_dividing_ranks),
+  };
+  return cmocka_run_group_tests_name("config", tests, groupSetup, nullptr);
+}
