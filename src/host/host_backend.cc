@@ -259,7 +259,7 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
                     "were drained so the other ranks completed; nothing was written)",
                     (long long)a.recv_capacity, (long long)rt.num_recv);
   // Capacity sizing: rows past num_recv are marked unused with a row of -1.
-  if (a.recv_topk_idx && a.recv_capacity > rt.num_recv && (a.flags & EP_DISPATCH_NO_HOST_SYNC))
+  if (a.recv_topk_idx && a.recv_capacity > rt.num_recv)
     std::fill(a.recv_topk_idx + size_t(rt.num_recv) * K, a.recv_topk_idx + size_t(a.recv_capacity) * K,
               int64_t(-1));
   // A cached re-dispatch without expert ids reports the counts of the first dispatch.

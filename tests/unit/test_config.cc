@@ -7,7 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <functional>
 #include <vector>
 
 #include "comm.h"
@@ -59,18 +58,37 @@ Config expectAccepted(const epConfig_t& c, int nranks, const char* file, int lin
 }
 #define expect_accepted(c, nranks) expectAccepted((c), (nranks), __FILE__, __LINE__)
 
-// Runs body in a forked child (exit status 0: passed); the child may set EP_*
-// variables that the parent never sees.
-void runInChild(const std::function<int()>& body) {
+// Cases that need EP_* variables run in a fresh process (this program re-run
+// with "--child NAME" and the variables set): the accessors cache their first
+// read, and a forked child would inherit the parent's cache. Each child body
+// returns 0 when it passed, else the number of the check that failed.
+struct ChildCase {
+  const char* name;
+  std::vector<std::pair<const char*, const char*>> env;
+  int (*body)();
+};
+const std::vector<ChildCase>& childCases();
+
+void runInFreshProcess(const char* name) {
+  const ChildCase* found = nullptr;
+  for (const ChildCase& c : childCases())
+    if (strcmp(c.name, name) == 0) found = &c;
+  assert_non_null(found);
   fflush(stdout);
   fflush(stderr);
   pid_t pid = fork();
   assert_true(pid >= 0);
-  if (pid == 0) _exit(body());
+  if (pid == 0) {
+    for (auto& kv : found->env) setenv(kv.first, kv.second, 1);
+    execl("/proc/self/exe", "test_config", "--child", name, (char*)nullptr);
+    _exit(127);
+  }
   int status = 0;
   assert_int_equal(waitpid(pid, &status, 0), pid);
   assert_true(WIFEXITED(status));
-  if (WEXITSTATUS(status) != 0) print_error("child failed at check %d\n", WEXITSTATUS(status));
+  if (WEXITSTATUS(status) != 0)
+    print_error("child case %s failed at check %d: %s\n", name, WEXITSTATUS(status),
+                WEXITSTATUS(status) == 127 ? "could not re-run this program" : "see the case");
   assert_int_equal(WEXITSTATUS(status), 0);
 }
 
@@ -160,45 +178,51 @@ void resolve_keeps_explicit_values(void**) {
   assert_int_equal(r.combine_type, epFloat32);
 }
 
-void env_fills_zero_fields_and_struct_wins(void**) {
-  runInChild([] {
-    setenv("EP_TIMEOUT_MS", "2500", 1);
-    setenv("EP_NUM_SMS", "0x10", 1);
-    setenv("EP_BUFFER_BYTES_CAP", "1048576", 1);
-    epConfig_t c = validConfig();
-    Config r;
-    if (configResolve(&c, 1, &r, nullptr) != epSuccess) return 1;
-    if (r.timeout_ms != 2500) return 2;
-    if (r.num_sms != 16) return 3;
-    if (r.buffer_bytes_cap != 1048576) return 4;
-    c.timeout_ms = 700;  // struct > EP_* > default
-    c.num_sms = 3;
-    c.buffer_bytes_cap = 4096;
-    if (configResolve(&c, 1, &r, nullptr) != epSuccess) return 5;
-    if (r.timeout_ms != 700 || r.num_sms != 3 || r.buffer_bytes_cap != 4096) return 6;
-    return 0;
-  });
+int childEnvFillsZeroFields() {
+  epConfig_t c = validConfig();
+  Config r;
+  if (configResolve(&c, 1, &r, nullptr) != epSuccess) return 1;
+  if (r.timeout_ms != 2500) return 2;
+  if (r.num_sms != 16) return 3;
+  if (r.buffer_bytes_cap != 1048576) return 4;
+  c.timeout_ms = 700;  // struct > EP_* > default
+  c.num_sms = 3;
+  c.buffer_bytes_cap = 4096;
+  if (configResolve(&c, 1, &r, nullptr) != epSuccess) return 5;
+  if (r.timeout_ms != 700 || r.num_sms != 3 || r.buffer_bytes_cap != 4096) return 6;
+  return 0;
 }
 
-void env_malformed_timeout_keeps_default(void**) {
-  runInChild([] {
-    setenv("EP_TIMEOUT_MS", "soon", 1);
-    epConfig_t c = validConfig();
-    Config r;
-    if (configResolve(&c, 1, &r, nullptr) != epSuccess) return 1;
-    return r.timeout_ms == 60000 ? 0 : 2;
-  });
+int childEnvMalformedTimeout() {
+  epConfig_t c = validConfig();
+  Config r;
+  if (configResolve(&c, 1, &r, nullptr) != epSuccess) return 1;
+  return r.timeout_ms == 60000 ? 0 : 2;
 }
 
+int childEnvNegativeTimeout() {
+  epConfig_t c = validConfig();
+  Config r;
+  if (configResolve(&c, 1, &r, nullptr) != epInvalidArgument) return 1;
+  // The message must say where the bad value came from.
+  return strstr(ep::threadLastError(), "EP_TIMEOUT_MS") != nullptr ? 0 : 2;
+}
+
+const std::vector<ChildCase>& childCases() {
+  static const std::vector<ChildCase> cases = {
+      {"env_fills_zero_fields",
+       {{"EP_TIMEOUT_MS", "2500"}, {"EP_NUM_SMS", "0x10"}, {"EP_BUFFER_BYTES_CAP", "1048576"}},
+       childEnvFillsZeroFields},
+      {"env_malformed_timeout", {{"EP_TIMEOUT_MS", "soon"}}, childEnvMalformedTimeout},
+      {"env_negative_timeout", {{"EP_TIMEOUT_MS", "-5"}}, childEnvNegativeTimeout},
+  };
+  return cases;
+}
+
+void env_fills_zero_fields_and_struct_wins(void**) { runInFreshProcess("env_fills_zero_fields"); }
+void env_malformed_timeout_keeps_default(void**) { runInFreshProcess("env_malformed_timeout"); }
 void env_negative_timeout_rejected_naming_variable(void**) {
-  runInChild([] {
-    setenv("EP_TIMEOUT_MS", "-5", 1);
-    epConfig_t c = validConfig();
-    Config r;
-    if (configResolve(&c, 1, &r, nullptr) != epInvalidArgument) return 1;
-    // The message must say where the bad value came from.
-    return strstr(ep::threadLastError(), "EP_TIMEOUT_MS") != nullptr ? 0 : 2;
-  });
+  runInFreshProcess("env_negative_timeout");
 }
 
 // ---- Header checks --------------------------------------------------------------------
@@ -482,7 +506,12 @@ void node_map_rejects_node_size_not_dividing_ranks(void**) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 3 && strcmp(argv[1], "--child") == 0) {
+    for (const ChildCase& c : childCases())
+      if (strcmp(c.name, argv[2]) == 0) return c.body();
+    return 126;
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(initializer_is_valid_cxx_and_fills_header),
       cmocka_unit_test(magic_numbers_are_distinct),
