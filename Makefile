@@ -114,9 +114,9 @@ $(BUILD)/tests/test_%: tests/unit/test_%.cc $(LIB_INTERNAL)
 	$(CXX) $(CPPFLAGS_BASE) -Itests $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ $(LIB_INTERNAL) \
 	  -lcmocka $(LIBS) $(LDFLAGS)
 
-$(BUILD)/tests/%: tests/mp/%.cc $(TOOL_COMMON) $(LIB_DEV)
+$(BUILD)/tests/%: tests/mp/%.cc tools/common/launch.cc $(LIB_DEV)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS_BASE) -Itests -Itools $(CXXFLAGS_BASE) $< $(TOOL_COMMON) -o $@ \
+	$(CXX) $(CPPFLAGS_BASE) -Itests -Itools $(CXXFLAGS_BASE) $< tools/common/launch.cc -o $@ \
 	  -L$(BUILD)/lib -lmoeep $(RPATH)
 
 # Every level this machine supports, each saying what it ran or skipped.
