@@ -2,12 +2,14 @@
 //
 //   mp_dispatch -n RANKS [--cases C] [--seed S]     forks RANKS processes, C shapes
 //   mpirun -n RANKS mp_dispatch --case I [--seed S]  one shape per launch under MPI
+//   mp_dispatch -n RANKS --threads [--cases C]       ranks as threads (epCommInitAll)
 //
 // Every rank regenerates every rank's inputs (mp_common.h), so each checks
 // every element it receives and every element combine returns to it.
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "common/launch.h"
 #include "mp_common.h"
@@ -48,11 +50,7 @@ int maxTokens(const Shape& s) {
   return m;
 }
 
-// Runs one shape on this rank; returns failures.
-int runCase(const Shape& s, int rank, const epUniqueId& id, bool exact, Tally* tally) {
-  char label[160];
-  snprintf(label, sizeof(label), "shape H=%d K=%d E=%d type=%d align=%d T=%d", s.hidden, s.topk,
-           s.experts, int(s.type), s.alignment, s.tokens[rank]);
+epConfig_t configOf(const Shape& s) {
   epConfig_t cfg = EP_CONFIG_INITIALIZER;
   cfg.num_experts = s.experts;
   cfg.hidden = s.hidden;
@@ -62,12 +60,14 @@ int runCase(const Shape& s, int rank, const epUniqueId& id, bool exact, Tally* t
   cfg.combine_type = epBfloat16;
   cfg.backend = epBackendHost;
   cfg.timeout_ms = 60000;
-  epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, s.nranks, id, rank, &cfg) != epSuccess) {
-    fprintf(stderr, "rank %d: init failed: %s\n", rank, epGetLastError(nullptr));
-    tally->check(false, "init", rank);
-    return 1;
-  }
+  return cfg;
+}
+
+// Runs one shape on this rank of comm.
+void checkCase(const Shape& s, int rank, epComm_t comm, bool exact, Tally* tally) {
+  char label[160];
+  snprintf(label, sizeof(label), "shape H=%d K=%d E=%d type=%d align=%d T=%d", s.hidden, s.topk,
+           s.experts, int(s.type), s.alignment, s.tokens[rank]);
   std::vector<RankInput> all;
   for (int r = 0; r < s.nranks; r++) all.push_back(makeInput(s, r));
   const RankInput& mine = all[rank];
@@ -215,14 +215,53 @@ int runCase(const Shape& s, int rank, const epUniqueId& id, bool exact, Tally* t
   tally->check(w_ok, "combine weights summed back", rank);
 
   epHandleDestroy(handle);
+}
+
+// One process per rank.
+void runCase(const Shape& s, int rank, const epUniqueId& id, bool exact, Tally* tally) {
+  epConfig_t cfg = configOf(s);
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, s.nranks, id, rank, &cfg) != epSuccess) {
+    fprintf(stderr, "rank %d: init failed: %s\n", rank, epGetLastError(nullptr));
+    tally->check(false, "init", rank);
+    return;
+  }
+  checkCase(s, rank, comm, exact, tally);
   tally->check(epCommDestroy(comm) == epSuccess, "destroy", rank);
-  return 0;
+}
+
+// All ranks as threads of this process (epCommInitAll); host calls block, so
+// each rank runs in its own thread.
+int runThreads(int nranks, uint64_t seed, int cases) {
+  std::vector<Tally> tallies(nranks);
+  for (int c = 0; c < cases; c++) {
+    Shape s = makeShape(nranks, seed, c);
+    epConfig_t cfg = configOf(s);
+    std::vector<epComm_t> comms(nranks, nullptr);
+    if (epCommInitAll(comms.data(), nranks, nullptr, &cfg) != epSuccess) {
+      fprintf(stderr, "epCommInitAll failed: %s\n", epGetLastError(nullptr));
+      return 1;
+    }
+    std::vector<std::thread> threads;
+    for (int r = 0; r < nranks; r++)
+      threads.emplace_back([&, r] { checkCase(s, r, comms[r], c % 2 == 1, &tallies[r]); });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < nranks; r++) tallies[r].check(epCommDestroy(comms[r]) == epSuccess, "destroy", r);
+  }
+  int passed = 0, failed = 0;
+  for (const Tally& t : tallies) {
+    passed += t.passed;
+    failed += t.failed;
+  }
+  printf("mp_dispatch %d threads: %d passed, %d failed\n", nranks, passed, failed);
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int nranks = 2, cases = 12, only_case = -1;
+  bool threads = false;
   uint64_t seed = 1;
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
@@ -230,8 +269,9 @@ int main(int argc, char** argv) {
     else if (arg == "--cases" && i + 1 < argc) cases = atoi(argv[++i]);
     else if (arg == "--case" && i + 1 < argc) only_case = atoi(argv[++i]);
     else if (arg == "--seed" && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
+    else if (arg == "--threads") threads = true;
     else {
-      fprintf(stderr, "usage: %s [-n RANKS] [--cases C | --case I] [--seed S]\n", argv[0]);
+      fprintf(stderr, "usage: %s [-n RANKS] [--threads] [--cases C | --case I] [--seed S]\n", argv[0]);
       return 2;
     }
   }
@@ -239,6 +279,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "mp_dispatch: -n must be 1..16\n");
     return 2;
   }
+  if (threads) return runThreads(nranks, seed, cases);
   // One unique id per shape: made before the fork, so every child has them all.
   const bool under_mpi = getenv("OMPI_COMM_WORLD_RANK") || getenv("PMIX_RANK") || getenv("PMI_RANK");
   if (under_mpi && only_case < 0) only_case = 0;
