@@ -103,12 +103,13 @@ typedef struct {
   int timeout_ms;              /* how long to wait for a peer before epTimeout, 0: EP_TIMEOUT_MS */
   int num_sms;                 /* SM budget of the high-throughput kernels, 0: library default */
   int max_nodes_per_token;     /* node-limited routing bound M, 0: not declared */
+  int low_latency;             /* 1: register the low-latency buffers at init (decode) */
 } epConfig_t;
 
 #define EP_CONFIG_INITIALIZER                                                      \
   {                                                                                \
     sizeof(epConfig_t), EP_CONFIG_MAGIC, EP_CONFIG_VERSION, 0, 0, 0, 0, epBfloat16, \
-        epBfloat16, epBackendAuto, -1, 0, 0, 0, 0                                  \
+        epBfloat16, epBackendAuto, -1, 0, 0, 0, 0, 0                               \
   }
 
 /* ---- Library ------------------------------------------------------------- */
@@ -261,6 +262,82 @@ typedef struct {
  * (+ bias[t]), accumulated in float32. */
 EP_API epResult_t epCombine(epComm_t comm, const epCombineArgs_t *args, epHandle_t handle,
                             epStream_t stream);
+
+/* ---- Low latency (decode) --------------------------------------------------
+ * Needs config.low_latency = 1: fixed worst-case buffers are registered at init
+ * from max_tokens_per_rank, hidden, num_experts and max_topk, so no call
+ * allocates or waits on the host, and every call can be captured in a CUDA
+ * graph. A token crosses to each destination rank once and is expanded there
+ * into the expert-major layout. Two buffer sets alternate between calls.
+ * Output layout, with M = max_tokens_per_rank and R ranks:
+ *   recv_x      [local_experts, R * M, H]        BF16, or FP8-E4M3 bytes
+ *   recv_scales [local_experts, ceil(H/128), R * M] float32 (FP8; token index
+ *               fastest, the layout grouped GEMMs read)
+ *   recv_count  [local_experts]                   valid rows per expert
+ *   recv_src    [local_experts, R * M]            source rank * M + source token
+ * Rows of an expert are grouped by source rank ascending, then source token. */
+#define EP_LL_DISPATCH_ARGS_MAGIC 0x65704c64u /* 'epLd' */
+#define EP_LL_COMBINE_ARGS_MAGIC 0x65704c63u  /* 'epLc' */
+
+/* Flags of the low-latency args. */
+#define EP_LL_SEND_ONLY 0x1u          /* post the sends and return; finish with epLowLatencyComplete */
+#define EP_LL_ROUND_SCALE_POW2 0x2u   /* FP8: scales rounded up to powers of two */
+
+#define EP_LL_DISPATCH_ARGS_VERSION 1
+typedef struct {
+  size_t size;
+  unsigned magic;
+  unsigned version;
+  unsigned flags;
+  const void *x;               /* [num_tokens, H] BF16 */
+  const void *topk_idx;        /* [num_tokens, num_topk] global expert ids, -1: none */
+  epDataType_t topk_idx_type;  /* epInt64 or epInt32 */
+  const float *topk_weights;   /* [num_tokens, num_topk]: the weights combine applies; NULL: 1 */
+  int num_tokens;
+  int num_topk;
+  epDataType_t wire_type;      /* epFloat8E4M3 (quantised in the library) or epBfloat16 */
+  void *recv_x;
+  float *recv_scales;
+  int *recv_count;
+  int *recv_src;               /* optional */
+} epLowLatencyDispatchArgs_t;
+
+#define EP_LL_DISPATCH_ARGS_INITIALIZER                                                      \
+  {                                                                                          \
+    sizeof(epLowLatencyDispatchArgs_t), EP_LL_DISPATCH_ARGS_MAGIC, EP_LL_DISPATCH_ARGS_VERSION, \
+        0u, NULL, NULL, epInt64, NULL, 0, 0, epFloat8E4M3, NULL, NULL, NULL, NULL              \
+  }
+
+#define EP_LL_COMBINE_ARGS_VERSION 1
+typedef struct {
+  size_t size;
+  unsigned magic;
+  unsigned version;
+  unsigned flags;
+  const void *y;  /* [local_experts, R * M, H] BF16: expert outputs in the dispatch layout, read in place */
+  void *out;      /* [num_tokens, H] BF16 on the token's home rank */
+} epLowLatencyCombineArgs_t;
+
+#define EP_LL_COMBINE_ARGS_INITIALIZER                                                         \
+  {                                                                                            \
+    sizeof(epLowLatencyCombineArgs_t), EP_LL_COMBINE_ARGS_MAGIC, EP_LL_COMBINE_ARGS_VERSION, 0u, \
+        NULL, NULL                                                                             \
+  }
+
+/* Bytes of the low-latency buffers a communicator of nranks with config registers. */
+EP_API epResult_t epLowLatencyBufferBytes(const epConfig_t *config, int nranks, size_t *bytes);
+/* Dispatch for decode; *handle receives a new handle (destroy with epHandleDestroy). */
+EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatchArgs_t *args,
+                                       epHandle_t *handle, epStream_t stream);
+/* out[t] = sum_k topk_weights[t,k] * y[expert(t,k)][slot(t,k)], float32
+ * accumulation: each rank sums its own experts' terms for a token (k ascending),
+ * the home rank sums those partial sums in ascending rank order and rounds to
+ * BF16. The weights are the ones given to the dispatch of handle. */
+EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineArgs_t *args,
+                                      epHandle_t handle, epStream_t stream);
+/* The receive half of a call made with EP_LL_SEND_ONLY: waits for arrival and
+ * finishes its outputs. Between the two halves the library holds no SM. */
+EP_API epResult_t epLowLatencyComplete(epComm_t comm, epHandle_t handle, epStream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

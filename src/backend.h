@@ -23,6 +23,22 @@ class Backend {
   // Moves rows with the routing of h (prepared, or cached from an earlier dispatch).
   virtual epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) = 0;
   virtual epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) = 0;
+  // Low latency (config.low_latency = 1). send_only: return once the data is
+  // on its way; complete() then finishes the receive half.
+  virtual epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
+                                epStream_t stream) {
+    (void)args, (void)h, (void)send_only, (void)stream;
+    return epNotSupported;
+  }
+  virtual epResult_t llCombine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only,
+                               epStream_t stream) {
+    (void)args, (void)h, (void)send_only, (void)stream;
+    return epNotSupported;
+  }
+  virtual epResult_t llComplete(epHandle* h, epStream_t stream) {
+    (void)h, (void)stream;
+    return epNotSupported;
+  }
   // Frees h->backend_state.
   virtual void releaseHandle(epHandle* h) { (void)h; }
   // Unblocks waits after epCommAbort (the abort flag is already set).

@@ -72,6 +72,7 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
   r.timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : int(param::TIMEOUT_MS());
   r.num_sms = c.num_sms > 0 ? c.num_sms : int(param::NUM_SMS());
   r.max_nodes_per_token = c.max_nodes_per_token;
+  r.low_latency = c.low_latency;
 
   if (r.num_experts <= 0)
     return setError(comm, epInvalidArgument, "config.num_experts = %d must be positive", r.num_experts);
@@ -100,6 +101,8 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
     return setError(comm, epInvalidArgument, "config.backend = %d is unknown", int(r.backend));
   if (r.timeout_ms <= 0) return setError(comm, epInvalidArgument, "timeout %d ms must be positive", r.timeout_ms);
   if (r.num_sms < 0) return setError(comm, epInvalidArgument, "config.num_sms = %d is negative", r.num_sms);
+  if (r.low_latency != 0 && r.low_latency != 1)
+    return setError(comm, epInvalidArgument, "config.low_latency = %d must be 0 or 1", r.low_latency);
   if (r.max_nodes_per_token < 0)
     return setError(comm, epInvalidArgument, "config.max_nodes_per_token = %d is negative",
                     r.max_nodes_per_token);
@@ -169,7 +172,7 @@ uint64_t hostHash() {
 // What every rank must agree on; compared after the allgather.
 struct ConfigDigest {
   int num_experts, hidden, max_tokens_per_rank, max_topk;
-  int dispatch_type, combine_type, backend_kind, nranks;
+  int dispatch_type, combine_type, backend_kind, nranks, low_latency;
 };
 
 struct RankInfo {
@@ -194,6 +197,7 @@ epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
     EP_CHECK_FIELD(dispatch_type)
     EP_CHECK_FIELD(combine_type)
     EP_CHECK_FIELD(backend_kind)
+    EP_CHECK_FIELD(low_latency)
 #undef EP_CHECK_FIELD
   }
   return epSuccess;
@@ -227,7 +231,7 @@ epResult_t commInit(epComm* comm, const epUniqueId& id) {
   me.peer.cuda_device = -1;
   me.digest = {comm->cfg.num_experts, comm->cfg.hidden, comm->cfg.max_tokens_per_rank,
                comm->cfg.max_topk, int(comm->cfg.dispatch_type), int(comm->cfg.combine_type),
-               int(kind), comm->nranks};
+               int(kind), comm->nranks, comm->cfg.low_latency};
   EPCHECK(bootstrapAllGather(comm->bootstrap, infos.data(), sizeof(RankInfo)));
   EPCHECK(checkDigests(comm, infos));
   comm->peers.resize(comm->nranks);

@@ -35,6 +35,7 @@ struct Config {
   int timeout_ms = 0;
   int num_sms = 0;
   int max_nodes_per_token = 0;
+  int low_latency = 0;
 };
 
 // Bytes of one element; 0 for an unknown type.
@@ -87,6 +88,9 @@ struct epComm {
 struct epHandle {
   uint32_t magic = ep::kHandleMagic;
   epComm* comm = nullptr;
+  bool low_latency = false;  // made by epLowLatencyDispatch
+  // Low latency: the op whose receive half epLowLatencyComplete still owes.
+  enum class Pending { kNone, kDispatch, kCombine } pending = Pending::kNone;
   ep::Routing routing;  // host view of where every token goes and comes from
   bool counts_known = false;
   bool dispatched = false;  // a dispatch ran: combine and cached re-dispatch are allowed

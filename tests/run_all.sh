@@ -38,6 +38,9 @@ for n in 1 2 3 4; do
   run "mp_dispatch $n ranks" timeout 600 "$BUILD/tests/mp_dispatch" -n "$n" --cases 16 --seed $((1000 + n))
 done
 run "mp_dispatch 4 threads (epCommInitAll)" timeout 600 "$BUILD/tests/mp_dispatch" -n 4 --threads --cases 8
+for n in 1 2 3 4; do
+  run "mp_lowlat $n ranks" timeout 600 "$BUILD/tests/mp_lowlat" -n "$n" --cases 10 --seed $((2000 + n))
+done
 run "mp_errors" timeout 300 "$BUILD/tests/mp_errors"
 run "ep_bench 3 ranks --check" timeout 300 "$BUILD/bin/ep_bench" -n 3 --check --iters 1 --warmup 0 \
   --shape 520:5:24:200 --shape 2560:6:64:100

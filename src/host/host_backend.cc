@@ -14,6 +14,7 @@
 #include "../transport.h"
 #include "convert.h"
 #include "exchange.h"
+#include "host_ll.h"
 
 namespace ep {
 namespace {
@@ -59,6 +60,18 @@ class HostBackend : public Backend {
   epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
+                        epStream_t) override {
+    return host::llDispatch(comm_, *exchanger_, args, h, send_only);
+  }
+  epResult_t llCombine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only,
+                       epStream_t) override {
+    return host::llCombine(comm_, *exchanger_, args, h, send_only);
+  }
+  epResult_t llComplete(epHandle* h, epStream_t) override { return host::llComplete(comm_, h); }
+  void releaseHandle(epHandle* h) override {
+    if (h->low_latency) host::llRelease(h);
+  }
 
  private:
   Placement placement() const {
@@ -106,7 +119,8 @@ epResult_t HostBackend::init() {
   // Size the rings: as large as the defaults ask, shrunk to the cap if one is set.
   geo_.nranks = R;
   geo_.slots = int(std::max<int64_t>(2, param::HOST_RING_SLOTS()));
-  geo_.record_bytes = std::max({dispatchRecord(cfg).total(), combineRecordBytes(cfg), size_t(16)});
+  geo_.record_bytes = std::max({dispatchRecord(cfg).total(), combineRecordBytes(cfg),
+                                host::llRecordBytes(cfg), size_t(16)});
   geo_.chunk_records = int(std::max<int64_t>(1, param::HOST_CHUNK_TOKENS()));
   if (cfg.buffer_bytes_cap > 0) {
     while (geo_.chunk_records > 1 && geo_.segmentBytes() > cfg.buffer_bytes_cap)

@@ -1,0 +1,156 @@
+// Public entry points of the low-latency mode. As in api.cc, every argument is
+// checked before any communication.
+#include <cstring>
+#include <memory>
+
+#include "backend.h"
+#include "checks.h"
+#include "comm.h"
+#include "ll_layout.h"
+#include "routing.h"
+
+using namespace ep;
+
+namespace {
+
+constexpr size_t kLLDispatchV1 = offsetof(epLowLatencyDispatchArgs_t, recv_src) + sizeof(void*);
+constexpr size_t kLLCombineV1 = offsetof(epLowLatencyCombineArgs_t, out) + sizeof(void*);
+
+epResult_t enter(epComm* comm, const char* fn) {
+  clearThreadError();
+  if (comm == nullptr) return setError(nullptr, epInvalidArgument, "%s: comm is NULL", fn);
+  if (comm->magic != kCommMagic) return setError(nullptr, epInvalidArgument, "%s: comm is not a live communicator", fn);
+  if (comm->abort_flag.load()) return setError(comm, epAborted, "%s: communicator was aborted", fn);
+  if (comm->broken.load() != epSuccess)
+    return setError(comm, epRemoteError, "%s: the communicator failed in an earlier call and cannot be used", fn);
+  if (!comm->cfg.low_latency)
+    return setError(comm, epInvalidUsage, "%s: the communicator was made with config.low_latency = 0", fn);
+  return epSuccess;
+}
+
+struct ActiveCall {
+  epComm* comm;
+  explicit ActiveCall(epComm* c) : comm(c) { comm->active_calls.fetch_add(1); }
+  ~ActiveCall() { comm->active_calls.fetch_sub(1); }
+};
+
+bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; }
+
+epResult_t checkLLHandle(epComm* comm, const char* fn, epHandle* h) {
+  if (h == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
+  if (h->magic != kHandleMagic) return setError(comm, epInvalidArgument, "%s: handle is not a live handle", fn);
+  if (h->comm != comm) return setError(comm, epInvalidArgument, "%s: handle belongs to another communicator", fn);
+  if (!h->low_latency)
+    return setError(comm, epInvalidArgument, "%s: handle comes from epDispatch, not epLowLatencyDispatch", fn);
+  return epSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+EP_API epResult_t epLowLatencyBufferBytes(const epConfig_t* config, int nranks, size_t* bytes) {
+  clearThreadError();
+  if (bytes == nullptr) return setError(nullptr, epInvalidArgument, "epLowLatencyBufferBytes: bytes is NULL");
+  if (nranks < 1) return setError(nullptr, epInvalidArgument, "epLowLatencyBufferBytes: nranks = %d", nranks);
+  Config c;
+  EPCHECK(configResolve(config, nranks, &c, nullptr));
+  *bytes = llBufferBytes(nranks, c.max_tokens_per_rank, c.hidden, c.max_topk);
+  return epSuccess;
+}
+
+EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatchArgs_t* user,
+                                       epHandle_t* handle, epStream_t stream) {
+  const char* fn = "epLowLatencyDispatch";
+  EPCHECK(enter(comm, fn));
+  ActiveCall active(comm);
+  if (user == nullptr) return setError(comm, epInvalidArgument, "%s: args is NULL", fn);
+  if (user->magic != EP_LL_DISPATCH_ARGS_MAGIC || user->size < kLLDispatchV1)
+    return setError(comm, epInvalidArgument,
+                    "%s: args.magic / args.size are wrong: initialise with EP_LL_DISPATCH_ARGS_INITIALIZER", fn);
+  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+  memcpy(&a, user, std::min(user->size, sizeof(a)));
+  if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
+  const Config& c = comm->cfg;
+  if (a.flags & ~(EP_LL_SEND_ONLY | EP_LL_ROUND_SCALE_POW2))
+    return setError(comm, epInvalidArgument, "%s: args.flags = 0x%x has unknown bits", fn, a.flags);
+  if (a.num_tokens < 0 || a.num_tokens > c.max_tokens_per_rank)
+    return setError(comm, epInvalidArgument, "%s: num_tokens = %d is outside 0..config.max_tokens_per_rank (%d)",
+                    fn, a.num_tokens, c.max_tokens_per_rank);
+  if (a.num_topk < 1 || a.num_topk > c.max_topk)
+    return setError(comm, epInvalidArgument, "%s: num_topk = %d is outside 1..config.max_topk (%d)", fn,
+                    a.num_topk, c.max_topk);
+  if (a.topk_idx_type != epInt64 && a.topk_idx_type != epInt32)
+    return setError(comm, epInvalidArgument, "%s: topk_idx_type must be epInt64 or epInt32", fn);
+  if (a.num_tokens > 0 && (a.x == nullptr || a.topk_idx == nullptr))
+    return setError(comm, epInvalidArgument, "%s: x or topk_idx is NULL with num_tokens = %d", fn, a.num_tokens);
+  if (a.wire_type != epFloat8E4M3 && a.wire_type != epBfloat16)
+    return setError(comm, epInvalidArgument, "%s: wire_type must be epFloat8E4M3 or epBfloat16", fn);
+  const size_t wire_row = a.wire_type == epFloat8E4M3 ? size_t(c.hidden) : size_t(c.hidden) * 2;
+  if (wire_row % 16 != 0)
+    return setError(comm, epInvalidArgument, "%s: a %s row of hidden = %d is %zu bytes, not a multiple of 16", fn,
+                    a.wire_type == epFloat8E4M3 ? "fp8" : "bf16", c.hidden, wire_row);
+  if (a.recv_x == nullptr || a.recv_count == nullptr)
+    return setError(comm, epInvalidArgument, "%s: recv_x and recv_count are required", fn);
+  if (a.wire_type == epFloat8E4M3 && a.recv_scales == nullptr)
+    return setError(comm, epInvalidArgument, "%s: recv_scales is NULL with an FP8 wire", fn);
+  if (misaligned(a.x) || misaligned(a.recv_x))
+    return setError(comm, epInvalidArgument, "%s: x and recv_x must be 16-byte aligned", fn);
+  if (strcmp(comm->backend->name(), "host") == 0 && a.num_tokens > 0) {
+    size_t bad = 0;
+    if (!topkValid(a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, c.num_experts, &bad))
+      return setError(comm, epInvalidArgument, "%s: topk_idx[%zu][%zu] is not -1 or an expert id in [0, %d)", fn,
+                      bad / a.num_topk, bad % a.num_topk, c.num_experts);
+  }
+  auto h = std::make_unique<epHandle>();
+  h->comm = comm;
+  h->low_latency = true;
+  h->routing.num_tokens = a.num_tokens;
+  h->routing.num_topk = a.num_topk;
+  epResult_t res = comm->backend->llDispatch(a, h.get(), (a.flags & EP_LL_SEND_ONLY) != 0, stream);
+  if (res != epSuccess) {
+    comm->backend->releaseHandle(h.get());
+    if (res == epNotSupported)
+      return setError(comm, res, "%s: the %s backend has no low-latency mode yet", fn, comm->backend->name());
+    return res;
+  }
+  h->dispatched = true;
+  *handle = h.release();
+  return epSuccess;
+}
+
+EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineArgs_t* user, epHandle_t handle,
+                                      epStream_t stream) {
+  const char* fn = "epLowLatencyCombine";
+  EPCHECK(enter(comm, fn));
+  ActiveCall active(comm);
+  if (user == nullptr) return setError(comm, epInvalidArgument, "%s: args is NULL", fn);
+  if (user->magic != EP_LL_COMBINE_ARGS_MAGIC || user->size < kLLCombineV1)
+    return setError(comm, epInvalidArgument,
+                    "%s: args.magic / args.size are wrong: initialise with EP_LL_COMBINE_ARGS_INITIALIZER", fn);
+  epLowLatencyCombineArgs_t a = EP_LL_COMBINE_ARGS_INITIALIZER;
+  memcpy(&a, user, std::min(user->size, sizeof(a)));
+  EPCHECK(checkLLHandle(comm, fn, handle));
+  if (a.flags & ~EP_LL_SEND_ONLY)
+    return setError(comm, epInvalidArgument, "%s: args.flags = 0x%x has unknown bits", fn, a.flags);
+  if (handle->pending != epHandle::Pending::kNone)
+    return setError(comm, epInvalidUsage, "%s: the handle's send-only call was not completed (epLowLatencyComplete)", fn);
+  if (a.y == nullptr) return setError(comm, epInvalidArgument, "%s: y is NULL", fn);
+  if (handle->routing.num_tokens > 0 && a.out == nullptr)
+    return setError(comm, epInvalidArgument, "%s: out is NULL with %d tokens", fn, handle->routing.num_tokens);
+  if (misaligned(a.y) || misaligned(a.out))
+    return setError(comm, epInvalidArgument, "%s: y and out must be 16-byte aligned", fn);
+  return comm->backend->llCombine(a, handle, (a.flags & EP_LL_SEND_ONLY) != 0, stream);
+}
+
+EP_API epResult_t epLowLatencyComplete(epComm_t comm, epHandle_t handle, epStream_t stream) {
+  const char* fn = "epLowLatencyComplete";
+  EPCHECK(enter(comm, fn));
+  ActiveCall active(comm);
+  EPCHECK(checkLLHandle(comm, fn, handle));
+  if (handle->pending == epHandle::Pending::kNone)
+    return setError(comm, epInvalidUsage, "%s: the handle has no send-only call to finish", fn);
+  return comm->backend->llComplete(handle, stream);
+}
+
+}  // extern "C"

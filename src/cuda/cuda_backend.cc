@@ -1,0 +1,545 @@
+// The CUDA backend: the SPEC operations on device memory between the GPUs of
+// one node, through peer-mapped buffers set up by the cuda_ipc transport.
+// Host code only: it sizes and maps the communication buffers, keeps the
+// per-handle device state, launches the kernels of layout.cu / dispatch.cu /
+// combine.cu on the caller's stream and turns the kernels' error slot into
+// result codes. Outputs match the host backend bit for bit.
+//
+// Host-visible points (where a kernel's error is reported): the start of every
+// call, and the count wait of a dispatch without EP_DISPATCH_NO_HOST_SYNC.
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "../backend.h"
+#include "../bootstrap.h"
+#include "../checks.h"
+#include "../params.h"
+#include "../transport.h"
+#include "cuda_common.h"
+
+#define CUDACHECK(call)                                                                        \
+  do {                                                                                         \
+    cudaError_t cuda_err_ = (call);                                                            \
+    if (cuda_err_ != cudaSuccess) {                                                            \
+      cudaGetLastError();                                                                      \
+      return ::ep::setError(comm_, epUnhandledCudaError, "%s failed: %s (%s:%d)", #call,       \
+                            cudaGetErrorString(cuda_err_), __FILE__, __LINE__);                \
+    }                                                                                          \
+  } while (0)
+
+namespace ep {
+namespace {
+
+using cuda::CommView;
+using cuda::HandleView;
+using cuda::HState;
+using cuda::kMaxChannels;
+using cuda::kMaxRanks;
+
+size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Makes dev current for the life of the guard and restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int dev) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    if (prev_ != dev) cudaSetDevice(dev);
+    else prev_ = -1;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = -1;
+};
+
+struct RankDevice {
+  int device;
+  char bus_id[16];
+};
+
+struct HandleSlot {
+  void* mem = nullptr;
+  HandleView hv{};
+};
+
+// "A,B" -> two ints (warps of the two roles of a kernel).
+void parseWarps(const char* name, int* a, int* b) {
+  const char* v = paramEnv(name);
+  if (v == nullptr) return;
+  int x = 0, y = 0;
+  if (sscanf(v, "%d,%d", &x, &y) == 2 && x > 0 && y > 0 && x + y <= 16) {
+    *a = x;
+    *b = y;
+  } else {
+    EP_WARN(kSubsysCuda, "EP_%s=\"%s\" is not two positive counts with a sum <= 16: ignored", name, v);
+  }
+}
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(epComm* comm) : comm_(comm) {}
+  ~CudaBackend() override;
+  epResult_t init();
+
+  const char* name() const override { return "cuda"; }
+  size_t bufferBytes() const override { return buffer_bytes_; }
+  epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) override;
+  epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
+  void releaseHandle(epHandle* h) override;
+
+ private:
+  epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
+  epResult_t allocSlot(HandleSlot** out);
+  CommView view() const;
+
+  epComm* comm_;
+  int dev_ = 0;
+  int channels_ = 32;
+  int send_warps_ = 10, recv_warps_ = 6, push_warps_ = 8, reduce_warps_ = 8;
+  size_t row_stride_ = 0, meta_stride_ = 0, rows_off_ = 0, meta_off_ = 0, buffer_bytes_ = 0;
+  size_t slot_bytes_ = 0, tok_pos_off_ = 0, chan_off_ = 0, expert_off_ = 0;
+  const TransportEntry* ipc_ = nullptr;
+  void* own_mem_ = nullptr;
+  std::vector<char*> bufs_;
+  std::vector<void*> conns_;
+  cuda::DevLocal* local_ = nullptr;
+  int* layout_scratch_ = nullptr;
+  cuda::ErrorInfo* err_host_ = nullptr;
+  cuda::ErrorInfo* err_dev_ = nullptr;
+  HState* hs_host_ = nullptr;  // pinned, for the exact-sizing count wait
+  std::mutex slots_mu_;
+  std::vector<HandleSlot*> free_slots_;
+  std::vector<HandleSlot*> all_slots_;
+};
+
+CudaBackend::~CudaBackend() {
+  DeviceGuard g(dev_);
+  // Kernels of this rank may still run: wait for them. Peers only write into
+  // this buffer during operations this rank takes part in, so once they are
+  // done nobody touches it any more.
+  cudaDeviceSynchronize();
+  if (ipc_ != nullptr) {
+    for (void* c : conns_)
+      if (c) ipc_->table->close(ipc_->ctx, c);
+    if (own_mem_) ipc_->table->dereg_mem(ipc_->ctx, own_mem_);
+  }
+  for (HandleSlot* s : all_slots_) {
+    cudaFree(s->mem);
+    delete s;
+  }
+  if (local_) cudaFree(local_);
+  if (err_host_) cudaFreeHost(err_host_);
+  if (hs_host_) cudaFreeHost(hs_host_);
+  cudaGetLastError();
+}
+
+CommView CudaBackend::view() const {
+  CommView v{};
+  v.rank = comm_->rank;
+  v.nranks = comm_->nranks;
+  v.channels = channels_;
+  v.num_experts = comm_->cfg.num_experts;
+  v.experts_per_rank = comm_->num_local_experts;
+  for (int r = 0; r < comm_->nranks; r++) v.bufs[r] = bufs_[r];
+  v.rows_off = rows_off_;
+  v.meta_off = meta_off_;
+  v.row_stride = row_stride_;
+  v.meta_stride = meta_stride_;
+  v.local = local_;
+  v.err = err_dev_;
+  v.timeout_ns = (unsigned long long)comm_->cfg.timeout_ms * 1000000ull;
+  return v;
+}
+
+epResult_t CudaBackend::init() {
+  const Config& cfg = comm_->cfg;
+  const int R = comm_->nranks, me = comm_->rank;
+  if (R > kMaxRanks)
+    return setError(comm_, epNotSupported, "the CUDA backend serves up to %d ranks of one node; this communicator has %d",
+                    kMaxRanks, R);
+  if (cfg.device >= 0) {
+    dev_ = cfg.device;
+  } else {
+    CUDACHECK(cudaGetDevice(&dev_));
+  }
+  int ndev = 0;
+  CUDACHECK(cudaGetDeviceCount(&ndev));
+  if (dev_ >= ndev)
+    return setError(comm_, epInvalidArgument, "config.device = %d but only %d GPUs are visible", dev_, ndev);
+  CUDACHECK(cudaSetDevice(dev_));  // this thread works on the rank's GPU from now on
+  logSetDevice(dev_);
+  cudaDeviceProp prop;
+  CUDACHECK(cudaGetDeviceProperties(&prop, dev_));
+  channels_ = cfg.num_sms > 0 ? cfg.num_sms : 32;
+  channels_ = std::min({channels_, kMaxChannels, prop.multiProcessorCount});
+  parseWarps("CUDA_DISPATCH_WARPS", &send_warps_, &recv_warps_);
+  parseWarps("CUDA_COMBINE_WARPS", &push_warps_, &reduce_warps_);
+
+  std::string why;
+  ipc_ = transportFind("cuda_ipc", &why);
+  if (ipc_ == nullptr)
+    return setError(comm_, epNotSupported, "the CUDA backend needs the cuda_ipc transport: %s", why.c_str());
+
+  // Which GPU each rank drives.
+  std::vector<RankDevice> devs(R);
+  memset(devs.data(), 0, sizeof(RankDevice) * R);
+  devs[me].device = dev_;
+  CUDACHECK(cudaDeviceGetPCIBusId(devs[me].bus_id, sizeof(devs[me].bus_id), dev_));
+  EPCHECK(bootstrapAllGather(comm_->bootstrap, devs.data(), sizeof(RankDevice)));
+  std::vector<epPeerInfo_v1_t> peers = comm_->peers;
+  for (int r = 0; r < R; r++) {
+    peers[r].cuda_device = devs[r].device;
+    memcpy(peers[r].bus_id, devs[r].bus_id, sizeof(peers[r].bus_id));
+    peers[r].bus_id[sizeof(peers[r].bus_id) - 1] = '\0';
+  }
+  for (int r = 0; r < R; r++) {
+    if (r == me) continue;
+    // A peer in this process names its GPU by ordinal; across processes the bus id decides.
+    epPeerInfo_v1_t p = peers[r];
+    if (p.pid == peers[me].pid) p.bus_id[0] = '\0';
+    int ok = 0;
+    EPCHECK(ipc_->table->can_connect(ipc_->ctx, &peers[me], &p, &ok));
+    if (!ok)
+      return setError(comm_, epNotSupported,
+                      "GPU %s (rank %d, device %d) cannot reach GPU %s (rank %d, device %d) by P2P "
+                      "(NVLink or PCIe peer access): the CUDA backend needs P2P between all GPUs of a node",
+                      peers[me].bus_id, me, dev_, peers[r].bus_id, r, devs[r].device);
+  }
+
+  // Buffer geometry (worst case: every rank sends every token to this one).
+  const int nb = cfg.dispatch_type == epFloat8E4M3 ? (cfg.hidden + 127) / 128 : 0;
+  const size_t drow = size_t(cfg.hidden) * dataTypeSize(cfg.dispatch_type);
+  const size_t crow = size_t(cfg.hidden) * dataTypeSize(cfg.combine_type);
+  row_stride_ = roundUp(std::max(drow, crow), 16);
+  meta_stride_ = roundUp(size_t(nb) * 4 + size_t(cfg.max_topk) * 8, 16);
+  const size_t slots = size_t(R) * size_t(std::max(cfg.max_tokens_per_rank, 1));
+  rows_off_ = roundUp(sizeof(cuda::Ctrl), 4096);
+  meta_off_ = rows_off_ + roundUp(slots * row_stride_, 4096);
+  buffer_bytes_ = meta_off_ + roundUp(slots * meta_stride_, 4096);
+  if (cfg.buffer_bytes_cap > 0 && buffer_bytes_ > cfg.buffer_bytes_cap)
+    return setError(comm_, epInvalidArgument,
+                    "config.buffer_bytes_cap = %zu is too small: the CUDA backend needs %zu bytes for %d "
+                    "ranks x %d tokens of %zu-byte rows",
+                    cfg.buffer_bytes_cap, buffer_bytes_, R, cfg.max_tokens_per_rank, row_stride_);
+  EP_INFO(kSubsysInit, "cuda backend: device %d, %d channels, dispatch warps %d+%d, combine warps %d+%d, buffer %zu bytes",
+          dev_, channels_, send_warps_, recv_warps_, push_warps_, reduce_warps_, buffer_bytes_);
+
+  // Register, exchange, map.
+  std::vector<char> handles(size_t(R) * EP_TRANSPORT_HANDLE_BYTES, 0);
+  void* own_ptr = nullptr;
+  epResult_t res = ipc_->table->reg_mem(ipc_->ctx, buffer_bytes_, EP_TRANSPORT_MEM_DEVICE, &own_ptr,
+                                        &handles[size_t(me) * EP_TRANSPORT_HANDLE_BYTES], &own_mem_);
+  if (res != epSuccess)
+    return setError(comm_, res, "cuda backend: cannot allocate the %zu-byte communication buffer on device %d",
+                    buffer_bytes_, dev_);
+  EPCHECK(bootstrapAllGather(comm_->bootstrap, handles.data(), EP_TRANSPORT_HANDLE_BYTES));
+  bufs_.assign(R, nullptr);
+  conns_.assign(R, nullptr);
+  bufs_[me] = static_cast<char*>(own_ptr);
+  for (int r = 0; r < R; r++) {
+    if (r == me) continue;
+    void* p = nullptr;
+    res = ipc_->table->connect(ipc_->ctx, &peers[r], &handles[size_t(r) * EP_TRANSPORT_HANDLE_BYTES], &p, &conns_[r]);
+    if (res != epSuccess)
+      return setError(comm_, res, "cuda backend: cannot map rank %d's buffer (GPU %s) on GPU %s", r,
+                      peers[r].bus_id, peers[me].bus_id);
+    bufs_[r] = static_cast<char*>(p);
+  }
+
+  // Rank-private device state and the host-mapped error slot.
+  const int E = cfg.num_experts;
+  const size_t scratch_ints = size_t(E + R + comm_->nodes.num_nodes);
+  void* mem = nullptr;
+  CUDACHECK(cudaMalloc(&mem, 256 + scratch_ints * sizeof(int)));
+  CUDACHECK(cudaMemset(mem, 0, 256 + scratch_ints * sizeof(int)));
+  local_ = static_cast<cuda::DevLocal*>(mem);
+  layout_scratch_ = reinterpret_cast<int*>(static_cast<char*>(mem) + 256);
+  void* hp = nullptr;
+  CUDACHECK(cudaHostAlloc(&hp, sizeof(cuda::ErrorInfo), cudaHostAllocMapped));
+  memset(hp, 0, sizeof(cuda::ErrorInfo));
+  err_host_ = static_cast<cuda::ErrorInfo*>(hp);
+  void* dp = nullptr;
+  CUDACHECK(cudaHostGetDevicePointer(&dp, hp, 0));
+  err_dev_ = static_cast<cuda::ErrorInfo*>(dp);
+  CUDACHECK(cudaHostAlloc(&hp, sizeof(HState), cudaHostAllocDefault));
+  hs_host_ = static_cast<HState*>(hp);
+
+  // Handle slots: routing state of one handle.
+  const int EL = comm_->num_local_experts;
+  tok_pos_off_ = roundUp(sizeof(HState), 256);
+  chan_off_ = tok_pos_off_ + roundUp(size_t(cfg.max_tokens_per_rank + 1) * R * sizeof(int), 256);
+  expert_off_ = chan_off_ + roundUp(size_t(2) * R * channels_ * sizeof(int), 256);
+  slot_bytes_ = expert_off_ + roundUp(size_t(2) * EL * sizeof(int), 256);
+  // A few up front, so a first dispatch under stream capture allocates nothing.
+  for (int i = 0; i < 4; i++) {
+    HandleSlot* s = nullptr;
+    EPCHECK(allocSlot(&s));
+    free_slots_.push_back(s);
+  }
+  CUDACHECK(cudaDeviceSynchronize());
+  EPCHECK(bootstrapBarrier(comm_->bootstrap));
+  ipc_->table->connected(ipc_->ctx, own_mem_);
+  return epSuccess;
+}
+
+epResult_t CudaBackend::allocSlot(HandleSlot** out) {
+  auto* s = new HandleSlot();
+  cudaError_t e = cudaMalloc(&s->mem, slot_bytes_);
+  if (e == cudaSuccess) e = cudaMemset(s->mem, 0, slot_bytes_);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (s->mem) cudaFree(s->mem);
+    delete s;
+    return setError(comm_, epUnhandledCudaError, "cannot allocate %zu bytes of routing state on device %d: %s",
+                    slot_bytes_, dev_, cudaGetErrorString(e));
+  }
+  char* base = static_cast<char*>(s->mem);
+  const int R = comm_->nranks, EL = comm_->num_local_experts;
+  s->hv.hs = reinterpret_cast<HState*>(base);
+  s->hv.tok_pos = reinterpret_cast<int*>(base + tok_pos_off_);
+  s->hv.chan_start = reinterpret_cast<int*>(base + chan_off_);
+  s->hv.chan_count = s->hv.chan_start + R * channels_;
+  s->hv.expert_acc = reinterpret_cast<int*>(base + expert_off_);
+  s->hv.expert_saved = s->hv.expert_acc + EL;
+  all_slots_.push_back(s);
+  *out = s;
+  return epSuccess;
+}
+
+void CudaBackend::releaseHandle(epHandle* h) {
+  auto* s = static_cast<HandleSlot*>(h->backend_state);
+  if (s == nullptr) return;
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  free_slots_.push_back(s);
+  h->backend_state = nullptr;
+}
+
+const char* whatName(int what) {
+  switch (what) {
+    case cuda::kWhatBarrier: return "the start barrier";
+    case cuda::kWhatCounts: return "dispatch counts";
+    case cuda::kWhatDispatchInfo: return "dispatch channel info";
+    case cuda::kWhatDispatchData: return "dispatch rows";
+    case cuda::kWhatCombineData: return "combine rows";
+    default: return "?";
+  }
+}
+
+epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
+  const int code = err_host_->code;
+  if (code == 0) return epSuccess;
+  const int what = err_host_->what, peer = err_host_->peer;
+  const long long a = err_host_->a, b = err_host_->b;
+  if (code == epTimeout) {
+    comm_->broken.store(epTimeout);
+    return setError(comm_, epTimeout,
+                    "%s: rank %d (GPU %d) waited more than %d ms for rank %d in %s (channel %d); the "
+                    "communicator cannot be used any more",
+                    fn, comm_->rank, dev_, comm_->cfg.timeout_ms, peer, whatName(what), err_host_->channel);
+  }
+  // Argument errors found by a kernel: report once, then the communicator goes on.
+  err_host_->code = 0;
+  CUDACHECK(cudaMemsetAsync(&local_->err_claim, 0, sizeof(int), stream));
+  if (what == cuda::kWhatBadTopk) {
+    return setError(comm_, epInvalidArgument,
+                    "%s: an earlier call on this stream had topk_idx entry %lld (flat index) = %lld, not -1 "
+                    "or an expert id in [0, %d); it was treated as -1",
+                    fn, a, b, comm_->cfg.num_experts);
+  }
+  if (what == cuda::kWhatCapacity)
+    return setError(comm_, epInvalidArgument,
+                    "%s: an earlier dispatch received %lld rows but recv_capacity was %lld; no row was "
+                    "written",
+                    fn, a, b);
+  return setError(comm_, epResult_t(code), "%s: an earlier kernel failed (what %d)", fn, what);
+}
+
+epResult_t CudaBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
+  DeviceGuard g(dev_);
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  EPCHECK(checkKernelErrors("epLayout", s));
+  cuda::LayoutParams p{};
+  p.topk = a.topk_idx;
+  p.idx64 = a.topk_idx_type == epInt64;
+  p.num_tokens = a.num_tokens;
+  p.num_topk = a.num_topk;
+  p.num_experts = comm_->cfg.num_experts;
+  p.experts_per_rank = comm_->num_local_experts;
+  p.nranks = comm_->nranks;
+  p.num_nodes = comm_->nodes.num_nodes;
+  for (int r = 0; r < comm_->nranks; r++) p.node_of_rank[r] = comm_->nodes.node_of_rank[r];
+  p.tokens_per_rank = a.tokens_per_rank;
+  p.tokens_per_node = a.tokens_per_node;
+  p.tokens_per_expert = a.tokens_per_expert;
+  p.is_token_in_rank = a.is_token_in_rank;
+  p.scratch = layout_scratch_;
+  p.local = local_;
+  p.err = err_dev_;
+  CUDACHECK(cudaError_t(cuda::launchLayout(p, s)));
+  return epSuccess;
+}
+
+epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
+  DeviceGuard g(dev_);
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  EPCHECK(checkKernelErrors("epDispatch", s));
+  const bool sync = !(a.flags & EP_DISPATCH_NO_HOST_SYNC);
+  if (sync) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    CUDACHECK(cudaStreamIsCapturing(s, &st));
+    if (st != cudaStreamCaptureStatusNone)
+      return setError(comm_, epInvalidUsage,
+                      "epDispatch: the stream is being captured: exact output sizing needs a host wait; "
+                      "pass EP_DISPATCH_NO_HOST_SYNC with a recv_capacity");
+  }
+  HandleSlot* slot = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(slots_mu_);
+    if (!free_slots_.empty()) {
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+    }
+  }
+  if (slot == nullptr) EPCHECK(allocSlot(&slot));
+  if (h->backend_state) releaseHandle(h);
+  h->backend_state = slot;
+  cuda::RoutingParams p{};
+  p.cv = view();
+  p.hv = slot->hv;
+  p.topk = a.topk_idx;
+  p.idx64 = a.topk_idx_type == epInt64;
+  p.num_tokens = a.num_tokens;
+  p.num_topk = a.num_topk;
+  CUDACHECK(cudaError_t(cuda::launchRouting(p, s)));
+  h->routing = Routing();
+  h->routing.nranks = comm_->nranks;
+  h->routing.num_tokens = a.num_tokens;
+  h->routing.num_topk = a.num_topk;
+  h->counts_known = false;
+  if (!sync) return epSuccess;
+  // Exact sizing: the documented device-to-host wait for the counts.
+  CUDACHECK(cudaMemcpyAsync(hs_host_, slot->hv.hs, sizeof(HState), cudaMemcpyDeviceToHost, s));
+  CUDACHECK(cudaStreamSynchronize(s));
+  if (err_host_->code == epTimeout) return checkKernelErrors("epDispatch", s);
+  std::vector<int> recv_count(hs_host_->recv_count, hs_host_->recv_count + comm_->nranks);
+  buildRecvSide(recv_count, &h->routing);
+  h->counts_known = true;
+  return epSuccess;
+}
+
+epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
+  DeviceGuard g(dev_);
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  // A bad expert id of this very dispatch (exact sizing) is reported after the
+  // rows moved, so the other ranks are not left waiting.
+  const bool exact_new = h->counts_known && !h->dispatched && err_host_->code == epInvalidArgument;
+  if (!exact_new) EPCHECK(checkKernelErrors("epDispatch", s));
+  auto* slot = static_cast<HandleSlot*>(h->backend_state);
+  if (slot == nullptr) return setError(comm_, epInternalError, "epDispatch: handle without routing state");
+  const Config& cfg = comm_->cfg;
+  const bool capacity_mode = (a.flags & EP_DISPATCH_NO_HOST_SYNC) != 0;
+  cuda::DispatchParams p{};
+  p.cv = view();
+  p.hv = slot->hv;
+  p.row_bytes = size_t(cfg.hidden) * dataTypeSize(cfg.dispatch_type);
+  p.x = static_cast<const char*>(a.x);
+  p.x_stride = a.x_stride ? a.x_stride : p.row_bytes;
+  p.nb = cfg.dispatch_type == epFloat8E4M3 ? (cfg.hidden + 127) / 128 : 0;
+  p.x_scales = a.x_scales;
+  p.s_tok = a.scales_token_stride ? a.scales_token_stride : size_t(p.nb);
+  p.s_blk = a.scales_block_stride ? a.scales_block_stride : 1;
+  p.topk = a.topk_idx;
+  p.idx64 = a.topk_idx_type == epInt64;
+  p.topk_w = a.topk_weights;
+  p.num_tokens = h->routing.num_tokens;
+  p.num_topk = a.topk_idx ? a.num_topk : h->routing.num_topk;
+  p.recv_x = static_cast<char*>(a.recv_x);
+  p.recv_scales = a.recv_scales;
+  p.recv_idx = reinterpret_cast<long long*>(a.recv_topk_idx);
+  p.recv_w = a.recv_topk_weights;
+  p.capacity = a.recv_capacity;
+  p.recv_tpe = a.recv_tokens_per_expert;
+  p.num_recv_dev = capacity_mode ? reinterpret_cast<long long*>(a.num_recv) : nullptr;
+  p.alignment = a.expert_alignment;
+  const bool too_small = h->counts_known && h->routing.num_recv > a.recv_capacity;
+  p.drop = too_small ? 1 : 0;
+  p.capacity_mode = capacity_mode ? 1 : 0;
+  p.send_warps = send_warps_;
+  p.recv_warps = recv_warps_;
+  CUDACHECK(cudaError_t(cuda::launchDispatch(p, channels_, s)));
+  if (too_small)
+    return setError(comm_, epInvalidArgument,
+                    "epDispatch: recv_capacity = %lld is less than the %lld rows this rank receives (the "
+                    "rows were sent so the other ranks complete; nothing was written)",
+                    (long long)a.recv_capacity, (long long)h->routing.num_recv);
+  if (exact_new) EPCHECK(checkKernelErrors("epDispatch", s));
+  if (!capacity_mode && a.num_recv) {
+    if (!h->counts_known)
+      return setError(comm_, epInvalidUsage,
+                      "epDispatch: num_recv is a host pointer but the handle's counts are on the device only "
+                      "(it came from a dispatch with EP_DISPATCH_NO_HOST_SYNC): pass the flag again");
+    *a.num_recv = h->routing.num_recv;
+  }
+  return epSuccess;
+}
+
+epResult_t CudaBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_t stream) {
+  DeviceGuard g(dev_);
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  EPCHECK(checkKernelErrors("epCombine", s));
+  auto* slot = static_cast<HandleSlot*>(h->backend_state);
+  if (slot == nullptr) return setError(comm_, epInternalError, "epCombine: handle without routing state");
+  const Config& cfg = comm_->cfg;
+  cuda::CombineParams p{};
+  p.cv = view();
+  p.hv = slot->hv;
+  p.row_bytes = size_t(cfg.hidden) * dataTypeSize(cfg.combine_type);
+  p.y = static_cast<const char*>(a.y);
+  p.y_stride = a.y_stride ? a.y_stride : p.row_bytes;
+  p.recv_w = a.recv_topk_weights;
+  p.num_topk = a.num_topk;
+  p.bias = static_cast<const char*>(a.bias);
+  p.out = static_cast<char*>(a.out);
+  p.out_w = a.out_topk_weights;
+  p.type = cfg.combine_type == epBfloat16 ? 0 : cfg.combine_type == epFloat16 ? 1 : 2;
+  p.push_warps = push_warps_;
+  p.reduce_warps = reduce_warps_;
+  CUDACHECK(cudaError_t(cuda::launchCombine(p, channels_, s)));
+  return epSuccess;
+}
+
+}  // namespace
+
+bool cudaBackendAvailable() {
+  static int available = -1;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) cudaGetLastError();
+    available = (e == cudaSuccess && n > 0) ? 1 : 0;
+  });
+  return available == 1;
+}
+
+epResult_t createCudaBackend(epComm* comm, std::unique_ptr<Backend>* out) {
+  if (!cudaBackendAvailable())
+    return setError(comm, epNotSupported, "the CUDA backend needs a visible GPU and a CUDA driver");
+  auto backend = std::make_unique<CudaBackend>(comm);
+  EPCHECK(backend->init());
+  *out = std::move(backend);
+  return epSuccess;
+}
+
+}  // namespace ep

@@ -1,0 +1,168 @@
+// Shared between the CUDA backend's host code (cuda_backend.cc, g++) and its
+// kernels (*.cu, nvcc): the layout of the communication buffer, the per-handle
+// device state, the kernel parameter blocks and the launch functions.
+//
+// Memory map of one rank's communication buffer (registered with cuda_ipc and
+// mapped by every peer of the node):
+//   [Ctrl]                      flags, written by peers (remote stores only)
+//   [rows: slots x row_stride]  staging rows: dispatch rows pushed by sources,
+//                               combine rows pushed back by destinations
+//   [meta: slots x meta_stride] per staged row: FP8 scales, local expert ids,
+//                               weights (dispatch) / weights (combine)
+// slots = R * max_tokens_per_rank: every row has a fixed worst-case slot, so no
+// flow control is needed; a barrier at the start of every data kernel keeps a
+// fast rank from writing staging that a slow rank still reads.
+//
+// Every flag is a 64-bit word "epoch << 32 | value": the epoch is a device-side
+// counter of collective kernels (DevLocal::epoch), bumped by the last block of
+// each kernel, so nothing per call is baked on the host (CUDA-graph safe).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ep {
+namespace cuda {
+
+constexpr int kMaxRanks = 8;
+constexpr int kMaxChannels = 132;
+
+struct Ctrl {
+  uint64_t barrier[kMaxRanks][kMaxChannels];    // [src][channel] = epoch the source reached
+  uint64_t counts[2][kMaxRanks][kMaxRanks];      // [epoch & 1][src][dst] = epoch << 32 | rows
+  uint64_t dinfo[kMaxRanks][kMaxChannels];       // [src][channel] = epoch << 32 | rows of that channel
+  uint32_t dstart[kMaxRanks][kMaxChannels];      // [src][channel] first position (valid with dinfo)
+  uint64_t dprog[kMaxRanks][kMaxChannels];       // dispatch progress: epoch << 32 | rows written
+  uint64_t cprog[kMaxRanks][kMaxChannels];       // combine progress: epoch << 32 | rows written
+};
+
+// Device memory private to one rank (not mapped by peers).
+struct DevLocal {
+  uint32_t epoch;        // collective kernels completed
+  uint32_t blocks_done;  // last-block detection of the collective kernels
+  uint32_t layout_done;  // last-block detection of the layout kernel
+  int err_claim;         // first error of a kernel wins the host-visible slot
+};
+
+// Host-mapped (pinned) error slot: kernels write, the host reads at its next
+// host-visible point. code is an epResult_t.
+struct ErrorInfo {
+  volatile int code;
+  volatile int what;
+  volatile int peer;
+  volatile int channel;
+  volatile long long a, b;
+};
+
+enum ErrWhat {
+  kWhatNone = 0,
+  kWhatBarrier = 1,
+  kWhatCounts = 2,
+  kWhatDispatchInfo = 3,
+  kWhatDispatchData = 4,
+  kWhatCombineData = 5,
+  kWhatBadTopk = 6,
+  kWhatCapacity = 7
+};
+
+// Routing of one handle, on the device.
+struct HState {
+  long long recv_offset[kMaxRanks + 1];  // first recv row of each source
+  long long num_recv;
+  int recv_count[kMaxRanks];
+  int dst_base[kMaxRanks];   // first staging slot of this rank's rows at each destination
+  int comb_base[kMaxRanks];  // [s]: first slot of this rank's combine rows in s's staging
+  int send_base[kMaxRanks];  // first slot of the combine rows coming back from each destination
+  int send_count[kMaxRanks];
+  int num_tokens;
+  int num_topk;
+};
+
+struct HandleView {
+  HState* hs;
+  int* tok_pos;     // [(T + 1) * R]: bit 31 = sent, bits 0..30 = position in the send list
+  int* chan_start;  // [R][channels]: receive side, first position of each source channel
+  int* chan_count;  // [R][channels]
+  int* expert_acc;  // [local experts]: per-expert counts being summed
+  int* expert_saved;  // [local experts]: counts of the last dispatch with topk ids
+};
+
+struct CommView {
+  int rank, nranks, channels;
+  int num_experts, experts_per_rank;
+  char* bufs[kMaxRanks];  // every rank's buffer as mapped here
+  size_t rows_off, meta_off, row_stride, meta_stride;
+  DevLocal* local;
+  ErrorInfo* err;  // device view of the host-mapped slot
+  unsigned long long timeout_ns;
+};
+
+struct RoutingParams {
+  CommView cv;
+  HandleView hv;
+  const void* topk;
+  int idx64;
+  int num_tokens, num_topk;
+};
+
+struct DispatchParams {
+  CommView cv;
+  HandleView hv;
+  const char* x;
+  size_t x_stride, row_bytes;
+  const float* x_scales;
+  size_t s_tok, s_blk;
+  int nb;  // scales per token (FP8), else 0
+  const void* topk;  // NULL: no ids this time
+  int idx64;
+  const float* topk_w;
+  int num_tokens, num_topk;
+  char* recv_x;
+  float* recv_scales;
+  long long* recv_idx;
+  float* recv_w;
+  long long capacity;
+  int* recv_tpe;
+  long long* num_recv_dev;
+  int alignment;
+  int drop;           // the host knows the rows do not fit: move nothing into recv_*
+  int capacity_mode;  // NO_HOST_SYNC: mark unused rows, write num_recv on the device
+  int send_warps, recv_warps;
+};
+
+struct CombineParams {
+  CommView cv;
+  HandleView hv;
+  const char* y;
+  size_t y_stride, row_bytes;
+  const float* recv_w;  // NULL: no weights
+  int num_topk;
+  const char* bias;
+  char* out;
+  float* out_w;
+  int type;  // epDataType_t of the rows
+  int push_warps, reduce_warps;
+};
+
+struct LayoutParams {
+  const void* topk;
+  int idx64;
+  int num_tokens, num_topk, num_experts, experts_per_rank, nranks, num_nodes;
+  int node_of_rank[kMaxRanks];
+  int* tokens_per_rank;
+  int* tokens_per_node;
+  int* tokens_per_expert;
+  uint8_t* is_token_in_rank;
+  int* scratch;  // [E + R + N] zeroed, left zeroed
+  DevLocal* local;
+  ErrorInfo* err;
+};
+
+// Launchers (return a cudaError_t as int, 0 on success).
+int launchLayout(const LayoutParams& p, void* stream);
+int launchRouting(const RoutingParams& p, void* stream);
+int launchDispatch(const DispatchParams& p, int blocks, void* stream);
+int launchCombine(const CombineParams& p, int blocks, void* stream);
+
+}  // namespace cuda
+}  // namespace ep

@@ -1,0 +1,198 @@
+// Device helpers of the CUDA backend: PTX loads/stores with the right memory
+// semantics, bounded spin waits, error reporting, float conversions that match
+// src/host/convert.h bit for bit (NaN handling included).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda_common.h"
+
+namespace ep {
+namespace cuda {
+
+__device__ __forceinline__ uint64_t ldAcquireSys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void stReleaseSys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void stRelaxedSys32(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ldRelaxedSys32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Read-only input (the caller's x / y): non-coherent path, no L1 allocation.
+__device__ __forceinline__ int4 ldNc(const int4* p) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+// Staging written by peers during this kernel: coherent load, no L1 allocation.
+__device__ __forceinline__ int4 ldStaged(const int4* p) {
+  int4 v;
+  asm volatile("ld.relaxed.gpu.global.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void stNa(int4* p, int4 v) {
+  asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ unsigned long long globalTimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void namedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ uint32_t tagOf(uint64_t v) { return uint32_t(v >> 32); }
+__device__ __forceinline__ uint32_t valOf(uint64_t v) { return uint32_t(v); }
+__device__ __forceinline__ uint64_t tagged(uint32_t epoch, uint32_t v) {
+  return (uint64_t(epoch) << 32) | v;
+}
+// True once tag has reached epoch (wrap-safe).
+__device__ __forceinline__ bool reached(uint32_t tag, uint32_t epoch) { return int32_t(tag - epoch) >= 0; }
+
+// Records the first error of this rank in the host-visible slot.
+__device__ __forceinline__ void reportError(const CommView& cv, int code, int what, int peer,
+                                            long long a, long long b) {
+  if (atomicCAS(&cv.local->err_claim, 0, 1) != 0) return;
+  cv.err->what = what;
+  cv.err->peer = peer;
+  cv.err->channel = blockIdx.x;
+  cv.err->a = a;
+  cv.err->b = b;
+  __threadfence_system();
+  cv.err->code = code;
+  __threadfence_system();
+}
+
+// Spins until the tagged word at p reaches epoch and value >= min_value; returns
+// the value, or -1 after the timeout (error reported).
+__device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64_t* p, uint32_t epoch,
+                                                uint32_t min_value, int what, int peer) {
+  unsigned long long deadline = 0;
+  for (uint32_t spins = 0;; spins++) {
+    uint64_t v = ldAcquireSys(p);
+    if (tagOf(v) == epoch && valOf(v) >= min_value) return valOf(v);
+    if ((spins & 63) == 63) {
+      unsigned long long now = globalTimer();
+      if (deadline == 0) deadline = now + cv.timeout_ns;
+      else if (now > deadline) {
+        reportError(cv, 8 /* epTimeout */, what, peer, (long long)epoch, (long long)min_value);
+        return -1;
+      }
+      if (cv.err->code == 8) return -1;  // another wait of this rank timed out: leave
+    }
+  }
+}
+
+__device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* p, uint32_t epoch,
+                                            int what, int peer) {
+  unsigned long long deadline = 0;
+  for (uint32_t spins = 0;; spins++) {
+    uint64_t v = ldAcquireSys(p);
+    if (reached(uint32_t(v), epoch)) return true;
+    if ((spins & 63) == 63) {
+      unsigned long long now = globalTimer();
+      if (deadline == 0) deadline = now + cv.timeout_ns;
+      else if (now > deadline) {
+        reportError(cv, 8, what, peer, (long long)epoch, 0);
+        return false;
+      }
+      if (cv.err->code == 8) return false;
+    }
+  }
+}
+
+// Channel barrier at the start of a data kernel: every rank's same channel has
+// started this kernel, hence finished the previous one (stream order).
+__device__ __forceinline__ void channelBarrier(const CommView& cv, uint32_t epoch) {
+  const int R = cv.nranks, c = blockIdx.x;
+  if (threadIdx.x < R) {
+    Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[threadIdx.x]);
+    stReleaseSys(&peer->barrier[cv.rank][c], epoch);
+    Ctrl* mine = reinterpret_cast<Ctrl*>(cv.bufs[cv.rank]);
+    waitReached(cv, &mine->barrier[threadIdx.x][c], epoch, kWhatBarrier, threadIdx.x);
+  }
+  __syncthreads();
+}
+
+// Last block of a collective kernel: bumps the epoch. Returns true in that block.
+__device__ __forceinline__ bool lastBlockDone(DevLocal* local) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&local->blocks_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+__device__ __forceinline__ long long topkLoad(const void* idx, int idx64, size_t i) {
+  return idx64 ? static_cast<const long long*>(idx)[i] : (long long)static_cast<const int*>(idx)[i];
+}
+
+// ---- conversions identical to src/host/convert.h ----
+__device__ __forceinline__ float bf16ToFloat(uint32_t h) { return __uint_as_float(h << 16); }
+__device__ __forceinline__ uint32_t floatToBf16(float f) {
+  uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return ((bits >> 16) | 0x40) & 0xffffu;
+  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return ((bits + rounding) >> 16) & 0xffffu;
+}
+__device__ __forceinline__ float fp16ToFloat(uint32_t h) {
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {
+      int e = -1;
+      do { man <<= 1; e++; } while ((man & 0x400u) == 0);
+      bits = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | man << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  return __uint_as_float(bits);
+}
+__device__ __forceinline__ uint32_t floatToFp16(float f) {
+  uint32_t bits = __float_as_uint(f);
+  uint32_t sign = (bits >> 16) & 0x8000u;
+  uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;
+  if (abs < 0x38800000u) {
+    if (abs < 0x33000000u) return sign;
+    uint32_t exp = abs >> 23;
+    uint32_t man = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - exp;
+    uint32_t half_man = man >> shift;
+    uint32_t rem = man & ((1u << shift) - 1);
+    uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half_man & 1u))) half_man++;
+    return sign | half_man;
+  }
+  uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return (sign | ((rounded - 0x38000000u) >> 13)) & 0xffffu;
+}
+
+}  // namespace cuda
+}  // namespace ep

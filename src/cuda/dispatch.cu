@@ -1,0 +1,250 @@
+// Dispatch data kernel. One block per channel; channel c owns the token slice
+// [T*c/C, T*(c+1)/C) of every rank.
+//
+// Who writes what:
+//  - sender warps of rank s, channel c read x (local) and store each row once
+//    per destination: to recv_x directly for s itself, else over NVLink into the
+//    destination's staging slot dst_base[d] + position (final place, so the
+//    receiver never reorders). Local expert ids and weights are computed here.
+//    After every chunk of tokens the sender warps meet at a named barrier and
+//    one lane per destination publishes the rows done (fence.sys, st.release.sys
+//    of Ctrl::dprog[s][c] at the destination).
+//  - before any row, the channel's first position and row count go to
+//    Ctrl::dstart / dinfo at each destination.
+//  - receiver warps of rank d, channel c poll dprog[s][c] (acquire) and copy
+//    finished rows from staging to recv_x / recv_scales / recv_topk_*.
+// The last block adds the per-expert counts, writes num_recv and bumps the epoch.
+#include <cuda_runtime.h>
+
+#include "device.cuh"
+
+namespace ep {
+namespace cuda {
+namespace {
+
+constexpr int kUnroll = 4;
+constexpr int kChunkTokens = 16;
+
+// Copies row_bytes (multiple of 16) from src to up to kMaxRanks destinations.
+// Every lane runs the same number of iterations.
+template <bool kStaged>
+__device__ __forceinline__ void copyRow(const int4* src, int4* const* dst, unsigned dmask, int n16, int lane) {
+  for (int base = 0; base < n16; base += 32 * kUnroll) {
+    int4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+      int i = base + u * 32 + lane;
+      if (i < n16) v[u] = kStaged ? ldStaged(src + i) : ldNc(src + i);
+    }
+#pragma unroll
+    for (int d = 0; d < kMaxRanks; d++) {
+      if (!((dmask >> d) & 1u)) continue;
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++) {
+        int i = base + u * 32 + lane;
+        if (i < n16) stNa(dst[d] + i, v[u]);
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
+  extern __shared__ int hist[];  // [local experts]
+  const CommView& cv = p.cv;
+  const int R = cv.nranks, me = cv.rank, C = gridDim.x, c = blockIdx.x;
+  const int EL = cv.experts_per_rank;
+  const uint32_t epoch = cv.local->epoch + 1;
+  const HState* hs = p.hv.hs;
+  const int* tp = p.hv.tok_pos;
+  const int T = p.num_tokens, K = p.num_topk;
+  const bool with_topk = p.topk != nullptr;
+  for (int i = threadIdx.x; i < EL; i += blockDim.x) hist[i] = 0;
+  channelBarrier(cv, epoch);
+
+  const long long num_recv = hs->num_recv;
+  const bool drop = p.drop || num_recv > p.capacity;
+  if (drop && !p.drop && c == 0 && threadIdx.x == 0)
+    reportError(cv, 4, kWhatCapacity, -1, num_recv, p.capacity);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n16 = int(p.row_bytes / 16);
+  const int nb = p.nb;
+  const size_t scale_bytes = size_t(nb) * 4;
+
+  if (warp < p.send_warps) {
+    const int t0 = int((long long)T * c / C), t1 = int((long long)T * (c + 1) / C);
+    __shared__ int start_pos[kMaxRanks];
+    if (warp == 0 && lane < R) {
+      int start = tp[size_t(t0) * R + lane] & 0x7fffffff;
+      start_pos[lane] = start;
+      if (lane != me) {
+        Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[lane]);
+        int count = (tp[size_t(t1) * R + lane] & 0x7fffffff) - start;
+        stRelaxedSys32(&peer->dstart[me][c], uint32_t(start));
+        stReleaseSys(&peer->dinfo[me][c], tagged(epoch, uint32_t(count)));
+      }
+    }
+    namedBarrier(1, p.send_warps * 32);
+    const long long own_base = hs->recv_offset[me];
+    // Where destination `lane` keeps this rank's rows.
+    char* dst_rows = nullptr;
+    char* dst_meta = nullptr;
+    long long dst_first = 0;
+    if (lane < R && lane != me) {
+      dst_rows = cv.bufs[lane] + cv.rows_off;
+      dst_meta = cv.bufs[lane] + cv.meta_off;
+      dst_first = hs->dst_base[lane];
+    }
+    for (int a = t0; a < t1; a += kChunkTokens) {
+      const int b = min(a + kChunkTokens, t1);
+      for (int t = a + warp; t < b; t += p.send_warps) {
+        int v = lane < R ? tp[size_t(t) * R + lane] : 0;
+        unsigned mask = __ballot_sync(0xffffffffu, v < 0);
+        if (drop) mask &= ~(1u << me);
+        long long slot = lane == me ? own_base + (v & 0x7fffffff) : dst_first + (v & 0x7fffffff);
+        int4* my_dst = nullptr;
+        char* my_meta = nullptr;
+        if (lane < R && v < 0) {
+          if (lane == me) {
+            my_dst = reinterpret_cast<int4*>(p.recv_x + slot * p.row_bytes);
+          } else {
+            my_dst = reinterpret_cast<int4*>(dst_rows + slot * cv.row_stride);
+            my_meta = dst_meta + slot * cv.meta_stride;
+          }
+        }
+        int4* dst[kMaxRanks];
+#pragma unroll
+        for (int d = 0; d < kMaxRanks; d++)
+          dst[d] = reinterpret_cast<int4*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_dst), d));
+        copyRow<false>(reinterpret_cast<const int4*>(p.x + size_t(t) * p.x_stride), dst, mask, n16, lane);
+        // Scales and expert ids, per destination.
+        unsigned m = mask;
+        while (m) {
+          const int d = __ffs(m) - 1;
+          m &= m - 1;
+          const long long row = __shfl_sync(0xffffffffu, slot, d);
+          char* meta = reinterpret_cast<char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_meta), d));
+          for (int q = lane; q < nb; q += 32) {
+            float s = p.x_scales[size_t(t) * p.s_tok + size_t(q) * p.s_blk];
+            if (d == me) p.recv_scales[row * nb + q] = s;
+            else reinterpret_cast<float*>(meta)[q] = s;
+          }
+          if (with_topk && lane < K) {
+            long long e = topkLoad(p.topk, p.idx64, size_t(t) * K + lane);
+            bool mine = e >= 0 && e < cv.num_experts && int(e / EL) == d;
+            int local = mine ? int(e - (long long)d * EL) : -1;
+            float w = (mine && p.topk_w) ? p.topk_w[size_t(t) * K + lane] : 0.0f;
+            if (d == me) {
+              if (p.recv_idx) p.recv_idx[row * K + lane] = local;
+              if (p.recv_w) p.recv_w[row * K + lane] = w;
+              if (local >= 0) atomicAdd(&hist[local], 1);
+            } else {
+              reinterpret_cast<int*>(meta + scale_bytes)[lane] = local;
+              reinterpret_cast<float*>(meta + scale_bytes + size_t(K) * 4)[lane] = w;
+            }
+          }
+        }
+      }
+      namedBarrier(1, p.send_warps * 32);
+      if (warp == 0 && lane < R && lane != me) {
+        __threadfence_system();
+        int done = (tp[size_t(b) * R + lane] & 0x7fffffff) - start_pos[lane];
+        Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[lane]);
+        stReleaseSys(&peer->dprog[me][c], tagged(epoch, uint32_t(done)));
+      }
+    }
+  } else {
+    // Receiver warps: rows of channel c from every other rank.
+    const int rw = warp - p.send_warps, nr = p.recv_warps;
+    Ctrl* mine = reinterpret_cast<Ctrl*>(cv.bufs[me]);
+    const char* rows = cv.bufs[me] + cv.rows_off;
+    const char* metas = cv.bufs[me] + cv.meta_off;
+    for (int i = 1; i < R; i++) {
+      const int s = (me + i) % R;
+      long long info = 0;
+      if (lane == 0) info = waitTagged(cv, &mine->dinfo[s][c], epoch, 0, kWhatDispatchInfo, s);
+      info = __shfl_sync(0xffffffffu, info, 0);
+      if (info < 0) break;
+      const int count = int(info);
+      int start = 0;
+      if (lane == 0) start = int(ldRelaxedSys32(&mine->dstart[s][c]));
+      start = __shfl_sync(0xffffffffu, start, 0);
+      if (rw == 0 && lane == 0) {
+        p.hv.chan_start[s * C + c] = start;
+        p.hv.chan_count[s * C + c] = count;
+      }
+      const long long first = hs->recv_offset[s] + start;
+      int copied = 0;
+      bool failed = false;
+      while (copied < count) {
+        long long avail = 0;
+        if (lane == 0) avail = waitTagged(cv, &mine->dprog[s][c], epoch, uint32_t(copied + 1), kWhatDispatchData, s);
+        avail = __shfl_sync(0xffffffffu, avail, 0);
+        if (avail < 0) { failed = true; break; }
+        int j = copied + ((rw - copied % nr) % nr + nr) % nr;
+        for (; j < int(avail); j += nr) {
+          const long long row = first + j;
+          if (drop) continue;
+          int4* dst[kMaxRanks];
+          dst[0] = reinterpret_cast<int4*>(p.recv_x + row * p.row_bytes);
+          copyRow<true>(reinterpret_cast<const int4*>(rows + row * cv.row_stride), dst, 1u, n16, lane);
+          const char* meta = metas + row * cv.meta_stride;
+          for (int q = lane; q < nb; q += 32) p.recv_scales[row * nb + q] = reinterpret_cast<const float*>(meta)[q];
+          if (with_topk && lane < K) {
+            int local = reinterpret_cast<const int*>(meta + scale_bytes)[lane];
+            float w = reinterpret_cast<const float*>(meta + scale_bytes + size_t(K) * 4)[lane];
+            if (p.recv_idx) p.recv_idx[row * K + lane] = local;
+            if (p.recv_w) p.recv_w[row * K + lane] = w;
+            if (local >= 0) atomicAdd(&hist[local], 1);
+          }
+        }
+        copied = int(avail);
+      }
+      if (failed) break;
+    }
+  }
+  __syncthreads();
+  if (with_topk)
+    for (int i = threadIdx.x; i < EL; i += blockDim.x)
+      if (hist[i]) atomicAdd(&p.hv.expert_acc[i], hist[i]);
+  // Capacity sizing: rows past num_recv are marked unused.
+  if (p.capacity_mode && !drop && p.recv_idx) {
+    const long long n = (p.capacity - num_recv) * K;
+    for (long long i = (long long)c * blockDim.x + threadIdx.x; i < n; i += (long long)C * blockDim.x)
+      p.recv_idx[num_recv * K + i] = -1;
+  }
+  if (!lastBlockDone(cv.local)) return;
+  for (int i = threadIdx.x; i < EL; i += blockDim.x) {
+    int v;
+    if (with_topk) {
+      v = atomicExch(&p.hv.expert_acc[i], 0);
+      if (!drop) p.hv.expert_saved[i] = v;
+    } else {
+      v = p.hv.expert_saved[i];
+    }
+    if (p.recv_tpe && !drop) {
+      int a = p.alignment;
+      p.recv_tpe[i] = a > 1 ? (v + a - 1) / a * a : v;
+    }
+  }
+  if (threadIdx.x == 0) {
+    if (p.num_recv_dev && !drop) *p.num_recv_dev = num_recv;
+    cv.local->blocks_done = 0;
+    cv.local->epoch = epoch;
+  }
+}
+
+}  // namespace
+
+int launchDispatch(const DispatchParams& p, int blocks, void* stream) {
+  const int threads = (p.send_warps + p.recv_warps) * 32;
+  size_t smem = size_t(p.cv.experts_per_rank) * sizeof(int);
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(dispatchKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return int(e);
+  }
+  dispatchKernel<<<blocks, threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  return int(cudaGetLastError());
+}
+
+}  // namespace cuda
+}  // namespace ep

@@ -1,0 +1,235 @@
+// Layout (epLayout) and routing (the first half of a new dispatch) kernels.
+//
+// layout: many blocks read topk_idx; per-block histograms in shared memory are
+// added into a zeroed global scratch; the last block copies the scratch to the
+// caller's outputs and zeroes it again. Only this rank's memory is touched.
+//
+// routing: one block. Pass 1 counts, per thread's contiguous token range, the
+// tokens going to each rank; a block scan turns counts into positions (send
+// lists in ascending token order, as the host's buildSendSide); pass 2 writes
+// tok_pos. Then the count exchange: this rank writes its count vector into
+// every rank's Ctrl::counts[epoch & 1][me] (double-buffered by epoch parity so
+// a rank one call ahead cannot overwrite counts still being read), waits for
+// every rank's vector and derives the offsets of HState.
+#include <cuda_runtime.h>
+
+#include "device.cuh"
+
+namespace ep {
+namespace cuda {
+namespace {
+
+__device__ __forceinline__ unsigned tokenMask(const void* topk, int idx64, int t, int K, int E, int epr,
+                                              int* bad_flat, long long* bad_val) {
+  unsigned mask = 0;
+  for (int k = 0; k < K; k++) {
+    long long e = topkLoad(topk, idx64, size_t(t) * K + k);
+    if (e < -1 || e >= E) {
+      *bad_flat = t * K + k;
+      *bad_val = e;
+      continue;
+    }
+    if (e >= 0) mask |= 1u << int(e / epr);
+  }
+  return mask;
+}
+
+__global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
+  extern __shared__ int sh[];  // [E] experts, [R] ranks, [N] nodes
+  const int E = p.num_experts, R = p.nranks, N = p.num_nodes, nsh = E + R + N;
+  for (int i = threadIdx.x; i < nsh; i += blockDim.x) sh[i] = 0;
+  __syncthreads();
+  int* sh_rank = sh + E;
+  int* sh_node = sh + E + R;
+  const int lane = threadIdx.x & 31;
+  // Warp-uniform trip count so ballots see every lane.
+  const int T = p.num_tokens, stride = gridDim.x * blockDim.x;
+  for (int base = blockIdx.x * blockDim.x; base < T; base += stride) {
+    int t = base + threadIdx.x;
+    unsigned rmask = 0, nmask = 0;
+    if (t < T) {
+      for (int k = 0; k < p.num_topk; k++) {
+        long long e = topkLoad(p.topk, p.idx64, size_t(t) * p.num_topk + k);
+        if (e < -1 || e >= E) {
+          if (p.err->code == 0 && atomicCAS(&p.local->err_claim, 0, 1) == 0) {
+            p.err->what = kWhatBadTopk;
+            p.err->a = (long long)t * p.num_topk + k;
+            p.err->b = e;
+            __threadfence_system();
+            p.err->code = 4;  // epInvalidArgument
+          }
+          continue;
+        }
+        if (e < 0) continue;
+        atomicAdd(&sh[e], 1);
+        int r = int(e / p.experts_per_rank);
+        rmask |= 1u << r;
+        nmask |= 1u << p.node_of_rank[r];
+      }
+      if (p.is_token_in_rank)
+        for (int r = 0; r < R; r++) p.is_token_in_rank[size_t(t) * R + r] = (rmask >> r) & 1u;
+    }
+    for (int r = 0; r < R; r++) {
+      int n = __popc(__ballot_sync(0xffffffffu, (rmask >> r) & 1u));
+      if (lane == 0 && n) atomicAdd(&sh_rank[r], n);
+    }
+    for (int q = 0; q < N; q++) {
+      int n = __popc(__ballot_sync(0xffffffffu, (nmask >> q) & 1u));
+      if (lane == 0 && n) atomicAdd(&sh_node[q], n);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < nsh; i += blockDim.x)
+    if (sh[i]) atomicAdd(&p.scratch[i], sh[i]);
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  if (threadIdx.x == 0) last = atomicAdd(&p.local->layout_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < nsh; i += blockDim.x) {
+    int v = atomicExch(&p.scratch[i], 0);
+    if (i < E) {
+      if (p.tokens_per_expert) p.tokens_per_expert[i] = v;
+    } else if (i < E + R) {
+      if (p.tokens_per_rank) p.tokens_per_rank[i - E] = v;
+    } else if (p.tokens_per_node) {
+      p.tokens_per_node[i - E - R] = v;
+    }
+  }
+  if (threadIdx.x == 0) p.local->layout_done = 0;
+}
+
+// Exclusive scan of v over the block (blockDim.x multiple of 32, <= 1024).
+__device__ int blockExclusiveScan(int v, int* total) {
+  __shared__ int warp_sums[32];
+  __shared__ int block_total;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  int inc = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    int n = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += n;
+  }
+  if (lane == 31) warp_sums[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int s = lane < nwarps ? warp_sums[lane] : 0;
+    int sinc = s;
+    for (int o = 1; o < 32; o <<= 1) {
+      int n = __shfl_up_sync(0xffffffffu, sinc, o);
+      if (lane >= o) sinc += n;
+    }
+    if (lane == 31) block_total = sinc;
+    __syncwarp();
+    if (lane < nwarps) warp_sums[lane] = sinc - s;
+  }
+  __syncthreads();
+  int res = warp_sums[warp] + inc - v;
+  *total = block_total;
+  __syncthreads();
+  return res;
+}
+
+__global__ void __launch_bounds__(1024) routingKernel(RoutingParams p) {
+  const CommView& cv = p.cv;
+  const int R = cv.nranks, me = cv.rank, T = p.num_tokens, K = p.num_topk;
+  const uint32_t epoch = cv.local->epoch + 1;
+  __shared__ int totals[kMaxRanks];
+  __shared__ int mat[kMaxRanks][kMaxRanks];
+  const int chunk = (T + blockDim.x - 1) / blockDim.x;
+  const int t0 = min(T, int(threadIdx.x) * chunk), t1 = min(T, t0 + chunk);
+  int bad_flat = -1;
+  long long bad_val = 0;
+  int cnt[kMaxRanks];
+#pragma unroll
+  for (int d = 0; d < kMaxRanks; d++) cnt[d] = 0;
+  for (int t = t0; t < t1; t++) {
+    unsigned m = tokenMask(p.topk, p.idx64, t, K, cv.num_experts, cv.experts_per_rank, &bad_flat, &bad_val);
+#pragma unroll
+    for (int d = 0; d < kMaxRanks; d++) cnt[d] += (m >> d) & 1u;
+  }
+#pragma unroll
+  for (int d = 0; d < kMaxRanks; d++) {
+    if (d >= R) break;
+    int total;
+    cnt[d] = blockExclusiveScan(cnt[d], &total);
+    if (threadIdx.x == 0) totals[d] = total;
+  }
+  int* tp = p.hv.tok_pos;
+  for (int t = t0; t < t1; t++) {
+    unsigned m = tokenMask(p.topk, p.idx64, t, K, cv.num_experts, cv.experts_per_rank, &bad_flat, &bad_val);
+#pragma unroll
+    for (int d = 0; d < kMaxRanks; d++) {
+      if (d >= R) break;
+      unsigned bit = (m >> d) & 1u;
+      tp[size_t(t) * R + d] = cnt[d] | int(bit << 31);
+      cnt[d] += bit;
+    }
+  }
+  if (bad_flat >= 0) reportError(cv, 4 /* epInvalidArgument */, kWhatBadTopk, -1, bad_flat, bad_val);
+  __syncthreads();
+  if (threadIdx.x < R) tp[size_t(T) * R + threadIdx.x] = totals[threadIdx.x];
+
+  // Count exchange.
+  const int par = epoch & 1;
+  if (threadIdx.x < R) {
+    Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[threadIdx.x]);
+    for (int d = 0; d < R; d++) stReleaseSys(&peer->counts[par][me][d], tagged(epoch, uint32_t(totals[d])));
+  }
+  if (threadIdx.x < R * R) {
+    const int s = threadIdx.x / R, d = threadIdx.x % R;
+    Ctrl* mine = reinterpret_cast<Ctrl*>(cv.bufs[me]);
+    long long v = waitTagged(cv, &mine->counts[par][s][d], epoch, 0, kWhatCounts, s);
+    mat[s][d] = v < 0 ? 0 : int(v);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    HState* hs = p.hv.hs;
+    long long off = 0;
+    for (int s = 0; s < R; s++) {
+      hs->recv_offset[s] = off;
+      hs->recv_count[s] = mat[s][me];
+      off += mat[s][me];
+    }
+    hs->recv_offset[R] = off;
+    hs->num_recv = off;
+    int sb = 0;
+    for (int d = 0; d < R; d++) {
+      int base = 0;
+      for (int s = 0; s < me; s++) base += mat[s][d];
+      hs->dst_base[d] = base;
+      int cb = 0;
+      for (int q = 0; q < me; q++) cb += mat[d][q];
+      hs->comb_base[d] = cb;
+      hs->send_base[d] = sb;
+      hs->send_count[d] = mat[me][d];
+      sb += mat[me][d];
+    }
+    hs->num_tokens = T;
+    hs->num_topk = K;
+    cv.local->epoch = epoch;
+  }
+}
+
+}  // namespace
+
+int launchLayout(const LayoutParams& p, void* stream) {
+  int blocks = (p.num_tokens + 255) / 256;
+  blocks = blocks < 1 ? 1 : blocks > 64 ? 64 : blocks;
+  size_t smem = size_t(p.num_experts + p.nranks + p.num_nodes) * sizeof(int);
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(layoutKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return int(e);
+  }
+  layoutKernel<<<blocks, 256, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  return int(cudaGetLastError());
+}
+
+int launchRouting(const RoutingParams& p, void* stream) {
+  routingKernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return int(cudaGetLastError());
+}
+
+}  // namespace cuda
+}  // namespace ep

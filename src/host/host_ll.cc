@@ -1,0 +1,292 @@
+#include "host_ll.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "../checks.h"
+#include "convert.h"
+#include "fp8.h"
+
+namespace ep {
+namespace host {
+
+namespace {
+
+size_t roundUp16(size_t v) { return (v + 15) / 16 * 16; }
+
+// Wire record of one token to one rank: its row on the wire, its index on the
+// source, and all K expert ids and weights (the receiver keeps those of its
+// own experts).
+struct LLDispatchRecord {
+  size_t row_bytes, scale_bytes;
+  int num_topk;
+  size_t tokenOffset() const { return row_bytes + scale_bytes; }
+  size_t idsOffset() const { return tokenOffset() + 4; }
+  size_t weightsOffset() const { return idsOffset() + size_t(num_topk) * 4; }
+  size_t total() const { return roundUp16(weightsOffset() + size_t(num_topk) * 4); }
+};
+
+LLDispatchRecord llRecord(const Config& c, bool fp8, int num_topk) {
+  LLDispatchRecord r;
+  const int nblocks = (c.hidden + 127) / 128;
+  r.row_bytes = fp8 ? size_t(c.hidden) : size_t(c.hidden) * 2;
+  r.scale_bytes = fp8 ? size_t(nblocks) * 4 : 0;
+  r.num_topk = num_topk;
+  return r;
+}
+
+// What a low-latency handle remembers between dispatch, combine and complete.
+struct LLState {
+  // Home side: this rank's tokens and where they went.
+  int num_tokens = 0, num_topk = 0;
+  Routing routing;
+  // Expert side: every (source, token) received, with its local experts.
+  struct Arrival {
+    int src, token;
+    std::vector<int> local_expert, slot;  // per selected local expert, k ascending
+    std::vector<float> weight;
+  };
+  std::vector<Arrival> arrivals;  // by source rank, then source token
+  // Receive halves still owed.
+  epLowLatencyDispatchArgs_t dispatch_args;
+  std::vector<uint8_t> dispatch_records;  // all arrived records, in order
+  size_t dispatch_record_bytes = 0;
+  bool dispatch_fp8 = false;
+  epLowLatencyCombineArgs_t combine_args;
+  std::vector<float> partial_sum;  // [T, H]: sum over ranks in ascending order
+};
+
+LLState* stateOf(epHandle* h) { return static_cast<LLState*>(h->backend_state); }
+
+// Quantises or copies token t of x into a wire row.
+void packRow(const Config& c, const epLowLatencyDispatchArgs_t& a, bool fp8, int t, uint8_t* out) {
+  const int H = c.hidden;
+  const uint16_t* row = static_cast<const uint16_t*>(a.x) + size_t(t) * H;
+  if (!fp8) {
+    memcpy(out, row, size_t(H) * 2);
+    return;
+  }
+  float* scales = reinterpret_cast<float*>(out + H);
+  const bool pow2 = (a.flags & EP_LL_ROUND_SCALE_POW2) != 0;
+  for (int b = 0; b * 128 < H; b++) {
+    const int end = std::min(H, (b + 1) * 128);
+    float amax = 0.0f;
+    for (int j = b * 128; j < end; j++) amax = std::fmax(amax, std::fabs(bf16ToFloat(row[j])));
+    const float scale = fp8BlockScale(amax, pow2);
+    const float inverse = 1.0f / scale;
+    for (int j = b * 128; j < end; j++) out[j] = floatToE4M3(bf16ToFloat(row[j]) * inverse);
+    scales[b] = scale;
+  }
+}
+
+// Expands the arrived records into the expert-major outputs.
+void expandDispatch(epComm* comm, LLState* st) {
+  const Config& c = comm->cfg;
+  const epLowLatencyDispatchArgs_t& a = st->dispatch_args;
+  const int L = comm->num_local_experts, R = comm->nranks, M = c.max_tokens_per_rank, H = c.hidden;
+  const int nblocks = (H + 127) / 128;
+  const size_t cap = size_t(R) * M;
+  const size_t row_bytes = st->dispatch_fp8 ? size_t(H) : size_t(H) * 2;
+  std::vector<int> count(L, 0);
+  const uint8_t* rec = st->dispatch_records.data();
+  for (LLState::Arrival& arr : st->arrivals) {
+    for (size_t i = 0; i < arr.local_expert.size(); i++) {
+      const int e = arr.local_expert[i];
+      const int slot = count[e]++;
+      arr.slot[i] = slot;
+      memcpy(static_cast<uint8_t*>(a.recv_x) + (size_t(e) * cap + slot) * row_bytes, rec, row_bytes);
+      if (st->dispatch_fp8) {
+        const float* scales = reinterpret_cast<const float*>(rec + H);
+        for (int b = 0; b < nblocks; b++) a.recv_scales[(size_t(e) * nblocks + b) * cap + slot] = scales[b];
+      }
+      if (a.recv_src) a.recv_src[size_t(e) * cap + slot] = arr.src * M + arr.token;
+    }
+    rec += st->dispatch_record_bytes;
+  }
+  for (int e = 0; e < L; e++) a.recv_count[e] = count[e];
+  st->dispatch_records.clear();
+  st->dispatch_records.shrink_to_fit();
+}
+
+void finishCombine(epComm* comm, LLState* st) {
+  const int H = comm->cfg.hidden;
+  uint16_t* out = static_cast<uint16_t*>(st->combine_args.out);
+  for (size_t i = 0; i < size_t(st->num_tokens) * H; i++) out[i] = floatToBf16(st->partial_sum[i]);
+  st->partial_sum.clear();
+}
+
+}  // namespace
+
+size_t llRecordBytes(const Config& cfg) {
+  if (!cfg.low_latency) return 0;
+  const size_t dispatch = llRecord(cfg, false, cfg.max_topk).total();  // BF16 is the larger row
+  const size_t combine = roundUp16(size_t(cfg.hidden) * 4);
+  return std::max(dispatch, combine);
+}
+
+epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArgs_t& a, epHandle* h,
+                      bool send_only) {
+  const Config& c = comm->cfg;
+  const int R = comm->nranks, K = a.num_topk, L = comm->num_local_experts;
+  const bool fp8 = a.wire_type == epFloat8E4M3;
+  const LLDispatchRecord rec = llRecord(c, fp8, K);
+  Placement pl;
+  pl.num_experts = c.num_experts;
+  pl.nranks = R;
+  pl.experts_per_rank = L;
+
+  auto st = std::make_unique<LLState>();
+  st->num_tokens = a.num_tokens;
+  st->num_topk = K;
+  st->dispatch_args = a;
+  st->dispatch_fp8 = fp8;
+  st->dispatch_record_bytes = rec.total();
+  buildSendSide(pl, a.topk_idx, a.topk_idx_type, a.num_tokens, K, &st->routing);
+
+  // Counts first (each rank learns how many tokens each source sends), then
+  // the tokens, each once per destination rank.
+  std::vector<int> recv_count(R, 0);
+  {
+    std::vector<StreamSpec> sends(R), recvs(R);
+    for (int r = 0; r < R; r++) {
+      sends[r].records = 1;
+      sends[r].pack = [&st, r](int, int, uint8_t* out) {
+        int64_t n = st->routing.sendCount(r);
+        memcpy(out, &n, 8);
+      };
+      recvs[r].records = 1;
+      recvs[r].unpack = [&recv_count, r](int, int, const uint8_t* in) {
+        int64_t n;
+        memcpy(&n, in, 8);
+        recv_count[r] = int(n);
+      };
+    }
+    EPCHECK(ex.run(kChunkCounts, ++comm->call_seq, sends, recvs, "low-latency dispatch counts"));
+  }
+  buildRecvSide(recv_count, &st->routing);
+
+  // Each token is quantised once, whatever the number of destinations.
+  std::vector<uint8_t> wire(size_t(a.num_tokens) * rec.tokenOffset());
+  for (int t = 0; t < a.num_tokens; t++) packRow(c, a, fp8, t, &wire[size_t(t) * rec.tokenOffset()]);
+
+  std::vector<StreamSpec> sends(R), recvs(R);
+  const Routing& rt = st->routing;
+  for (int d = 0; d < R; d++) {
+    sends[d].records = rt.sendCount(d);
+    sends[d].pack = [&, d](int first, int n, uint8_t* out) {
+      for (int i = 0; i < n; i++, out += rec.total()) {
+        const int t = rt.send_tokens[rt.send_offset[d] + first + i];
+        memcpy(out, &wire[size_t(t) * rec.tokenOffset()], rec.tokenOffset());
+        int32_t token = t;
+        memcpy(out + rec.tokenOffset(), &token, 4);
+        int32_t* ids = reinterpret_cast<int32_t*>(out + rec.idsOffset());
+        float* weights = reinterpret_cast<float*>(out + rec.weightsOffset());
+        for (int k = 0; k < K; k++) {
+          ids[k] = int32_t(topkAt(a.topk_idx, a.topk_idx_type, size_t(t) * K + k));
+          weights[k] = a.topk_weights ? a.topk_weights[size_t(t) * K + k] : 1.0f;
+        }
+      }
+    };
+  }
+  st->dispatch_records.resize(size_t(rt.num_recv) * rec.total());
+  st->arrivals.reserve(size_t(rt.num_recv));
+  const int first_expert = comm->first_expert;
+  for (int s = 0; s < R; s++) {
+    recvs[s].records = rt.recv_count[s];
+    recvs[s].unpack = [&, s](int first, int n, const uint8_t* in) {
+      memcpy(&st->dispatch_records[size_t(rt.recv_offset[s] + first) * rec.total()], in, size_t(n) * rec.total());
+      for (int i = 0; i < n; i++, in += rec.total()) {
+        LLState::Arrival arr;
+        arr.src = s;
+        memcpy(&arr.token, in + rec.tokenOffset(), 4);
+        const int32_t* ids = reinterpret_cast<const int32_t*>(in + rec.idsOffset());
+        const float* weights = reinterpret_cast<const float*>(in + rec.weightsOffset());
+        for (int k = 0; k < K; k++) {
+          if (ids[k] < first_expert || ids[k] >= first_expert + L) continue;
+          arr.local_expert.push_back(ids[k] - first_expert);
+          arr.weight.push_back(weights[k]);
+          arr.slot.push_back(-1);
+        }
+        st->arrivals.push_back(std::move(arr));
+      }
+    };
+  }
+  EPCHECK(ex.run(kChunkDispatch, ++comm->call_seq, sends, recvs, "low-latency dispatch"));
+  h->backend_state = st.release();
+  h->low_latency = true;
+  if (send_only) {
+    h->pending = epHandle::Pending::kDispatch;
+    return epSuccess;
+  }
+  expandDispatch(comm, stateOf(h));
+  return epSuccess;
+}
+
+epResult_t llCombine(epComm* comm, Exchanger& ex, const epLowLatencyCombineArgs_t& a, epHandle* h,
+                     bool send_only) {
+  LLState* st = stateOf(h);
+  const Config& c = comm->cfg;
+  const int R = comm->nranks, H = c.hidden, M = c.max_tokens_per_rank;
+  const size_t cap = size_t(R) * M;
+  const size_t rec_bytes = roundUp16(size_t(H) * 4);
+  const Routing& rt = st->routing;
+  const uint16_t* y = static_cast<const uint16_t*>(a.y);
+
+  std::vector<StreamSpec> sends(R), recvs(R);
+  for (int s = 0; s < R; s++) {  // partial sums of the tokens s sent here, in arrival order
+    sends[s].records = rt.recv_count[s];
+    sends[s].pack = [&, s](int first, int n, uint8_t* out) {
+      for (int i = 0; i < n; i++, out += rec_bytes) {
+        const LLState::Arrival& arr = st->arrivals[size_t(rt.recv_offset[s] + first + i)];
+        float* partial = reinterpret_cast<float*>(out);
+        std::fill(partial, partial + H, 0.0f);
+        for (size_t j = 0; j < arr.local_expert.size(); j++) {
+          const uint16_t* row = y + (size_t(arr.local_expert[j]) * cap + arr.slot[j]) * H;
+          for (int x = 0; x < H; x++) partial[x] = std::fma(arr.weight[j], bf16ToFloat(row[x]), partial[x]);
+        }
+      }
+    };
+  }
+  st->partial_sum.assign(size_t(st->num_tokens) * H, 0.0f);
+  for (int d = 0; d < R; d++) {  // this rank's tokens come back from d in the order sent
+    recvs[d].records = rt.sendCount(d);
+    recvs[d].unpack = [&, d](int first, int n, const uint8_t* in) {
+      for (int i = 0; i < n; i++, in += rec_bytes) {
+        const int t = rt.send_tokens[rt.send_offset[d] + first + i];
+        const float* partial = reinterpret_cast<const float*>(in);
+        float* acc = &st->partial_sum[size_t(t) * H];
+        for (int x = 0; x < H; x++) acc[x] += partial[x];
+      }
+    };
+  }
+  EPCHECK(ex.run(kChunkCombine, ++comm->call_seq, sends, recvs, "low-latency combine"));
+  st->combine_args = a;
+  if (send_only) {
+    h->pending = epHandle::Pending::kCombine;
+    return epSuccess;
+  }
+  finishCombine(comm, st);
+  return epSuccess;
+}
+
+epResult_t llComplete(epComm* comm, epHandle* h) {
+  LLState* st = stateOf(h);
+  switch (h->pending) {
+    case epHandle::Pending::kDispatch: expandDispatch(comm, st); break;
+    case epHandle::Pending::kCombine: finishCombine(comm, st); break;
+    case epHandle::Pending::kNone:
+      return setError(comm, epInvalidUsage, "epLowLatencyComplete: the handle has no send-only call to finish");
+  }
+  h->pending = epHandle::Pending::kNone;
+  return epSuccess;
+}
+
+void llRelease(epHandle* h) {
+  delete stateOf(h);
+  h->backend_state = nullptr;
+}
+
+}  // namespace host
+}  // namespace ep

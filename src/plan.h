@@ -1,0 +1,116 @@
+// The plan of a communicator: for every peer, how bytes travel (self, NVLink,
+// host-staged, or the network over this rank's rail, forwarded on the far node
+// when the peer is not the rail peer), the numbers the kernels need (rail peers,
+// node masks), this rank's NIC, and the InfiniBand traffic settings for the RDMA
+// transport. docs/TOPOLOGY.md explains the rules.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moeep.h"
+#include "topo/topo.h"
+
+struct epComm;
+
+namespace ep {
+
+struct NodeMap;
+
+// ---- InfiniBand / RoCE traffic settings --------------------------------------
+
+enum TrafficClass { kTrafficThroughput = 0, kTrafficLowLatency = 1, kTrafficControl = 2, kNumTrafficClasses = 3 };
+const char* trafficClassName(int c);  // "throughput", "low-latency", "control"
+
+// Resolved from epConfig_t (struct > EP_IB_* > default).
+struct IbTraffic {
+  int sl[kNumTrafficClasses] = {0, 0, 0};  // service level 0..15 (the SM maps it to a virtual lane)
+  // Adaptive routing per class: 1 on, 0 off, -1 auto (the RDMA transport
+  // decides: NCCL's rule is on for InfiniBand, off for RoCE).
+  int adaptive_routing[kNumTrafficClasses] = {-1, -1, -1};
+  int traffic_class = 0;  // RoCE traffic class 0..255 (DSCP << 2)
+  int gid_index = -1;     // 0..255, -1: the transport picks (RoCE v2 GID)
+  int qps_per_peer = 1;   // 1..16 queue pairs per peer connection
+};
+
+// Reads the ib_* fields of a full-size config c (defaults already filled for
+// fields an older caller did not know), applies EP_IB_* variables for the
+// fields left at -1, validates, and names the config field or variable at
+// fault. Writes *out only on success.
+epResult_t ibTrafficResolve(const epConfig_t& c, IbTraffic* out, struct epComm* comm);
+
+// ---- The plan ----------------------------------------------------------------
+
+enum class PathKind : uint8_t {
+  kSelf = 0,
+  kNvlink = 1,       // same node, GPU peer access (CUDA says cudaDeviceCanAccessPeer)
+  kHostStaged = 2,   // same node, through host memory
+  kRail = 3,         // other node: RDMA to the peer, which is this rank's rail peer there
+  kRailForward = 4,  // other node: RDMA to the rail peer there (via), which forwards locally
+};
+const char* pathKindName(PathKind k);  // "self", "nvlink", "host-staged", "rail", "rail+fwd"
+
+struct PeerPath {
+  PathKind kind = PathKind::kHostStaged;
+  int via = -1;                                 // kRail / kRailForward: the rank that receives the RDMA
+  PeerAccess access = PeerAccess::kUnknown;     // same node: what CUDA said
+};
+
+// Node masks have one bit per local index; nodes of more ranks than this get
+// no masks (masks_valid = false) but still a full plan.
+constexpr int kMaxMaskRanks = 64;
+
+struct Plan {
+  int rank = 0, nranks = 0;
+  int node = 0, local_rank = 0, num_nodes = 1;
+  std::vector<PeerPath> peers;  // [R]
+  // The rank this one talks RDMA to on node n (same local index; a smaller node
+  // wraps: local index modulo its size). rail_peer[node] is this rank.
+  std::vector<int> rail_peer;   // [N]
+  // Bit i of rail_sources[n]: local rank i of node n has this rank as its rail
+  // peer, so its RDMA arrives here and is forwarded from here.
+  std::vector<uint64_t> rail_sources;  // [N]
+  uint64_t nvlink_mask = 0;     // bit i: local rank i of this node is reachable by peer access
+  bool masks_valid = true;
+  // Where this rank's network traffic leaves.
+  int gpu = -1;                 // index in the topology, -1: none
+  std::string gpu_bus_id;
+  int nic = -1;                 // index in the topology, -1: none
+  std::string nic_name;         // "" when there is no RDMA NIC
+  std::string nic_why;
+  std::string topo_source;      // where the topology came from, or why there is none
+  IbTraffic ib;
+};
+
+// The rank that `rank` talks RDMA to on node n (itself on its own node).
+int railPeer(const NodeMap& m, int rank, int node);
+
+// Everything buildPlan needs, so that tests and dry runs can fake any part.
+struct PlanInput {
+  const NodeMap* nodes = nullptr;
+  int rank = 0;
+  const Topology* topo = nullptr;    // this rank's machine; may be NULL or unavailable
+  std::vector<std::string> bus_id;   // [R] GPU of each rank, "" for none (only this node's are read)
+  PeerAccessFn access = nullptr;     // NULL: topoPeerAccess (the CUDA hook)
+  IbTraffic ib;
+};
+epResult_t buildPlan(const PlanInput& in, Plan* out);
+
+// Builds comm->plan from its node map, peers and config, with the topology of
+// this process (topoLocal); logs a summary at INFO (subsystem TOPO).
+epResult_t planBuildForComm(struct epComm* comm);
+
+// A plan for every rank of nodes of the given sizes on machines like topo, as
+// if local rank i drove GPU i of topo (a dry run for moeep_info and tests).
+epResult_t planDryRun(const Topology& topo, const std::vector<int>& node_sizes, const IbTraffic& ib,
+                      PeerAccessFn access, NodeMap* nodes, std::vector<Plan>* plans);
+
+// One line: "rank 1 node 0 local 1/2 nic mlx5_1 paths 0:host-staged 1:self 2:rail+fwd@3 3:rail@3"
+std::string planSummary(const Plan& p);
+// The plan as a small report (paths per peer, rail peers, masks, NIC, IB settings).
+void planPrint(FILE* out, const Plan& p);
+
+}  // namespace ep

@@ -1,0 +1,225 @@
+// Low-latency dispatch / combine on the host backend against the SPEC
+// reference, on random shapes, whole and split into send / receive halves.
+//
+//   mp_lowlat -n RANKS [--cases C] [--seed S]
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "common/launch.h"
+#include "mp_common.h"
+
+using namespace mp;
+
+namespace {
+
+struct LLShape {
+  int nranks, hidden, topk, experts, max_tokens;
+  int tokens[16];
+  bool fp8, pow2, split;
+  uint64_t seed;
+};
+
+LLShape makeShape(int nranks, uint64_t seed, int c) {
+  Rng rng(seed * 131 + uint64_t(c));
+  LLShape s{};
+  s.nranks = nranks;
+  const int hiddens[] = {16, 48, 128, 144, 1040, 7168, 2064};
+  s.hidden = hiddens[rng.below(7)];
+  s.topk = 1 + rng.below(9);
+  if (c % 5 == 4) s.topk = 32;
+  int epr = 1 + rng.below(12);
+  while (epr * nranks < s.topk) epr++;
+  s.experts = epr * nranks;
+  s.max_tokens = 1 + rng.below(s.hidden >= 2064 ? 24 : 130);
+  for (int r = 0; r < nranks; r++) s.tokens[r] = rng.below(s.max_tokens + 1);
+  if (c % 3 == 1) s.tokens[rng.below(nranks)] = 0;  // a rank that sends nothing
+  s.fp8 = c % 2 == 0;
+  s.pow2 = c % 4 == 2;
+  s.split = c % 3 == 2;
+  s.seed = seed * 7 + uint64_t(c);
+  return s;
+}
+
+struct Input {
+  std::vector<uint16_t> x;
+  std::vector<int64_t> topk;
+  std::vector<float> w;
+};
+
+Input makeInput(const LLShape& s, int rank) {
+  Rng rng(s.seed * 1000 + uint64_t(rank));
+  Input in;
+  const int T = s.tokens[rank];
+  in.x.resize(size_t(T) * s.hidden);
+  for (auto& v : in.x) v = toBf16((rng.uniform() * 2.0f - 1.0f) * (rng.below(4) == 0 ? 30.0f : 1.0f));
+  in.topk.resize(size_t(T) * s.topk);
+  in.w.resize(size_t(T) * s.topk);
+  for (int t = 0; t < T; t++)
+    for (int k = 0; k < s.topk; k++) {
+      int64_t e;
+      bool dup;
+      do {
+        e = rng.below(s.experts);
+        dup = false;
+        for (int j = 0; j < k; j++) dup |= in.topk[size_t(t) * s.topk + j] == e;
+      } while (dup);
+      in.topk[size_t(t) * s.topk + k] = (rng.below(12) == 0) ? -1 : e;
+      in.w[size_t(t) * s.topk + k] = rng.uniform();
+    }
+  return in;
+}
+
+float e4m3ToFloat(uint8_t v) {
+  float sign = (v & 0x80) ? -1.0f : 1.0f;
+  int exp = (v >> 3) & 0xf, mant = v & 7;
+  if (exp == 0) return sign * std::ldexp(float(mant), -9);
+  return sign * std::ldexp(1.0f + float(mant) / 8.0f, exp - 7);
+}
+
+float yValue(uint64_t seed, int rank, int expert, int src, int token, int j) {
+  return combineValue(seed ^ (uint64_t(expert) << 24), rank, src, token, j);
+}
+
+void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally* tally) {
+  const int rank = li.rank, R = s.nranks, L = s.experts / R, M = s.max_tokens, H = s.hidden, K = s.topk;
+  const size_t cap = size_t(R) * M;
+  const int nblocks = (H + 127) / 128;
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = s.experts;
+  cfg.hidden = H;
+  cfg.max_tokens_per_rank = M;
+  cfg.max_topk = K;
+  cfg.backend = epBackendHost;
+  cfg.low_latency = 1;
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, R, id, rank, &cfg) != epSuccess) {
+    fprintf(stderr, "init: %s\n", epGetLastError(nullptr));
+    tally->check(false, "init", rank);
+    return;
+  }
+  std::vector<Input> all;
+  for (int r = 0; r < R; r++) all.push_back(makeInput(s, r));
+  const Input& mine = all[rank];
+  const int T = s.tokens[rank];
+
+  const size_t row_bytes = s.fp8 ? size_t(H) : size_t(H) * 2;
+  std::vector<uint8_t> recv_x(size_t(L) * cap * row_bytes + 16, 0xee);
+  std::vector<float> recv_scales(size_t(L) * nblocks * cap + 1, -1.0f);
+  std::vector<int> recv_count(L, -1), recv_src(size_t(L) * cap + 1, -7);
+  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+  a.flags = (s.pow2 ? EP_LL_ROUND_SCALE_POW2 : 0u) | (s.split ? EP_LL_SEND_ONLY : 0u);
+  a.x = mine.x.data();
+  a.topk_idx = mine.topk.data();
+  a.topk_weights = mine.w.data();
+  a.num_tokens = T;
+  a.num_topk = K;
+  a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
+  a.recv_x = recv_x.data();
+  a.recv_scales = recv_scales.data();
+  a.recv_count = recv_count.data();
+  a.recv_src = recv_src.data();
+  epHandle_t h = nullptr;
+  tally->check(epLowLatencyDispatch(comm, &a, &h, nullptr) == epSuccess, "ll dispatch", rank);
+  if (s.split) tally->check(epLowLatencyComplete(comm, h, nullptr) == epSuccess, "ll dispatch receive half", rank);
+
+  // Expected rows per local expert: sources ascending, tokens ascending.
+  bool layout_ok = true, values_ok = true;
+  for (int e = 0; e < L && layout_ok; e++) {
+    int slot = 0;
+    for (int src = 0; src < R; src++)
+      for (int t = 0; t < s.tokens[src]; t++) {
+        bool selects = false;
+        for (int k = 0; k < K; k++) selects |= all[src].topk[size_t(t) * K + k] == int64_t(rank) * L + e;
+        if (!selects) continue;
+        if (recv_src[size_t(e) * cap + slot] != src * M + t) layout_ok = false;
+        const uint16_t* x = &all[src].x[size_t(t) * H];
+        const uint8_t* got = &recv_x[(size_t(e) * cap + slot) * row_bytes];
+        for (int b = 0; b < nblocks && values_ok; b++) {
+          float amax = 0.0f;
+          for (int j = b * 128; j < std::min(H, b * 128 + 128); j++) amax = std::fmax(amax, std::fabs(fromBf16(x[j])));
+          float scale = std::fmax(amax, 1e-4f) / 448.0f;
+          if (s.pow2) scale = std::exp2(std::ceil(std::log2(scale)));
+          if (s.fp8) values_ok &= recv_scales[(size_t(e) * nblocks + b) * cap + slot] == scale;
+          for (int j = b * 128; j < std::min(H, b * 128 + 128); j++) {
+            if (!s.fp8) {
+              uint16_t v;
+              memcpy(&v, got + 2 * j, 2);
+              values_ok &= v == x[j];
+            } else {  // within E4M3's rounding: 2^-4 relative, 2^-10 of the scale absolute
+              float want = fromBf16(x[j]), back = e4m3ToFloat(got[j]) * scale;
+              values_ok &= std::fabs(back - want) <= std::fmax(std::fabs(want) / 16.0f, scale / 1024.0f) * 1.001f;
+            }
+          }
+        }
+        slot++;
+      }
+    layout_ok &= recv_count[e] == slot;
+  }
+  tally->check(layout_ok, "ll expert-major layout, counts and sources", rank);
+  tally->check(values_ok, "ll received values and scales", rank);
+
+  // Combine: y[e][slot] from (rank, expert, source, token); expected sum per SPEC.
+  std::vector<uint16_t> y(size_t(L) * cap * H, 0);
+  for (int e = 0; e < L; e++)
+    for (int slot = 0; slot < recv_count[e]; slot++) {
+      int src = recv_src[size_t(e) * cap + slot] / M, tok = recv_src[size_t(e) * cap + slot] % M;
+      for (int j = 0; j < H; j++) y[(size_t(e) * cap + slot) * H + j] = toBf16(yValue(s.seed, rank, e, src, tok, j));
+    }
+  std::vector<uint16_t> out(size_t(std::max(T, 1)) * H, 0xffff);
+  epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+  c.flags = s.split ? EP_LL_SEND_ONLY : 0u;
+  c.y = y.data();
+  c.out = out.data();
+  tally->check(epLowLatencyCombine(comm, &c, h, nullptr) == epSuccess, "ll combine", rank);
+  if (s.split) tally->check(epLowLatencyComplete(comm, h, nullptr) == epSuccess, "ll combine receive half", rank);
+  bool out_ok = true;
+  for (int t = 0; t < T && out_ok; t++)
+    for (int j = 0; j < H; j++) {
+      float acc = 0.0f;
+      for (int r = 0; r < R; r++) {
+        float partial = 0.0f;
+        bool any = false;
+        for (int k = 0; k < K; k++) {
+          int64_t e = mine.topk[size_t(t) * K + k];
+          if (e < 0 || e / L != r) continue;
+          any = true;
+          float yv = fromBf16(toBf16(yValue(s.seed, r, int(e % L), rank, t, j)));
+          partial = std::fma(mine.w[size_t(t) * K + k], yv, partial);
+        }
+        if (any) acc += partial;
+      }
+      out_ok &= out[size_t(t) * H + j] == toBf16(acc);
+    }
+  tally->check(out_ok, "ll combine output", rank);
+  epHandleDestroy(h);
+  epCommDestroy(comm);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nranks = 2, cases = 10;
+  uint64_t seed = 3;
+  for (int i = 1; i < argc; i++) {
+    std::string arg = argv[i];
+    if (arg == "-n" && i + 1 < argc) nranks = atoi(argv[++i]);
+    else if (arg == "--cases" && i + 1 < argc) cases = atoi(argv[++i]);
+    else if (arg == "--seed" && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
+    else {
+      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (nranks < 1 || nranks > 16) return 2;
+  std::vector<epUniqueId> ids(cases);
+  for (int c = 1; c < cases; c++)
+    if (epGetUniqueId(&ids[c]) != epSuccess) return 1;
+  LaunchInfo li;
+  if (launchRanks(nranks, 600, &li) != 0) return 1;
+  ids[0] = li.id;
+  Tally tally;
+  for (int c = 0; c < cases; c++) runCase(makeShape(li.nranks, seed, c), li, ids[c], &tally);
+  printf("mp_lowlat rank %d/%d: %d passed, %d failed\n", li.rank, li.nranks, tally.passed, tally.failed);
+  return tally.failed == 0 ? 0 : 1;
+}
