@@ -40,7 +40,19 @@ ifeq ($(CUDA),auto)
   endif
 endif
 
-LIB_SRCS := $(wildcard src/*.cc) $(wildcard src/host/*.cc) $(wildcard transports/shm/*.cc)
+LIB_SRCS := $(wildcard src/*.cc) $(wildcard src/host/*.cc) $(wildcard src/topo/*.cc) \
+            $(wildcard transports/shm/*.cc)
+
+# hwloc (topology) when pkg-config finds it (HWLOC=0 never); without it the
+# topology reports "hwloc not available" and everything else still works.
+HWLOC ?= auto
+ifneq ($(HWLOC),0)
+  ifeq ($(shell pkg-config --exists hwloc && echo yes),yes)
+    CPPFLAGS_BASE += -DEP_WITH_HWLOC=1 $(shell pkg-config --cflags hwloc)
+    LIBS += $(shell pkg-config --libs hwloc)
+  endif
+endif
+
 ifeq ($(CUDA),1)
   LIB_SRCS := $(filter-out src/cuda_stub.cc,$(LIB_SRCS)) $(wildcard src/cuda/*.cc) \
               $(wildcard transports/cuda_ipc/*.cc)
@@ -63,12 +75,15 @@ LIB_INTERNAL := $(BUILD)/lib/libmoeep_internal.a
 TOOLS := $(patsubst tools/%.cc,$(BUILD)/bin/%,$(wildcard tools/*.cc))
 TOOL_COMMON := $(wildcard tools/common/*.cc)
 
-# Unit tests: CMocka suites against the internal archive (C++ sees the internals).
+# Unit tests: CMocka suites against the internal archive (C++ sees the internals),
+# linked whole so that built-in transports, which register from static
+# initialisers, are in the program as they are in libmoeep.so.
 UNIT_SRCS := $(wildcard tests/unit/test_*.cc)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.cc=$(BUILD)/tests/%)
 $(BUILD)/tests/bootstrap_selftest: tests/unit/bootstrap_selftest.cc $(LIB_INTERNAL)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ $(LIB_INTERNAL) $(LIBS) $(LDFLAGS)
+	$(CXX) $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ \
+	  -Wl,--whole-archive $(LIB_INTERNAL) -Wl,--no-whole-archive $(LIBS) $(LDFLAGS)
 
 # Multi-process tests: public API only.
 MP_SRCS := $(wildcard tests/mp/*.cc)
@@ -112,8 +127,8 @@ $(BUILD)/bin/%: tools/%.cc $(TOOL_COMMON) $(LIB_DEV)
 
 $(BUILD)/tests/test_%: tests/unit/test_%.cc $(LIB_INTERNAL)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS_BASE) -Itests $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ $(LIB_INTERNAL) \
-	  -lcmocka $(LIBS) $(LDFLAGS)
+	$(CXX) $(CPPFLAGS_BASE) -Itests $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ \
+	  -Wl,--whole-archive $(LIB_INTERNAL) -Wl,--no-whole-archive -lcmocka $(LIBS) $(LDFLAGS)
 
 $(BUILD)/tests/%: tests/mp/%.cc tools/common/launch.cc $(LIB_DEV)
 	@mkdir -p $(dir $@)

@@ -119,7 +119,7 @@ epResult_t checkHandle(epComm* comm, const char* fn, epHandle* h) {
   if (h->magic != kHandleMagic)
     return setError(comm, epInvalidArgument, "%s: handle is not a live routing handle", fn);
   if (h->comm != comm)
-    return setError(comm, epInvalidArgument, "%s: handle belongs to another communicator", fn);
+    return setError(comm, epInvalidArgument, "%s: handle belongs to another communicator (or to one already destroyed)", fn);
   return epSuccess;
 }
 
@@ -271,6 +271,7 @@ EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t* user,
   auto h = std::make_unique<epHandle>();
   h->comm = comm;
   EPCHECK(comm->backend->prepare(a, h.get(), stream));
+  commAddHandle(comm, h.get());
   *handle = h.release();
   return epSuccess;
 }
@@ -309,6 +310,7 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
     return res;
   }
   h->dispatched = true;
+  commAddHandle(comm, h.get());
   *handle = h.release();
   return epSuccess;
 }
@@ -330,8 +332,11 @@ EP_API epResult_t epHandleDestroy(epHandle_t handle) {
   if (handle == nullptr) return epSuccess;
   if (handle->magic != kHandleMagic)
     return setError(nullptr, epInvalidArgument, "epHandleDestroy: handle is not a live routing handle");
-  epComm* comm = handle->comm;
-  if (comm != nullptr && comm->magic == kCommMagic && comm->backend) comm->backend->releaseHandle(handle);
+  epComm* comm = handle->comm;  // nullptr once its communicator was destroyed
+  if (comm != nullptr) {
+    commRemoveHandle(comm, handle);
+    if (comm->backend) comm->backend->releaseHandle(handle);
+  }
   handle->magic = kDeadMagic;
   delete handle;
   return epSuccess;

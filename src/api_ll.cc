@@ -115,6 +115,7 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
     return res;
   }
   h->dispatched = true;
+  commAddHandle(comm, h.get());
   *handle = h.release();
   return epSuccess;
 }

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -35,6 +37,16 @@ const char* dataTypeName(epDataType_t t) {
     case epInt64: return "int64";
     default: return "unknown";
   }
+}
+
+void commAddHandle(epComm* comm, epHandle* h) {
+  std::lock_guard<std::mutex> lock(comm->handles_mu);
+  comm->handles.insert(h);
+}
+
+void commRemoveHandle(epComm* comm, epHandle* h) {
+  std::lock_guard<std::mutex> lock(comm->handles_mu);
+  comm->handles.erase(h);
 }
 
 void commStoreError(epComm* comm, const char* msg) {
@@ -68,6 +80,19 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
   r.combine_type = c.combine_type;
   r.backend = c.backend;
   r.device = c.device;
+  // 0 means "not set here": the EP_* variable, else the default. Negative
+  // values are errors, named after where they came from.
+  if (c.timeout_ms < 0)
+    return setError(comm, epInvalidArgument, "config.timeout_ms = %d is negative", c.timeout_ms);
+  if (c.num_sms < 0) return setError(comm, epInvalidArgument, "config.num_sms = %d is negative", c.num_sms);
+  if (c.buffer_bytes_cap == 0 && param::BUFFER_BYTES_CAP() < 0)
+    return setError(comm, epInvalidArgument, "EP_BUFFER_BYTES_CAP = %lld is negative",
+                    (long long)param::BUFFER_BYTES_CAP());
+  if (c.timeout_ms == 0 && (param::TIMEOUT_MS() <= 0 || param::TIMEOUT_MS() > INT32_MAX))
+    return setError(comm, epInvalidArgument, "EP_TIMEOUT_MS = %lld must be in 1..%d",
+                    (long long)param::TIMEOUT_MS(), INT32_MAX);
+  if (c.num_sms == 0 && (param::NUM_SMS() < 0 || param::NUM_SMS() > 1024))
+    return setError(comm, epInvalidArgument, "EP_NUM_SMS = %lld must be in 0..1024", (long long)param::NUM_SMS());
   r.buffer_bytes_cap = c.buffer_bytes_cap ? c.buffer_bytes_cap : size_t(param::BUFFER_BYTES_CAP());
   r.timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : int(param::TIMEOUT_MS());
   r.num_sms = c.num_sms > 0 ? c.num_sms : int(param::NUM_SMS());
@@ -99,13 +124,12 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
                       dataTypeName(t), size_t(r.hidden) * dataTypeSize(t));
   if (r.backend != epBackendAuto && r.backend != epBackendHost && r.backend != epBackendCuda)
     return setError(comm, epInvalidArgument, "config.backend = %d is unknown", int(r.backend));
-  if (r.timeout_ms <= 0) return setError(comm, epInvalidArgument, "timeout %d ms must be positive", r.timeout_ms);
-  if (r.num_sms < 0) return setError(comm, epInvalidArgument, "config.num_sms = %d is negative", r.num_sms);
   if (r.low_latency != 0 && r.low_latency != 1)
     return setError(comm, epInvalidArgument, "config.low_latency = %d must be 0 or 1", r.low_latency);
   if (r.max_nodes_per_token < 0)
     return setError(comm, epInvalidArgument, "config.max_nodes_per_token = %d is negative",
                     r.max_nodes_per_token);
+  EPCHECK(ibTrafficResolve(c, &r.ib, comm));
   *out = r;
   return epSuccess;
 }
@@ -205,6 +229,14 @@ epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
 
 void commFree(epComm* comm) {
   if (comm == nullptr) return;
+  {  // Handles outlive their communicator only as empty shells.
+    std::lock_guard<std::mutex> lock(comm->handles_mu);
+    for (epHandle* h : comm->handles) {
+      if (comm->backend) comm->backend->releaseHandle(h);
+      h->comm = nullptr;
+    }
+    comm->handles.clear();
+  }
   comm->backend.reset();
   bootstrapClose(comm->bootstrap);
   comm->bootstrap = nullptr;
@@ -242,6 +274,8 @@ epResult_t commInit(epComm* comm, const epUniqueId& id) {
 
   if (kind == epBackendCuda) EPCHECK(createCudaBackend(comm, &comm->backend));
   else EPCHECK(createHostBackend(comm, &comm->backend));
+  // After the backend, which may fill in the GPU bus ids of the peers.
+  EPCHECK(planBuildForComm(comm));
   EPCHECK(bootstrapBarrier(comm->bootstrap));
   EP_INFO(kSubsysInit, "rank %d/%d ready: %s backend, %d nodes, experts [%d, %d), buffer %zu bytes",
           comm->rank, comm->nranks, comm->backend->name(), comm->nodes.num_nodes, comm->first_expert,

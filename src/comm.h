@@ -6,10 +6,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "moeep.h"
 #include "moeep_transport.h"
+#include "plan.h"
 #include "routing.h"
 
 namespace ep {
@@ -36,6 +38,7 @@ struct Config {
   int num_sms = 0;
   int max_nodes_per_token = 0;
   int low_latency = 0;
+  IbTraffic ib;  // InfiniBand traffic settings, resolved by ibTrafficResolve
 };
 
 // Bytes of one element; 0 for an unknown type.
@@ -60,6 +63,10 @@ struct NodeMap {
 // consecutive blocks of node_size when node_size > 0.
 epResult_t buildNodeMap(const std::vector<epPeerInfo_v1_t>& peers, int node_size, NodeMap* out);
 
+// Records a new handle of comm / forgets it (epHandleDestroy).
+void commAddHandle(struct epComm* comm, struct epHandle* h);
+void commRemoveHandle(struct epComm* comm, struct epHandle* h);
+
 // Stores msg as the communicator's last error (called by setError).
 void commStoreError(struct epComm* comm, const char* msg);
 
@@ -73,6 +80,7 @@ struct epComm {
   int first_expert = 0;
   int num_local_experts = 0;
   ep::NodeMap nodes;
+  ep::Plan plan;  // path to every peer, rail peers, NIC (built by planBuildForComm)
   std::vector<epPeerInfo_v1_t> peers;  // [R]
   ep::Bootstrap* bootstrap = nullptr;
   std::atomic<int> abort_flag{0};
@@ -83,6 +91,10 @@ struct epComm {
   std::unique_ptr<ep::Backend> backend;
   std::mutex error_mu;
   std::string last_error;
+  // Live handles: destroying the comm first detaches them, so a later
+  // epHandleDestroy never reads the freed communicator.
+  std::mutex handles_mu;
+  std::unordered_set<struct epHandle*> handles;
 };
 
 struct epHandle {

@@ -40,7 +40,9 @@ void logSetDevice(int device);
 epResult_t setError(struct epComm* comm, epResult_t res, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 epResult_t vsetError(struct epComm* comm, epResult_t res, const char* fmt, va_list ap);
-// Clears the thread-local last error (the comm's is cleared by a successful call).
+// Clears the thread-local last error at the start of each public call. The
+// communicator's message stays until the next failure on it (epGetLastError(comm)
+// is the message of the last failed call, as moeep.h says).
 void clearThreadError();
 const char* threadLastError();
 

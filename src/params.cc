@@ -31,7 +31,12 @@ bool parseInt64(const char* text, int64_t* value) {
   if (text == nullptr || *text == '\0') return false;
   errno = 0;
   char* end = nullptr;
-  long long v = strtoll(text, &end, 0);
+  // Decimal, or hexadecimal with 0x; a leading 0 is not octal (EP_X=010 is ten).
+  const char* digits = text;
+  while (*digits == ' ' || *digits == '\t') digits++;
+  const char* after_sign = (*digits == '-' || *digits == '+') ? digits + 1 : digits;
+  const int base = (after_sign[0] == '0' && (after_sign[1] == 'x' || after_sign[1] == 'X')) ? 16 : 10;
+  long long v = strtoll(text, &end, base);
   if (errno != 0 || end == text) return false;
   while (*end == ' ' || *end == '\t') end++;
   if (*end != '\0') return false;

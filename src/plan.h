@@ -55,6 +55,7 @@ const char* pathKindName(PathKind k);  // "self", "nvlink", "host-staged", "rail
 
 struct PeerPath {
   PathKind kind = PathKind::kHostStaged;
+  int node = 0;                                 // the peer's node
   int via = -1;                                 // kRail / kRailForward: the rank that receives the RDMA
   PeerAccess access = PeerAccess::kUnknown;     // same node: what CUDA said
 };

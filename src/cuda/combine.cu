@@ -159,18 +159,44 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
       const char* bias_row = p.bias ? p.bias + size_t(t) * p.row_bytes : nullptr;
       int4* out_row = reinterpret_cast<int4*>(p.out + size_t(t) * p.row_bytes);
       constexpr int kPer = Elems<kType>::kPer16;
-      for (int q = lane; q < n16; q += 32) {
-        float acc[kPer];
+      constexpr int kU = 4;  // 16-byte chunks per lane in flight
+      for (int qb = lane; qb < n16; qb += 32 * kU) {
+        float acc[kU][kPer];
 #pragma unroll
-        for (int i = 0; i < kPer; i++) acc[i] = 0.0f;
+        for (int u = 0; u < kU; u++)
+#pragma unroll
+          for (int i = 0; i < kPer; i++) acc[u][i] = 0.0f;
+        // Ascending rank order, as the host: acc = 0; acc += y_r ...; acc += bias.
 #pragma unroll
         for (int d = 0; d < kMaxRanks; d++) {
           if (!((mask >> d) & 1u)) continue;
-          const int4* s4 = reinterpret_cast<const int4*>(srcs[d]) + q;
-          addRow<kType>(acc, d == me ? ldNc(s4) : ldStaged(s4));
+          const int4* s4 = reinterpret_cast<const int4*>(srcs[d]);
+          int4 v[kU];
+#pragma unroll
+          for (int u = 0; u < kU; u++) {
+            const int q = qb + u * 32;
+            if (q < n16) v[u] = d == me ? ldNc(s4 + q) : ldStaged(s4 + q);
+          }
+#pragma unroll
+          for (int u = 0; u < kU; u++)
+            if (qb + u * 32 < n16) addRow<kType>(acc[u], v[u]);
         }
-        if (bias_row) addRow<kType>(acc, ldNc(reinterpret_cast<const int4*>(bias_row) + q));
-        out_row[q] = packRow<kType>(acc);
+        if (bias_row) {
+          int4 v[kU];
+#pragma unroll
+          for (int u = 0; u < kU; u++) {
+            const int q = qb + u * 32;
+            if (q < n16) v[u] = ldNc(reinterpret_cast<const int4*>(bias_row) + q);
+          }
+#pragma unroll
+          for (int u = 0; u < kU; u++)
+            if (qb + u * 32 < n16) addRow<kType>(acc[u], v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+          const int q = qb + u * 32;
+          if (q < n16) out_row[q] = packRow<kType>(acc[u]);
+        }
       }
       if (K && p.out_w && lane < K) {
         float acc = 0.0f;

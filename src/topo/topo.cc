@@ -2,8 +2,8 @@
 // peer-access hook and the printed report.
 #include "topo/topo.h"
 
+#include <algorithm>
 #include <atomic>
-#include <cinttypes>
 #include <cstring>
 
 namespace ep {

@@ -256,6 +256,32 @@ void handle_recv_count_needs_output_and_known_counts(void**) {
   assert_int_equal(n, 42);
 }
 
+// ---- Transports ------------------------------------------------------------------------
+
+// The host backend needs the built-in shm transport. This suite links
+// libmoeep_internal.a like any program that uses the internals, and compiles
+// no transport in itself: shm must come from the library.
+void built_in_shm_transport_is_listed_and_available(void**) {
+  bool found = false;
+  int n = 0;
+  const char* name = nullptr;
+  int available = -1;
+  const char* detail = nullptr;
+  for (; epGetTransport(n, &name, &available, &detail) == epSuccess; n++) {
+    assert_non_null(name);
+    assert_non_null(detail);
+    if (strcmp(name, "shm") != 0) continue;
+    found = true;
+    if (!available) print_error("shm is not available: %s\n", detail);
+    assert_int_equal(available, 1);
+    assert_string_equal(detail, "built-in");
+  }
+  if (!found) print_error("epGetTransport lists %d transports and no \"shm\"\n", n);
+  assert_true(found);
+  assert_result(epGetTransport(n, &name, &available, &detail), epInvalidArgument);
+  assert_result(epGetTransport(-1, &name, &available, &detail), epInvalidArgument);
+}
+
 }  // namespace
 
 int main() {
@@ -275,6 +301,7 @@ int main() {
       cmocka_unit_test(calls_on_dead_comm_are_rejected),
       cmocka_unit_test(calls_with_dead_handle_are_rejected),
       cmocka_unit_test(handle_recv_count_needs_output_and_known_counts),
+      cmocka_unit_test(built_in_shm_transport_is_listed_and_available),
   };
   return cmocka_run_group_tests_name("errors", tests, groupSetup, nullptr);
 }

@@ -42,7 +42,7 @@ void checkHandLayout(const void* idx, epDataType_t type) {
   memset(in_rank, 0x7f, sizeof(in_rank));
   ep::computeLayout(pl, idx, type, kT, kK, kNodeOfRank, 2, per_rank, per_node, per_expert, in_rank);
   const int want_rank[4] = {1, 1, 1, 2};
-  const int want_node[2] = {2, 2};  // t0: nodes 0,1; t1: node 1; t3: nodes 1,0
+  const int want_node[2] = {2, 3};  // t0: nodes 0,1; t1: node 1; t3: nodes 1,0
   const int want_expert[8] = {1, 1, 1, 0, 0, 1, 1, 1};
   const uint8_t want_in[kT * 4] = {1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1};
   assert_memory_equal(per_rank, want_rank, sizeof(want_rank));
@@ -463,7 +463,8 @@ void fp16_rounds_to_nearest_even(void**) {
   assert_fp16(0x3f801001u, 0x3c01);
   assert_fp16(0x3f800fffu, 0x3c00);
   assert_fp16(0xc0000000u, 0xc000);  // -2
-  assert_fp16(0x3effe000u, 0x3800);  // 0.5 - 2^-13 rounds (tie, odd 0x37ff) up to 0.5
+  assert_fp16(0x3efff000u, 0x3800);  // 0.5 - 2^-13: tie, odd 0x37ff: up to 0.5
+  assert_fp16(0x3effe000u, 0x37ff);  // 0.5 - 2^-12 exact
   assert_fp16(0x80000000u, 0x8000);
   assert_fp16(0x38800000u, 0x0400);  // 2^-14, smallest normal
   assert_fp16(0x477fe000u, 0x7bff);  // 65504, largest finite

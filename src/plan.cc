@@ -1,0 +1,262 @@
+// The plan: rail peers, the path to every peer, this rank's NIC, the masks the
+// kernels need, and the InfiniBand traffic settings (resolved here so that the
+// RDMA transport receives them checked).
+#include "plan.h"
+
+#include <cstring>
+
+#include "checks.h"
+#include "comm.h"
+#include "params.h"
+
+namespace ep {
+
+const char* trafficClassName(int c) {
+  switch (c) {
+    case kTrafficThroughput: return "throughput";
+    case kTrafficLowLatency: return "low-latency";
+    case kTrafficControl: return "control";
+    default: return "?";
+  }
+}
+
+const char* pathKindName(PathKind k) {
+  switch (k) {
+    case PathKind::kSelf: return "self";
+    case PathKind::kNvlink: return "nvlink";
+    case PathKind::kHostStaged: return "host-staged";
+    case PathKind::kRail: return "rail";
+    case PathKind::kRailForward: return "rail+fwd";
+  }
+  return "?";
+}
+
+// ---- IB traffic settings ----------------------------------------------------
+
+namespace {
+
+struct IbField {
+  const char* field;    // epConfig_t member, for messages
+  const char* param;    // EP_* name without the prefix
+  int config_value;
+  int64_t (*env)();
+  int lo, hi;
+  bool auto_ok;         // -1 ("auto") is a valid resolved value
+  int* out;
+};
+
+epResult_t resolveField(const IbField& f, epComm* comm) {
+  if (f.config_value < -1 || (f.config_value >= 0 && (f.config_value < f.lo || f.config_value > f.hi)))
+    return setError(comm, epInvalidArgument, "config.%s = %d is outside %d..%d (-1: EP_%s or the default)",
+                    f.field, f.config_value, f.lo, f.hi, f.param);
+  int64_t v = f.config_value;
+  if (v == -1) {
+    v = f.env();
+    bool from_env = paramEnv(f.param) != nullptr;
+    if ((v < f.lo || v > f.hi) && !(f.auto_ok && v == -1))
+      return setError(comm, epInvalidArgument, "%s%s = %lld is outside %d..%d%s", from_env ? "EP_" : "default of EP_",
+                      f.param, (long long)v, f.lo, f.hi, f.auto_ok ? " (-1: auto)" : "");
+  }
+  *f.out = int(v);
+  return epSuccess;
+}
+
+}  // namespace
+
+epResult_t ibTrafficResolve(const epConfig_t& c, IbTraffic* out, epComm* comm) {
+  IbTraffic r;
+  const IbField fields[] = {
+      {"ib_sl_throughput", "IB_SL_THROUGHPUT", c.ib_sl_throughput, param::IB_SL_THROUGHPUT, 0, 15, false,
+       &r.sl[kTrafficThroughput]},
+      {"ib_sl_low_latency", "IB_SL_LOW_LATENCY", c.ib_sl_low_latency, param::IB_SL_LOW_LATENCY, 0, 15, false,
+       &r.sl[kTrafficLowLatency]},
+      {"ib_sl_control", "IB_SL_CONTROL", c.ib_sl_control, param::IB_SL_CONTROL, 0, 15, false,
+       &r.sl[kTrafficControl]},
+      {"ib_traffic_class", "IB_TC", c.ib_traffic_class, param::IB_TC, 0, 255, false, &r.traffic_class},
+      {"ib_gid_index", "IB_GID_INDEX", c.ib_gid_index, param::IB_GID_INDEX, 0, 255, true, &r.gid_index},
+      {"ib_qps_per_peer", "IB_QPS_PER_PEER", c.ib_qps_per_peer, param::IB_QPS_PER_PEER, 1, 16, false,
+       &r.qps_per_peer},
+      {"ib_ar_throughput", "IB_AR_THROUGHPUT", c.ib_ar_throughput, param::IB_AR_THROUGHPUT, 0, 1, true,
+       &r.adaptive_routing[kTrafficThroughput]},
+      {"ib_ar_low_latency", "IB_AR_LOW_LATENCY", c.ib_ar_low_latency, param::IB_AR_LOW_LATENCY, 0, 1, true,
+       &r.adaptive_routing[kTrafficLowLatency]},
+      {"ib_ar_control", "IB_AR_CONTROL", c.ib_ar_control, param::IB_AR_CONTROL, 0, 1, true,
+       &r.adaptive_routing[kTrafficControl]},
+  };
+  for (const IbField& f : fields) EPCHECK(resolveField(f, comm));
+  *out = r;
+  return epSuccess;
+}
+
+// ---- Building the plan ----------------------------------------------------------
+
+int railPeer(const NodeMap& m, int rank, int node) {
+  // Same local index; on a smaller node the index wraps, which spreads the
+  // extra ranks of a larger node evenly over the smaller node's ranks.
+  return m.node_ranks[node][m.local_rank[rank] % m.node_size[node]];
+}
+
+epResult_t buildPlan(const PlanInput& in, Plan* out) {
+  const NodeMap& m = *in.nodes;
+  const int R = int(m.node_of_rank.size());
+  if (in.rank < 0 || in.rank >= R || int(in.bus_id.size()) != R)
+    return setError(nullptr, epInternalError, "buildPlan: rank %d or %zu bus ids do not fit %d ranks", in.rank,
+                    in.bus_id.size(), R);
+  Plan p;
+  p.rank = in.rank;
+  p.nranks = R;
+  p.node = m.node_of_rank[in.rank];
+  p.local_rank = m.local_rank[in.rank];
+  p.num_nodes = m.num_nodes;
+  p.ib = in.ib;
+  for (int n = 0; n < m.num_nodes; n++) p.masks_valid = p.masks_valid && m.node_size[n] <= kMaxMaskRanks;
+
+  // GPU and NIC of this rank.
+  const Topology* t = in.topo;
+  p.topo_source = t == nullptr ? "no topology" : t->available ? t->source : t->why_unavailable;
+  p.gpu_bus_id = in.bus_id[in.rank];
+  if (t != nullptr && t->available && !p.gpu_bus_id.empty()) p.gpu = topoFindGpu(*t, p.gpu_bus_id.c_str());
+  if (p.gpu >= 0) {
+    p.nic = t->nic_of_gpu[p.gpu];
+    p.nic_why = t->nic_why[p.gpu];
+  } else if (t != nullptr && !t->nics.empty()) {
+    // No GPU to be near (host ranks): take the NICs in turn by local rank.
+    p.nic = p.local_rank % int(t->nics.size());
+    p.nic_why = p.gpu_bus_id.empty() ? "no GPU: NICs taken in turn by local rank"
+                                     : "GPU " + p.gpu_bus_id + " not in the topology: NICs taken in turn by local rank";
+  } else {
+    p.nic_why = t == nullptr || !t->available ? p.topo_source : "no RDMA NIC on this machine";
+  }
+  if (p.nic >= 0) p.nic_name = t->nics[p.nic].name;
+
+  p.rail_peer.resize(m.num_nodes);
+  p.rail_sources.assign(m.num_nodes, 0);
+  for (int n = 0; n < m.num_nodes; n++) {
+    p.rail_peer[n] = railPeer(m, in.rank, n);
+    if (!p.masks_valid) continue;
+    for (int r : m.node_ranks[n])
+      if (railPeer(m, r, p.node) == in.rank) p.rail_sources[n] |= uint64_t(1) << m.local_rank[r];
+  }
+
+  p.peers.resize(R);
+  for (int q = 0; q < R; q++) {
+    PeerPath& path = p.peers[q];
+    path.node = m.node_of_rank[q];
+    if (q == in.rank) {
+      path.kind = PathKind::kSelf;
+    } else if (path.node == p.node) {
+      path.access = in.access ? in.access(p.gpu_bus_id.c_str(), in.bus_id[q].c_str())
+                              : topoPeerAccess(p.gpu_bus_id.c_str(), in.bus_id[q].c_str());
+      bool direct = path.access == PeerAccess::kP2P || path.access == PeerAccess::kNvlink;
+      path.kind = direct ? PathKind::kNvlink : PathKind::kHostStaged;
+      if (direct && p.masks_valid) p.nvlink_mask |= uint64_t(1) << m.local_rank[q];
+    } else {
+      path.via = p.rail_peer[path.node];
+      path.kind = path.via == q ? PathKind::kRail : PathKind::kRailForward;
+    }
+  }
+  *out = std::move(p);
+  return epSuccess;
+}
+
+epResult_t planBuildForComm(epComm* comm) {
+  std::shared_ptr<const Topology> topo;
+  if (topoLocal(&topo) != epSuccess) return setError(comm, epInvalidArgument, "%s", threadLastError());
+  PlanInput in;
+  in.nodes = &comm->nodes;
+  in.rank = comm->rank;
+  in.topo = topo.get();
+  in.ib = comm->cfg.ib;
+  for (const epPeerInfo_v1_t& peer : comm->peers)
+    in.bus_id.emplace_back(peer.bus_id, strnlen(peer.bus_id, sizeof(peer.bus_id)));
+  EPCHECK(buildPlan(in, &comm->plan));
+  EP_INFO(kSubsysTopo, "plan %s", planSummary(comm->plan).c_str());
+  return epSuccess;
+}
+
+epResult_t planDryRun(const Topology& topo, const std::vector<int>& node_sizes, const IbTraffic& ib,
+                      PeerAccessFn access, NodeMap* nodes, std::vector<Plan>* plans) {
+  std::vector<epPeerInfo_v1_t> peers;
+  std::vector<std::string> bus_ids;
+  for (size_t n = 0; n < node_sizes.size(); n++)
+    for (int i = 0; i < node_sizes[n]; i++) {
+      epPeerInfo_v1_t peer;
+      memset(&peer, 0, sizeof(peer));
+      peer.rank = int(peers.size());
+      peer.host_hash = n + 1;
+      peer.cuda_device = i < int(topo.gpus.size()) ? i : -1;
+      peers.push_back(peer);
+      bus_ids.push_back(i < int(topo.gpus.size()) ? topo.gpus[i].bus_id : "");
+    }
+  if (peers.empty()) return setError(nullptr, epInvalidArgument, "dry run: no ranks");
+  EPCHECK(buildNodeMap(peers, 0, nodes));
+  plans->assign(peers.size(), Plan());
+  for (size_t r = 0; r < peers.size(); r++) {
+    PlanInput in;
+    in.nodes = nodes;
+    in.rank = int(r);
+    in.topo = &topo;
+    in.bus_id = bus_ids;
+    in.access = access;
+    in.ib = ib;
+    EPCHECK(buildPlan(in, &(*plans)[r]));
+  }
+  return epSuccess;
+}
+
+// ---- Printing -------------------------------------------------------------------
+
+std::string planSummary(const Plan& p) {
+  std::string s = "rank " + std::to_string(p.rank) + " node " + std::to_string(p.node) + " local " +
+                  std::to_string(p.local_rank) + " nic " + (p.nic_name.empty() ? "none" : p.nic_name) + " paths";
+  if (p.nranks > 32) {  // a log line holds about 1 KB: count the kinds instead
+    int count[5] = {0, 0, 0, 0, 0};
+    for (const PeerPath& q : p.peers) count[int(q.kind)]++;
+    for (int k = 0; k < 5; k++)
+      if (count[k]) s += std::string(" ") + pathKindName(PathKind(k)) + "=" + std::to_string(count[k]);
+    return s;
+  }
+  for (int q = 0; q < p.nranks; q++) {
+    s += " " + std::to_string(q) + ":" + pathKindName(p.peers[q].kind);
+    if (p.peers[q].kind == PathKind::kRailForward) s += "@" + std::to_string(p.peers[q].via);
+  }
+  return s;
+}
+
+namespace {
+std::string autoOr(int v) { return v < 0 ? "auto" : v ? "on" : "off"; }
+}  // namespace
+
+void planPrint(FILE* out, const Plan& p) {
+  fprintf(out, "plan of rank %d: node %d of %d, local rank %d, %d ranks\n", p.rank, p.node, p.num_nodes,
+          p.local_rank, p.nranks);
+  fprintf(out, "  GPU %s, NIC %s: %s\n", p.gpu_bus_id.empty() ? "none" : p.gpu_bus_id.c_str(),
+          p.nic_name.empty() ? "none" : p.nic_name.c_str(), p.nic_why.c_str());
+  fprintf(out, "  rail peer on each node:");
+  for (int n = 0; n < p.num_nodes; n++) fprintf(out, " %d:%d", n, p.rail_peer[n]);
+  fprintf(out, "\n");
+  if (p.masks_valid) {
+    fprintf(out, "  rail sources (local ranks of each node whose RDMA arrives here):");
+    for (int n = 0; n < p.num_nodes; n++) fprintf(out, " %d:0x%llx", n, (unsigned long long)p.rail_sources[n]);
+    fprintf(out, "\n  peer-access mask of this node: 0x%llx\n", (unsigned long long)p.nvlink_mask);
+  } else {
+    fprintf(out, "  no node masks: a node has more than %d ranks\n", kMaxMaskRanks);
+  }
+  const IbTraffic& ib = p.ib;
+  fprintf(out, "  IB: SL %d/%d/%d, adaptive routing %s/%s/%s (throughput/low-latency/control), ", ib.sl[0],
+          ib.sl[1], ib.sl[2], autoOr(ib.adaptive_routing[0]).c_str(), autoOr(ib.adaptive_routing[1]).c_str(),
+          autoOr(ib.adaptive_routing[2]).c_str());
+  fprintf(out, "TC %d, GID index %s, %d QPs per peer\n", ib.traffic_class,
+          ib.gid_index < 0 ? "auto" : std::to_string(ib.gid_index).c_str(), ib.qps_per_peer);
+  fprintf(out, "  peer node path\n");
+  for (int q = 0; q < p.nranks; q++) {
+    const PeerPath& path = p.peers[q];
+    fprintf(out, "  %4d %4d %s", q, path.node, pathKindName(path.kind));
+    if (path.kind == PathKind::kRailForward) fprintf(out, " via rank %d", path.via);
+    if (path.kind == PathKind::kNvlink || path.kind == PathKind::kHostStaged)
+      fprintf(out, " (peer access %s)", peerAccessName(path.access));
+    fprintf(out, "\n");
+  }
+}
+
+}  // namespace ep
