@@ -120,7 +120,7 @@ $(LIB_INTERNAL): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/bin/%: tools/%.cc $(TOOL_COMMON) $(LIB_DEV)
+$(BUILD)/bin/%: tools/%.cc $(TOOL_COMMON) $(wildcard tools/common/*.h) $(LIB_DEV)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS_BASE) -Itools $(CXXFLAGS_BASE) $(CXXFLAGS) $< $(TOOL_COMMON) -o $@ \
 	  -L$(BUILD)/lib -lmoeep $(RPATH) $(LDFLAGS)
@@ -164,4 +164,4 @@ lint:
 clean:
 	rm -rf $(BUILD)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null) $(wildcard $(BUILD)/bin/*.d $(BUILD)/tests/*.d)

@@ -25,7 +25,18 @@ std::vector<TransportEntry>& registry() {
   return list;
 }
 
+// The last warning a transport logged on this thread: the cause shown when its init fails.
+thread_local std::string tls_last_transport_warning;
+
 void transportLog(epTransportLogLevel_t level, const char* transport, const char* fmt, ...) {
+  if (level == epTransportLogWarn) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    tls_last_transport_warning = msg;
+  }
   LogLevel lvl = level == epTransportLogWarn ? kLogWarn
                  : level == epTransportLogInfo ? kLogInfo
                                                : kLogTrace;
@@ -78,9 +89,14 @@ void addEntry(const epTransport_v1_t* table, const std::string& origin) {
   } else if (table->version < 1) {
     e.reason = "transport ABI v" + std::to_string(table->version) + " is not supported";
   } else {
+    tls_last_transport_warning.clear();
     epResult_t res = table->init(&kEnv, &e.ctx);
-    if (res == epSuccess) e.available = true;
-    else e.reason = std::string("init failed: ") + epGetErrorString(res);
+    if (res == epSuccess) {
+      e.available = true;
+    } else {
+      e.reason = std::string("init failed: ") + epGetErrorString(res);
+      if (!tls_last_transport_warning.empty()) e.reason += " (" + tls_last_transport_warning + ")";
+    }
   }
   EP_INFO(kSubsysTransport, "transport %s (%s): %s", table->name, origin.c_str(),
           e.available ? "available" : e.reason.c_str());

@@ -5,7 +5,8 @@
 //    in channel c (positions chan_start[s][c] .. + chan_count[s][c], recorded by
 //    the dispatch) and store y rows (and recv_topk_weights) over NVLink into s's
 //    staging slots comb_base[s] + position; after every chunk one lane
-//    publishes the rows done in s's Ctrl::cprog[d][c] (fence.sys + release).
+//    publishes the rows done in s's Ctrl::cprog[d][c] (st.release.sys after the
+//    pushers' named barrier).
 //  - reducer warps of rank s, channel c, for each token of the channel's slice:
 //    wait until every rank that received it has pushed its row (acquire),
 //    then acc = 0; acc += row of rank r for r ascending (own row read straight
@@ -105,8 +106,7 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
         }
         namedBarrier(1, p.push_warps * 32);
         if (pw == 0 && lane == 0) {
-          __threadfence_system();
-          Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[s]);
+            Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[s]);
           stReleaseSys(&peer->cprog[me][c], tagged(epoch, uint32_t(b)));
         }
       }

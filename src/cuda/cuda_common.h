@@ -42,6 +42,7 @@ struct DevLocal {
   uint32_t blocks_done;  // last-block detection of the collective kernels
   uint32_t layout_done;  // last-block detection of the layout kernel
   int err_claim;         // first error of a kernel wins the host-visible slot
+  int timed_out;         // a wait of this rank timed out: every other wait leaves at once
 };
 
 // Host-mapped (pinned) error slot: kernels write, the host reads at its next

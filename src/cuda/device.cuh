@@ -68,6 +68,7 @@ __device__ __forceinline__ bool reached(uint32_t tag, uint32_t epoch) { return i
 // Records the first error of this rank in the host-visible slot.
 __device__ __forceinline__ void reportError(const CommView& cv, int code, int what, int peer,
                                             long long a, long long b) {
+  if (code == 8) atomicExch(&cv.local->timed_out, 1);
   if (atomicCAS(&cv.local->err_claim, 0, 1) != 0) return;
   cv.err->what = what;
   cv.err->peer = peer;
@@ -77,6 +78,12 @@ __device__ __forceinline__ void reportError(const CommView& cv, int code, int wh
   __threadfence_system();
   cv.err->code = code;
   __threadfence_system();
+}
+
+// Device memory only: spinning warps never read host memory (sysmem reads
+// from hundreds of pollers clog the SMs' memory pipelines).
+__device__ __forceinline__ bool timedOut(const CommView& cv) {
+  return *reinterpret_cast<volatile int*>(&cv.local->timed_out) != 0;
 }
 
 // Spins until the tagged word at p reaches epoch and value >= min_value; returns
@@ -94,7 +101,7 @@ __device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64
         reportError(cv, 8 /* epTimeout */, what, peer, (long long)epoch, (long long)min_value);
         return -1;
       }
-      if (cv.err->code == 8) return -1;  // another wait of this rank timed out: leave
+      if (timedOut(cv)) return -1;  // another wait of this rank timed out: leave
     }
   }
 }
@@ -112,7 +119,7 @@ __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* 
         reportError(cv, 8, what, peer, (long long)epoch, 0);
         return false;
       }
-      if (cv.err->code == 8) return false;
+      if (timedOut(cv)) return false;
     }
   }
 }
@@ -132,13 +139,11 @@ __device__ __forceinline__ void channelBarrier(const CommView& cv, uint32_t epoc
 
 // Last block of a collective kernel: bumps the epoch. Returns true in that block.
 __device__ __forceinline__ bool lastBlockDone(DevLocal* local) {
-  __shared__ int last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&local->blocks_done, 1u) == gridDim.x - 1;
-  __syncthreads();
+  const int last = __syncthreads_or(threadIdx.x == 0 && atomicAdd(&local->blocks_done, 1u) == gridDim.x - 1);
   if (last) __threadfence();
-  return last;
+  return last != 0;
 }
 
 __device__ __forceinline__ long long topkLoad(const void* idx, int idx64, size_t i) {

@@ -7,8 +7,10 @@
 //    destination's staging slot dst_base[d] + position (final place, so the
 //    receiver never reorders). Local expert ids and weights are computed here.
 //    After every chunk of tokens the sender warps meet at a named barrier and
-//    one lane per destination publishes the rows done (fence.sys, st.release.sys
-//    of Ctrl::dprog[s][c] at the destination).
+//    one lane per destination publishes the rows done with st.release.sys of
+//    Ctrl::dprog[s][c] at the destination (the barrier orders the other warps'
+//    stores before the release, as in NCCL and DeepEP; a fence.sys here costs
+//    far more).
 //  - before any row, the channel's first position and row count go to
 //    Ctrl::dstart / dinfo at each destination.
 //  - receiver warps of rank d, channel c poll dprog[s][c] (acquire) and copy
@@ -146,7 +148,6 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
       }
       namedBarrier(1, p.send_warps * 32);
       if (warp == 0 && lane < R && lane != me) {
-        __threadfence_system();
         int done = (tp[size_t(b) * R + lane] & 0x7fffffff) - start_pos[lane];
         Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[lane]);
         stReleaseSys(&peer->dprog[me][c], tagged(epoch, uint32_t(done)));

@@ -48,6 +48,37 @@ size_t combineRecordBytes(const Config& c) {
   return roundUp(size_t(c.hidden) * dataTypeSize(c.combine_type) + size_t(c.max_topk) * 4, 16);
 }
 
+// acc[j] += row[j] for a row of type t: one loop per type so that the
+// compiler vectorises it (combine's inner loop).
+void addRowAsFloat(const void* row, epDataType_t t, int n, float* acc) {
+  if (t == epBfloat16) {
+    const uint16_t* r = static_cast<const uint16_t*>(row);
+    for (int j = 0; j < n; j++) {
+      uint32_t bits = uint32_t(r[j]) << 16;
+      float v;
+      memcpy(&v, &bits, 4);
+      acc[j] += v;
+    }
+  } else if (t == epFloat32) {
+    const float* r = static_cast<const float*>(row);
+    for (int j = 0; j < n; j++) acc[j] += r[j];
+  } else {
+    for (int j = 0; j < n; j++) acc[j] += loadAsFloat(row, t, size_t(j));
+  }
+}
+
+// row[j] = round(values[j]) in type t.
+void storeRowFromFloat(const float* values, epDataType_t t, int n, void* row) {
+  if (t == epBfloat16) {
+    uint16_t* r = static_cast<uint16_t*>(row);
+    for (int j = 0; j < n; j++) r[j] = floatToBf16(values[j]);
+  } else if (t == epFloat32) {
+    memcpy(row, values, size_t(n) * 4);
+  } else {
+    for (int j = 0; j < n; j++) storeFromFloat(row, t, size_t(j), values[j]);
+  }
+}
+
 class HostBackend : public Backend {
  public:
   explicit HostBackend(epComm* comm) : comm_(comm) {}
@@ -317,8 +348,7 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
     recvs[d].unpack = [&, d](int first, int n, const uint8_t* in) {
       for (int i = 0; i < n; i++, in += rec_bytes) {
         int t = rt.send_tokens[rt.send_offset[d] + first + i];
-        float* dst = &acc[size_t(t) * H];
-        for (int j = 0; j < H; j++) dst[j] += loadAsFloat(in, type, size_t(j));
+        addRowAsFloat(in, type, H, &acc[size_t(t) * H]);
         if (K > 0) {
           const float* w = reinterpret_cast<const float*>(in + row_bytes);
           for (int k = 0; k < K; k++) acc_w[size_t(t) * K + k] += w[k];
@@ -328,14 +358,9 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
   }
   EPCHECK(exchanger_->run(host::kChunkCombine, ++comm_->call_seq, sends, recvs, "combine"));
   for (int t = 0; t < T; t++) {
-    float* src = &acc[size_t(t) * H];
-    void* out_row = static_cast<char*>(a.out) + size_t(t) * row_bytes;
-    const void* bias_row = a.bias ? static_cast<const char*>(a.bias) + size_t(t) * row_bytes : nullptr;
-    for (int j = 0; j < H; j++) {
-      float v = src[j];
-      if (bias_row) v += loadAsFloat(bias_row, type, size_t(j));
-      storeFromFloat(out_row, type, size_t(j), v);
-    }
+    float* sum = &acc[size_t(t) * H];
+    if (a.bias) addRowAsFloat(static_cast<const char*>(a.bias) + size_t(t) * row_bytes, type, H, sum);
+    storeRowFromFloat(sum, type, H, static_cast<char*>(a.out) + size_t(t) * row_bytes);
   }
   if (K > 0 && a.out_topk_weights) memcpy(a.out_topk_weights, acc_w.data(), acc_w.size() * 4);
   return epSuccess;

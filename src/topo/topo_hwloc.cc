@@ -191,6 +191,8 @@ epResult_t topoLocal(std::shared_ptr<const Topology>* out) {
     if (topo->available)
       EP_INFO(kSubsysTopo, "topology of %s: %zu NUMA nodes, %zu GPUs, %zu RDMA NICs", topo->source.c_str(),
               topo->numa.size(), topo->gpus.size(), topo->nics.size());
+    else if (*param::TOPO_XML() != '\0')
+      EP_WARN(kSubsysTopo, "EP_TOPO_XML=%s ignored: %s", param::TOPO_XML(), topo->why_unavailable.c_str());
     else
       EP_INFO(kSubsysTopo, "no topology: %s", topo->why_unavailable.c_str());
     for (size_t g = 0; g < topo->gpus.size(); g++)

@@ -55,22 +55,34 @@ inline float fp8e4m3ToFloat(uint8_t b) {
 
 inline size_t elementBytes(epDataType_t t) {
   switch (t) {
-    case epFloat8E4M3: return 1;
-    case epBfloat16: case epFloat16: return 2;
-    case epFloat32: case epInt32: return 4;
-    case epInt64: return 8;
+    case epFloat8E4M3:
+      return 1;
+    case epBfloat16:
+    case epFloat16:
+      return 2;
+    case epFloat32:
+    case epInt32:
+      return 4;
+    case epInt64:
+      return 8;
   }
   return 0;
 }
 
 inline const char* typeName(epDataType_t t) {
   switch (t) {
-    case epBfloat16: return "bf16";
-    case epFloat16: return "fp16";
-    case epFloat32: return "fp32";
-    case epFloat8E4M3: return "fp8";
-    case epInt32: return "int32";
-    case epInt64: return "int64";
+    case epBfloat16:
+      return "bf16";
+    case epFloat16:
+      return "fp16";
+    case epFloat32:
+      return "fp32";
+    case epFloat8E4M3:
+      return "fp8";
+    case epInt32:
+      return "int32";
+    case epInt64:
+      return "int64";
   }
   return "unknown";
 }
@@ -78,27 +90,40 @@ inline const char* typeName(epDataType_t t) {
 // Raw bits of element i of a row of type t (1, 2 or 4 bytes), widened.
 inline uint32_t loadBits(const void* row, epDataType_t t, size_t i) {
   switch (elementBytes(t)) {
-    case 1: return static_cast<const uint8_t*>(row)[i];
-    case 2: return static_cast<const uint16_t*>(row)[i];
-    default: return static_cast<const uint32_t*>(row)[i];
+    case 1:
+      return static_cast<const uint8_t*>(row)[i];
+    case 2:
+      return static_cast<const uint16_t*>(row)[i];
+    default:
+      return static_cast<const uint32_t*>(row)[i];
   }
 }
 
 inline void storeBits(void* row, epDataType_t t, size_t i, uint32_t bits) {
   switch (elementBytes(t)) {
-    case 1: static_cast<uint8_t*>(row)[i] = uint8_t(bits); break;
-    case 2: static_cast<uint16_t*>(row)[i] = uint16_t(bits); break;
-    default: static_cast<uint32_t*>(row)[i] = bits; break;
+    case 1:
+      static_cast<uint8_t*>(row)[i] = uint8_t(bits);
+      break;
+    case 2:
+      static_cast<uint16_t*>(row)[i] = uint16_t(bits);
+      break;
+    default:
+      static_cast<uint32_t*>(row)[i] = bits;
+      break;
   }
 }
 
 // The value an element's bits stand for (FP8 without its block scale).
 inline float bitsToValue(uint32_t bits, epDataType_t t) {
   switch (t) {
-    case epBfloat16: return bf16ToFloat(uint16_t(bits));
-    case epFloat16: return fp16ToFloat(uint16_t(bits));
-    case epFloat8E4M3: return fp8e4m3ToFloat(uint8_t(bits));
-    default: return bitsToFloat(bits);
+    case epBfloat16:
+      return bf16ToFloat(uint16_t(bits));
+    case epFloat16:
+      return fp16ToFloat(uint16_t(bits));
+    case epFloat8E4M3:
+      return fp8e4m3ToFloat(uint8_t(bits));
+    default:
+      return bitsToFloat(bits);
   }
 }
 

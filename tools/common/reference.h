@@ -19,11 +19,11 @@ namespace tools {
 struct ProblemSpec {
   uint64_t seed = 1;
   int nranks = 1;
-  int hidden = 0;      // H
-  int topk = 0;        // K
-  int experts = 0;     // E (global)
-  int tokens = 0;      // T per rank
-  bool zero_rank0 = false;  // rank 0 has no tokens
+  int hidden = 0;                  // H
+  int topk = 0;                    // K
+  int experts = 0;                 // E (global)
+  int tokens = 0;                  // T per rank
+  bool zero_rank0 = false;         // rank 0 has no tokens
   epDataType_t type = epBfloat16;  // dispatch type
 
   int tokensOf(int rank) const { return zero_rank0 && rank == 0 ? 0 : tokens; }
@@ -61,6 +61,11 @@ class RankInputs {
   uint64_t topk_key_, weight_key_, x_key_, scale_key_;
 };
 
+// A row's elements as the numbers they stand for (FP8: times the block's
+// scale). The reference and the benchmark's expert both go through this one
+// function, so their floats agree bit for bit.
+void rowToValues(const ProblemSpec& spec, const void* row, const float* scales, float* out);
+
 // The expert of the benchmark: y row of rank r = the received row's values *
 // (1 + 0.25 r), rounded to bf16. Deterministic, and different on each rank, so
 // that a combine that mixes up ranks or rows gives a wrong sum.
@@ -73,8 +78,7 @@ class MismatchLog {
  public:
   explicit MismatchLog(int rank) : rank_(rank) {}
   // what: the output ("recv_x"); row/col: where (-1: not applicable).
-  void add(const char* what, int64_t row, int64_t col, const std::string& expected,
-           const std::string& got);
+  void add(const char* what, int64_t row, int64_t col, const std::string& expected, const std::string& got);
   int64_t count() const { return count_; }
   const std::string& first() const { return first_; }
 
@@ -86,30 +90,27 @@ class MismatchLog {
 
 // What dispatch wrote on one rank, as host-readable pointers.
 struct DispatchOutputs {
-  const void* recv_x = nullptr;             // [capacity, H] of spec.type
-  const float* recv_scales = nullptr;       // [capacity, H/128] (FP8)
-  const int64_t* recv_topk_idx = nullptr;   // [capacity, K], optional
-  const float* recv_topk_weights = nullptr; // [capacity, K], optional
+  const void* recv_x = nullptr;                 // [capacity, H] of spec.type
+  const float* recv_scales = nullptr;           // [capacity, H/128] (FP8)
+  const int64_t* recv_topk_idx = nullptr;       // [capacity, K], optional
+  const float* recv_topk_weights = nullptr;     // [capacity, K], optional
   const int* recv_tokens_per_expert = nullptr;  // [local experts], optional
-  int64_t num_recv = 0;                     // what the library reported
-  int64_t capacity = 0;                     // rows the buffers hold
-  bool unused_rows_marked = false;          // capacity sizing: rows past num_recv must have idx -1
+  int64_t num_recv = 0;                         // what the library reported
+  int64_t capacity = 0;                         // rows the buffers hold
+  bool unused_rows_marked = false;              // capacity sizing: rows past num_recv must have idx -1
 };
 
 // Checks every element of rank `rank`'s dispatch outputs against the rows the
 // reference says it must receive: by source rank, then source token. Returns
 // the number of rows expected.
-int64_t checkDispatch(const ProblemSpec& spec, int rank, unsigned generation,
-                      const DispatchOutputs& got, MismatchLog* log);
+int64_t checkDispatch(const ProblemSpec& spec, int rank, unsigned generation, const DispatchOutputs& got,
+                      MismatchLog* log);
 
 // Checks rank `rank`'s combine output: out [T, H] bf16 must be the sum over the
 // ranks r that received token t, in ascending r, of expertRow(x_t, r), summed in
 // float32 and rounded to bf16; out_topk_weights [T, K] (optional) the token's
 // weights where its expert id is not -1, else 0.
-void checkCombine(const ProblemSpec& spec, int rank, const uint16_t* out,
-                  const float* out_topk_weights, MismatchLog* log);
-
-// The rows rank `rank` receives (reference, for sizing and bandwidth).
-int64_t expectedRecvRows(const ProblemSpec& spec, int rank);
+void checkCombine(const ProblemSpec& spec, int rank, const uint16_t* out, const float* out_topk_weights,
+                  MismatchLog* log);
 
 }  // namespace tools

@@ -1,0 +1,948 @@
+// ep_bench: dispatch and combine of libmoeep, timed and checked, in the manner
+// of nccl-tests.
+//
+//   ep_bench [-n RANKS] [--shape H:K:E:T ...] [--type bf16|fp8|fp16|fp32] [--check] ...
+//   mpirun -n RANKS ep_bench [options]
+//
+// Each shape runs on a communicator of its own (config from the shape), on the
+// backend of --backend (host only for now; see common/bench_device.h):
+//   1. a first, untimed pass: dispatch, the "expert" (y = received row * (1 +
+//      0.25 rank), rounded to bf16), combine; under --check every output
+//      element is compared with a reference the tool computes itself
+//      (common/reference.h), and a cached re-dispatch of new rows with the
+//      first pass's handle is checked as well;
+//   2. --warmup W untimed and --iters I timed iterations of dispatch (new
+//      routing each time, as DeepEP's dispatch computes its layout each call)
+//      followed by combine.
+//
+// Timing. A host monotonic clock around each call (plus the device's
+// synchronize(), a no-op on the host backend, where calls return when done).
+// Every timed call is preceded by a barrier over the control channel (below),
+// so all ranks start together and a rank's time is its own call, not its wait
+// for a late peer. Each rank takes the median of its timed iterations; the
+// result is the largest median over ranks (a collective ends with its slowest
+// rank). In --exact mode "dispatch" is epDispatchPrepare + epHandleRecvCount +
+// epDispatch, since sizing the outputs is part of that way of calling it.
+//
+// Bandwidth: logical, as DeepEP reports it: bytes of every row a rank
+// receives, its own included (FP8: plus its scales), divided by the time; the
+// mean over ranks of those bytes over the slowest rank's time. Combine counts
+// the bf16 rows it sends back, the same rows.
+//
+// Gathering results: the public API has no barrier or gather, so the ranks
+// talk over a small communicator of their own (common/control.h); that works
+// with forked ranks and under mpirun alike, and every rank's timing and check
+// result reaches rank 0, which prints.
+//
+// Exit status: 0 when every shape ran and every checked element was right.
+#include <getopt.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/bench_device.h"
+#include "common/control.h"
+#include "common/launch.h"
+#include "common/launcher_env.h"
+#include "common/numeric.h"
+#include "common/reference.h"
+#include "moeep.h"
+
+namespace {
+
+using tools::BenchDevice;
+using tools::ControlChannel;
+using tools::DeviceBuffer;
+using tools::MismatchLog;
+using tools::ProblemSpec;
+using Clock = std::chrono::steady_clock;
+
+// ---- Options -------------------------------------------------------------
+
+struct Shape {
+  int hidden, topk, experts, tokens;
+};
+
+struct Options {
+  int nranks = 2;
+  std::vector<Shape> shapes;
+  // --hidden/--topk/--experts/--tokens override that field of every shape (-1: keep).
+  int hidden = -1, topk = -1, experts = -1, tokens = -1;
+  epDataType_t type = epBfloat16;
+  int warmup = 2, iters = 5;
+  bool check = false, json = false, exact = false, zero_rank0 = false;
+  uint64_t seed = 1;
+  int timeout_ms = 0;  // 0: the library's EP_TIMEOUT_MS
+  std::string backend = "host";
+};
+
+const Shape kDefaultShapes[] = {{7168, 8, 256, 4096}, {2560, 6, 64, 1000}};
+
+void usage(FILE* f) {
+  fprintf(f,
+          "usage: ep_bench [options]           (ranks forked by ep_bench)\n"
+          "       mpirun -n R ep_bench [options] (one rank per process)\n"
+          "  -n, --nranks N        ranks to fork when not under mpirun (default 2)\n"
+          "      --shape H:K:E:T   hidden:topk:experts:tokens per rank; repeatable\n"
+          "                        (default: 7168:8:256:4096 and 2560:6:64:1000)\n"
+          "      --hidden H        override H of every shape (likewise --topk K,\n"
+          "      --experts E, --tokens T)\n"
+          "      --type T          dispatch type: bf16 (default), fp8, fp16, fp32; combine is bf16\n"
+          "      --warmup W        untimed iterations (default 2)\n"
+          "      --iters I         timed iterations (default 5)\n"
+          "      --check           check every element of dispatch, cached re-dispatch and combine\n"
+          "      --exact           size outputs with epDispatchPrepare + epHandleRecvCount\n"
+          "                        (default: recv_capacity = ranks * tokens, EP_DISPATCH_NO_HOST_SYNC)\n"
+          "      --zero-rank0      rank 0 has no tokens\n"
+          "      --seed S          seed of the generated inputs (default 1)\n"
+          "      --timeout-ms MS   config.timeout_ms (default: EP_TIMEOUT_MS)\n"
+          "      --backend B       host (default); cuda is not implemented in this tool yet\n"
+          "      --json            one JSON object per result line on stdout, nothing else\n"
+          "  -h, --help            this message\n");
+}
+
+bool parseLong(const char* text, long lo, long hi, long* out) {
+  if (text == nullptr || *text == '\0') return false;
+  char* end = nullptr;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+bool parseShape(const char* text, Shape* s) {
+  long v[4];
+  const char* p = text;
+  for (int i = 0; i < 4; i++) {
+    const char* colon = strchr(p, ':');
+    std::string field = (i < 3 && colon != nullptr) ? std::string(p, colon) : std::string(p);
+    if ((i < 3) != (colon != nullptr) || !parseLong(field.c_str(), i == 3 ? 0 : 1, 1L << 30, &v[i]))
+      return false;
+    if (colon != nullptr) p = colon + 1;
+  }
+  *s = {int(v[0]), int(v[1]), int(v[2]), int(v[3])};
+  return true;
+}
+
+bool parseType(const char* text, epDataType_t* t) {
+  static const struct {
+    const char* name;
+    epDataType_t type;
+  } kTypes[] = {{"bf16", epBfloat16},
+                {"fp16", epFloat16},
+                {"fp32", epFloat32},
+                {"fp8", epFloat8E4M3},
+                {"fp8e4m3", epFloat8E4M3}};
+  for (const auto& k : kTypes)
+    if (strcmp(text, k.name) == 0) {
+      *t = k.type;
+      return true;
+    }
+  return false;
+}
+
+enum ParseResult { kParsed, kHelp, kBadOptions };
+
+// The option getopt_long just returned, named for a message: the unknown or
+// value-less argument as typed (c is '?' or ':'), else the option's long name.
+std::string optionName(int c, const option* table, char** argv) {
+  if (c == '?' || c == ':') return argv[optind - 1];
+  for (const option* o = table; o->name != nullptr; o++)
+    if (o->val == c) return std::string("--") + o->name;
+  return std::string("-") + char(c);
+}
+
+ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error) {
+  enum {
+    kShape = 256,
+    kHidden,
+    kTopk,
+    kExperts,
+    kTokens,
+    kType,
+    kWarmup,
+    kIters,
+    kCheck,
+    kJson,
+    kSeed,
+    kExact,
+    kTimeout,
+    kZeroRank0,
+    kBackend
+  };
+  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
+                                 {"shape", required_argument, nullptr, kShape},
+                                 {"hidden", required_argument, nullptr, kHidden},
+                                 {"topk", required_argument, nullptr, kTopk},
+                                 {"experts", required_argument, nullptr, kExperts},
+                                 {"tokens", required_argument, nullptr, kTokens},
+                                 {"type", required_argument, nullptr, kType},
+                                 {"warmup", required_argument, nullptr, kWarmup},
+                                 {"iters", required_argument, nullptr, kIters},
+                                 {"check", no_argument, nullptr, kCheck},
+                                 {"json", no_argument, nullptr, kJson},
+                                 {"seed", required_argument, nullptr, kSeed},
+                                 {"exact", no_argument, nullptr, kExact},
+                                 {"timeout-ms", required_argument, nullptr, kTimeout},
+                                 {"zero-rank0", no_argument, nullptr, kZeroRank0},
+                                 {"backend", required_argument, nullptr, kBackend},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
+  opterr = 0;  // we print our own message, once
+  int c;
+  long v = 0;
+  while ((c = getopt_long(argc, argv, ":n:h", kLong, nullptr)) != -1) {
+    std::string name = optionName(c, kLong, argv);
+    auto bad = [&](const char* what) {
+      *error = std::string("bad value '") + (optarg ? optarg : "") + "' for " + name + ": " + what;
+      return kBadOptions;
+    };
+    switch (c) {
+      case 'n':
+        if (!parseLong(optarg, 1, 4096, &v)) return bad("a rank count 1..4096");
+        opt->nranks = int(v);
+        break;
+      case kShape: {
+        Shape s;
+        if (!parseShape(optarg, &s)) return bad("H:K:E:T with H, K, E >= 1 and T >= 0");
+        opt->shapes.push_back(s);
+        break;
+      }
+      case kHidden:
+        if (!parseLong(optarg, 1, 1L << 30, &v)) return bad("a positive integer");
+        opt->hidden = int(v);
+        break;
+      case kTopk:
+        if (!parseLong(optarg, 1, 1L << 30, &v)) return bad("a positive integer");
+        opt->topk = int(v);
+        break;
+      case kExperts:
+        if (!parseLong(optarg, 1, 1L << 30, &v)) return bad("a positive integer");
+        opt->experts = int(v);
+        break;
+      case kTokens:
+        if (!parseLong(optarg, 0, 1L << 30, &v)) return bad("an integer >= 0");
+        opt->tokens = int(v);
+        break;
+      case kType:
+        if (!parseType(optarg, &opt->type)) return bad("bf16, fp8, fp16 or fp32");
+        break;
+      case kWarmup:
+        if (!parseLong(optarg, 0, 1000000, &v)) return bad("an integer >= 0");
+        opt->warmup = int(v);
+        break;
+      case kIters:
+        if (!parseLong(optarg, 1, 1000000, &v)) return bad("an integer >= 1");
+        opt->iters = int(v);
+        break;
+      case kCheck:
+        opt->check = true;
+        break;
+      case kJson:
+        opt->json = true;
+        break;
+      case kSeed: {
+        char* end = nullptr;
+        errno = 0;
+        unsigned long long s = strtoull(optarg, &end, 0);
+        if (errno != 0 || *optarg == '\0' || *end != '\0' || *optarg == '-')
+          return bad("an unsigned integer");
+        opt->seed = s;
+        break;
+      }
+      case kExact:
+        opt->exact = true;
+        break;
+      case kTimeout:
+        if (!parseLong(optarg, 1, 1L << 30, &v)) return bad("milliseconds >= 1");
+        opt->timeout_ms = int(v);
+        break;
+      case kZeroRank0:
+        opt->zero_rank0 = true;
+        break;
+      case kBackend:
+        if (!tools::benchBackendSupported(optarg, error)) return kBadOptions;
+        opt->backend = optarg;
+        break;
+      case 'h':
+        return kHelp;
+      case ':':
+        *error = std::string("option ") + name + " needs a value";
+        return kBadOptions;
+      default:
+        *error = std::string("unknown option ") + name;
+        return kBadOptions;
+    }
+  }
+  if (optind < argc) {
+    *error = std::string("unexpected argument '") + argv[optind] + "'";
+    return kBadOptions;
+  }
+  if (opt->shapes.empty()) opt->shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
+  for (Shape& s : opt->shapes) {
+    if (opt->hidden >= 0) s.hidden = opt->hidden;
+    if (opt->topk >= 0) s.topk = opt->topk;
+    if (opt->experts >= 0) s.experts = opt->experts;
+    if (opt->tokens >= 0) s.tokens = opt->tokens;
+    // The generator draws K distinct experts per token; the library checks the rest.
+    if (s.topk > s.experts) {
+      *error = "shape " + std::to_string(s.hidden) + ":" + std::to_string(s.topk) + ":" +
+               std::to_string(s.experts) + ":" + std::to_string(s.tokens) +
+               ": topk must not exceed experts (each token picks K distinct experts)";
+      return kBadOptions;
+    }
+  }
+  return kParsed;
+}
+
+// ---- What each rank reports to rank 0 --------------------------------------
+
+struct RankReport {
+  int32_t error = 0;       // 1: a call failed on this rank (see error_text)
+  int32_t checked = 0;     // 1: outputs were checked
+  int64_t recv_rows = -1;  // rows received in the first pass
+  int64_t mismatches = 0;  // wrong elements, all checks together
+  double dispatch_bytes = 0, combine_bytes = 0;
+  double dispatch_us = -1, combine_us = -1;  // medians; -1: not measured
+  char first_mismatch[420] = "";
+  char error_text[420] = "";
+};
+static_assert(sizeof(RankReport) <= ControlChannel::kPayloadBytes, "a report travels as one control row");
+
+// The control channel failing leaves the ranks unable to agree on anything: fatal.
+struct ControlFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void copyText(char* dst, size_t size, const std::string& src) { snprintf(dst, size, "%s", src.c_str()); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double elapsedUs(Clock::time_point since) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - since).count();
+}
+
+// ---- One shape on one rank -------------------------------------------------
+
+class ShapeRun {
+ public:
+  ShapeRun(const Options& opt, const Shape& shape, ControlChannel* ctl, BenchDevice* dev);
+  ~ShapeRun();
+  // Runs every pass. Whatever fails on this rank, it makes the same control-
+  // channel calls as every other rank (throws ControlFailure if those fail).
+  RankReport run(const epUniqueId& id);
+
+ private:
+  bool ok() const { return comm_ != nullptr && error_.empty(); }
+  void fail(const std::string& what);
+  void apiFail(const char* call, epResult_t res, epComm_t comm);
+  void barrier();
+
+  void initComm(const epUniqueId& id);
+  void allocate();
+  void fillInputs();
+  void poisonOutputs();
+  epDispatchArgs_t dispatchArgs(unsigned generation) const;
+  bool dispatch(unsigned generation, epHandle_t* handle, double* us);
+  bool combine(epHandle_t handle, double* us);
+  void checkDispatch(unsigned generation);
+  void runExpert();
+  void checkCombine();
+  void firstPass();
+  void timedPasses();
+
+  const Options& opt_;
+  ProblemSpec spec_;
+  ControlChannel* ctl_;
+  BenchDevice* dev_;
+  int rank_, T_;
+  int64_t capacity_;
+  epComm_t comm_ = nullptr;
+  std::string error_;
+  MismatchLog log_;
+  int64_t num_recv_ = -1, dispatch_capacity_ = 0;
+  std::vector<double> dispatch_us_, combine_us_;
+
+  // Inputs: x and scales of generation 0 (timed) and 1 (the cached re-dispatch).
+  DeviceBuffer x_[2], x_scales_[2], topk_idx_, topk_weights_;
+  DeviceBuffer recv_x_, recv_scales_, recv_topk_idx_, recv_topk_weights_, recv_per_expert_, num_recv_dev_;
+  DeviceBuffer y_, out_, out_topk_weights_;
+};
+
+ShapeRun::ShapeRun(const Options& opt, const Shape& shape, ControlChannel* ctl, BenchDevice* dev)
+    : opt_(opt), ctl_(ctl), dev_(dev), rank_(ctl->rank()), log_(ctl->rank()) {
+  spec_.seed = opt.seed;
+  spec_.nranks = ctl->nranks();
+  spec_.hidden = shape.hidden;
+  spec_.topk = shape.topk;
+  spec_.experts = shape.experts;
+  spec_.tokens = shape.tokens;
+  spec_.zero_rank0 = opt.zero_rank0;
+  spec_.type = opt.type;
+  T_ = spec_.tokensOf(rank_);
+  // Every token of every rank could come here (each goes to a rank at most once).
+  capacity_ = int64_t(spec_.nranks) * shape.tokens;
+}
+
+ShapeRun::~ShapeRun() {
+  if (comm_ != nullptr) epCommDestroy(comm_);
+}
+
+void ShapeRun::fail(const std::string& what) {
+  if (error_.empty()) error_ = "rank " + std::to_string(rank_) + ": " + what;
+  fprintf(stderr, "ep_bench: rank %d: %s\n", rank_, what.c_str());
+}
+
+void ShapeRun::apiFail(const char* call, epResult_t res, epComm_t comm) {
+  fail(std::string(call) + " failed: " + epGetErrorString(res) + ": " + epGetLastError(comm));
+}
+
+void ShapeRun::barrier() {
+  if (ctl_->barrier() != epSuccess) throw ControlFailure(ctl_->error());
+}
+
+void ShapeRun::initComm(const epUniqueId& id) {
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = spec_.experts;
+  cfg.hidden = spec_.hidden;
+  cfg.max_tokens_per_rank = spec_.tokens;
+  cfg.max_topk = spec_.topk;
+  cfg.dispatch_type = spec_.type;
+  cfg.combine_type = epBfloat16;
+  cfg.backend = dev_->backend();
+  cfg.timeout_ms = opt_.timeout_ms;
+  epResult_t res = epCommInitRank(&comm_, spec_.nranks, id, rank_, &cfg);
+  if (res != epSuccess) {
+    comm_ = nullptr;
+    apiFail("epCommInitRank", res, nullptr);
+  }
+}
+
+void ShapeRun::allocate() {
+  const size_t H = size_t(spec_.hidden), K = size_t(spec_.topk), nb = size_t(spec_.scaleBlocks());
+  const size_t T = size_t(T_), cap = size_t(capacity_);
+  const bool fp8 = spec_.type == epFloat8E4M3;
+  try {
+    for (int g = 0; g < (opt_.check ? 2 : 1); g++) {
+      x_[g] = DeviceBuffer(dev_, T * spec_.rowBytes());
+      x_scales_[g] = DeviceBuffer(dev_, fp8 ? T * nb * sizeof(float) : 0);
+    }
+    topk_idx_ = DeviceBuffer(dev_, T * K * sizeof(int64_t));
+    topk_weights_ = DeviceBuffer(dev_, T * K * sizeof(float));
+    recv_x_ = DeviceBuffer(dev_, cap * spec_.rowBytes());
+    recv_scales_ = DeviceBuffer(dev_, fp8 ? cap * nb * sizeof(float) : 0);
+    recv_topk_idx_ = DeviceBuffer(dev_, cap * K * sizeof(int64_t));
+    recv_topk_weights_ = DeviceBuffer(dev_, cap * K * sizeof(float));
+    recv_per_expert_ = DeviceBuffer(dev_, size_t(spec_.localExperts()) * sizeof(int));
+    num_recv_dev_ = DeviceBuffer(dev_, sizeof(int64_t));
+    y_ = DeviceBuffer(dev_, cap * H * sizeof(uint16_t));
+    out_ = DeviceBuffer(dev_, T * H * sizeof(uint16_t));
+    out_topk_weights_ = DeviceBuffer(dev_, T * K * sizeof(float));
+  } catch (const std::bad_alloc&) {
+    fail("out of memory allocating the buffers of " + std::to_string(T_) + " tokens and " +
+         std::to_string(capacity_) + " received rows");
+  }
+}
+
+// Generates this rank's inputs on the host and moves them to the device.
+void ShapeRun::fillInputs() {
+  const size_t K = size_t(spec_.topk);
+  std::vector<int64_t> idx(size_t(T_) * K);
+  std::vector<float> w(size_t(T_) * K);
+  for (int g = 0; g < (opt_.check ? 2 : 1); g++) {
+    tools::RankInputs in(spec_, rank_, unsigned(g));
+    std::vector<unsigned char> x(x_[g].bytes());
+    std::vector<float> sc(x_scales_[g].bytes() / sizeof(float));
+    in.fill(x.data(), sc.data(), g == 0 ? idx.data() : nullptr, g == 0 ? w.data() : nullptr);
+    if (!x.empty()) dev_->upload(x_[g].get(), x.data(), x.size());
+    if (!sc.empty()) dev_->upload(x_scales_[g].get(), sc.data(), sc.size() * sizeof(float));
+  }
+  if (!idx.empty()) dev_->upload(topk_idx_.get(), idx.data(), idx.size() * sizeof(int64_t));
+  if (!w.empty()) dev_->upload(topk_weights_.get(), w.data(), w.size() * sizeof(float));
+}
+
+// Before a checked pass: outputs full of bytes the library would never write
+// (bf16 0xffff is a NaN, 0x5555... is no expert id), so a skipped element shows.
+void ShapeRun::poisonOutputs() {
+  for (DeviceBuffer* b : {&recv_x_, &recv_scales_, &recv_topk_idx_, &recv_topk_weights_, &recv_per_expert_})
+    if (b->bytes()) dev_->fill(b->get(), 0x55, b->bytes());
+  for (DeviceBuffer* b : {&out_, &out_topk_weights_})
+    if (b->bytes()) dev_->fill(b->get(), 0xff, b->bytes());
+}
+
+epDispatchArgs_t ShapeRun::dispatchArgs(unsigned generation) const {
+  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+  a.x = x_[generation].get();
+  a.x_type = spec_.type;
+  a.x_scales = x_scales_[generation].as<float>();
+  a.topk_idx = topk_idx_.get();
+  a.topk_idx_type = epInt64;
+  a.topk_weights = topk_weights_.as<float>();
+  a.num_tokens = T_;
+  a.num_topk = spec_.topk;
+  a.recv_x = recv_x_.get();
+  a.recv_scales = recv_scales_.as<float>();
+  a.recv_topk_idx = recv_topk_idx_.as<int64_t>();
+  a.recv_topk_weights = recv_topk_weights_.as<float>();
+  a.recv_tokens_per_expert = recv_per_expert_.as<int>();
+  return a;
+}
+
+// One dispatch of generation `generation` of x: new routing when *handle is
+// NULL (the handle is returned), else a cached re-dispatch with *handle.
+bool ShapeRun::dispatch(unsigned generation, epHandle_t* handle, double* us) {
+  epDispatchArgs_t a = dispatchArgs(generation);
+  const char* call = *handle != nullptr ? "epDispatch (cached re-dispatch)" : "epDispatch";
+  int64_t num_recv = -1;
+  epResult_t res;
+  const auto start = Clock::now();
+  if (opt_.exact) {
+    // Exact sizing: the prepared (or cached) handle knows the row count.
+    if (*handle == nullptr && (res = epDispatchPrepare(comm_, &a, handle, dev_->stream())) != epSuccess) {
+      apiFail("epDispatchPrepare", res, comm_);
+      return false;
+    }
+    if ((res = epHandleRecvCount(*handle, &a.recv_capacity)) != epSuccess) {
+      apiFail("epHandleRecvCount", res, nullptr);
+      return false;
+    }
+    a.num_recv = &num_recv;
+  } else {
+    a.flags = EP_DISPATCH_NO_HOST_SYNC;
+    a.recv_capacity = capacity_;
+    a.num_recv = num_recv_dev_.as<int64_t>();
+  }
+  res = epDispatch(comm_, &a, handle, dev_->stream());
+  dev_->synchronize();
+  if (us) *us = elapsedUs(start);
+  if (res != epSuccess) {
+    apiFail(call, res, comm_);
+    return false;
+  }
+  if (!opt_.exact) dev_->download(&num_recv, num_recv_dev_.get(), sizeof(num_recv));
+  num_recv_ = num_recv;
+  dispatch_capacity_ = a.recv_capacity;
+  return true;
+}
+
+bool ShapeRun::combine(epHandle_t handle, double* us) {
+  epCombineArgs_t a = EP_COMBINE_ARGS_INITIALIZER;
+  a.flags = EP_COMBINE_DETERMINISTIC;  // the reference sums in ascending rank order
+  a.y = y_.get();
+  a.y_type = epBfloat16;
+  a.recv_topk_weights = recv_topk_weights_.as<float>();
+  a.num_topk = spec_.topk;
+  a.out = out_.get();
+  a.out_topk_weights = out_topk_weights_.as<float>();
+  const auto start = Clock::now();
+  epResult_t res = epCombine(comm_, &a, handle, dev_->stream());
+  dev_->synchronize();
+  if (us) *us = elapsedUs(start);
+  if (res != epSuccess) apiFail("epCombine", res, comm_);
+  return res == epSuccess;
+}
+
+void ShapeRun::checkDispatch(unsigned generation) {
+  const int64_t rows = std::max<int64_t>(0, std::min(num_recv_, dispatch_capacity_));
+  const size_t K = size_t(spec_.topk), nb = size_t(spec_.scaleBlocks());
+  const int64_t cap = dispatch_capacity_;
+  std::vector<unsigned char> s0, s1, s2, s3, s4;
+  tools::DispatchOutputs got;
+  got.recv_x = dev_->hostView(recv_x_.get(), size_t(rows) * spec_.rowBytes(), &s0);
+  if (recv_scales_.bytes())
+    got.recv_scales =
+        static_cast<const float*>(dev_->hostView(recv_scales_.get(), size_t(rows) * nb * 4, &s1));
+  // Index rows are read up to the capacity: unused ones must say -1.
+  got.recv_topk_idx =
+      static_cast<const int64_t*>(dev_->hostView(recv_topk_idx_.get(), size_t(cap) * K * 8, &s2));
+  got.recv_topk_weights =
+      static_cast<const float*>(dev_->hostView(recv_topk_weights_.get(), size_t(rows) * K * 4, &s3));
+  got.recv_tokens_per_expert =
+      static_cast<const int*>(dev_->hostView(recv_per_expert_.get(), recv_per_expert_.bytes(), &s4));
+  got.num_recv = num_recv_;
+  got.capacity = cap;
+  got.unused_rows_marked = !opt_.exact;
+  tools::checkDispatch(spec_, rank_, generation, got, &log_);
+}
+
+// The expert: y row = received row * (1 + 0.25 rank), rounded to bf16.
+void ShapeRun::runExpert() {
+  const size_t H = size_t(spec_.hidden), nb = size_t(spec_.scaleBlocks()), rb = spec_.rowBytes();
+  const int64_t rows = std::max<int64_t>(0, std::min(num_recv_, dispatch_capacity_));
+  std::vector<unsigned char> s0, s1;
+  const auto* recv = static_cast<const unsigned char*>(dev_->hostView(recv_x_.get(), size_t(rows) * rb, &s0));
+  const float* scales =
+      recv_scales_.bytes()
+          ? static_cast<const float*>(dev_->hostView(recv_scales_.get(), size_t(rows) * nb * 4, &s1))
+          : nullptr;
+  std::vector<float> values(H);
+  std::vector<uint16_t> y(H);
+  for (int64_t r = 0; r < rows; r++) {
+    tools::rowToValues(spec_, recv + size_t(r) * rb, scales ? scales + size_t(r) * nb : nullptr,
+                       values.data());
+    tools::expertRow(values.data(), spec_.hidden, rank_, y.data());
+    dev_->upload(y_.as<uint16_t>() + size_t(r) * H, y.data(), H * sizeof(uint16_t));
+  }
+}
+
+void ShapeRun::checkCombine() {
+  std::vector<unsigned char> s0, s1;
+  const auto* out = static_cast<const uint16_t*>(dev_->hostView(out_.get(), out_.bytes(), &s0));
+  const auto* w =
+      static_cast<const float*>(dev_->hostView(out_topk_weights_.get(), out_topk_weights_.bytes(), &s1));
+  tools::checkCombine(spec_, rank_, out, w, &log_);
+}
+
+// Untimed: dispatch, expert, combine, and under --check the cached re-dispatch,
+// each output checked. Its handle is the one the cached re-dispatch reuses.
+void ShapeRun::firstPass() {
+  if (opt_.check && ok()) poisonOutputs();
+  epHandle_t handle = nullptr;
+  barrier();
+  bool dispatched = ok() && dispatch(0, &handle, nullptr);
+  if (dispatched && opt_.check) checkDispatch(0);
+  if (dispatched) runExpert();
+  barrier();
+  if (ok() && combine(handle, nullptr) && opt_.check) checkCombine();
+  if (opt_.check) {
+    // New rows along the same routes: the backward of combine.
+    if (ok()) poisonOutputs();
+    barrier();
+    if (ok() && dispatch(1, &handle, nullptr)) checkDispatch(1);
+  }
+  epHandleDestroy(handle);
+}
+
+void ShapeRun::timedPasses() {
+  for (int i = 0; i < opt_.warmup + opt_.iters; i++) {
+    epHandle_t handle = nullptr;
+    double d_us = 0, c_us = 0;
+    barrier();
+    bool dispatched = ok() && dispatch(0, &handle, &d_us);
+    barrier();
+    bool combined = dispatched && ok() && combine(handle, &c_us);
+    epHandleDestroy(handle);
+    if (combined && i >= opt_.warmup) {
+      dispatch_us_.push_back(d_us);
+      combine_us_.push_back(c_us);
+    }
+  }
+}
+
+RankReport ShapeRun::run(const epUniqueId& id) {
+  initComm(id);
+  if (ok()) allocate();
+  if (ok()) fillInputs();
+  firstPass();
+  const int64_t first_rows = num_recv_;
+  timedPasses();
+
+  RankReport rep;
+  rep.error = error_.empty() ? 0 : 1;
+  rep.checked = opt_.check ? 1 : 0;
+  rep.recv_rows = first_rows;
+  rep.mismatches = log_.count();
+  if (first_rows >= 0) {
+    const double scale_bytes = spec_.type == epFloat8E4M3 ? 4.0 * spec_.scaleBlocks() : 0.0;
+    rep.dispatch_bytes = double(first_rows) * (double(spec_.rowBytes()) + scale_bytes);
+    rep.combine_bytes = double(first_rows) * double(spec_.hidden) * sizeof(uint16_t);
+  }
+  rep.dispatch_us = median(dispatch_us_);
+  rep.combine_us = median(combine_us_);
+  copyText(rep.first_mismatch, sizeof(rep.first_mismatch), log_.first());
+  copyText(rep.error_text, sizeof(rep.error_text), error_);
+  return rep;
+}
+
+// ---- Results, on rank 0 ------------------------------------------------------
+
+struct ShapeResult {
+  Shape shape;
+  double recv_rows = -1;  // mean over ranks
+  double dispatch_us = -1, combine_us = -1, dispatch_gbps = -1, combine_gbps = -1;
+  int64_t mismatches = 0;
+  bool checked = false;
+  std::string first_mismatch, error, skipped;  // skipped: why the shape did not run
+  bool passed() const { return error.empty() && mismatches == 0; }
+};
+
+ShapeResult summarize(const Shape& shape, const std::vector<RankReport>& reps) {
+  ShapeResult res;
+  res.shape = shape;
+  double rows = 0, d_bytes = 0, c_bytes = 0;
+  bool all_timed = true;
+  for (const RankReport& r : reps) {
+    if (r.error && res.error.empty()) res.error = r.error_text;
+    if (r.mismatches > 0 && res.first_mismatch.empty()) res.first_mismatch = r.first_mismatch;
+    res.mismatches += r.mismatches;
+    res.checked = r.checked != 0;
+    rows += double(r.recv_rows);
+    d_bytes += r.dispatch_bytes;
+    c_bytes += r.combine_bytes;
+    all_timed = all_timed && r.dispatch_us >= 0 && r.combine_us >= 0 && r.recv_rows >= 0;
+    res.dispatch_us = std::max(res.dispatch_us, r.dispatch_us);
+    res.combine_us = std::max(res.combine_us, r.combine_us);
+  }
+  if (!all_timed || reps.empty()) {
+    res.dispatch_us = res.combine_us = -1;
+    return res;
+  }
+  const double n = double(reps.size());
+  res.recv_rows = rows / n;
+  // GB/s = bytes / (us * 1e3).
+  if (res.dispatch_us > 0) res.dispatch_gbps = d_bytes / n / (res.dispatch_us * 1e3);
+  if (res.combine_us > 0) res.combine_gbps = c_bytes / n / (res.combine_us * 1e3);
+  return res;
+}
+
+std::string number(double v, int decimals) {
+  if (v < 0) return "-";
+  char buf[64];
+  snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+  return buf;
+}
+
+std::string jsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string jsonNumber(double v, int decimals) { return v < 0 ? "null" : number(v, decimals); }
+
+// OK / FAILED (wrong elements) / ERROR (a call failed) / SKIPPED / unchecked.
+const char* checkWord(const ShapeResult& r, const char* unchecked) {
+  if (!r.skipped.empty()) return "SKIPPED";
+  if (!r.error.empty()) return "ERROR";
+  if (!r.checked) return unchecked;
+  return r.mismatches == 0 ? "OK" : "FAILED";
+}
+
+// The same in JSON's lower case.
+const char* jsonCheckWord(const ShapeResult& r) {
+  if (!r.skipped.empty()) return "skipped";
+  if (!r.error.empty()) return "error";
+  if (!r.checked) return "unchecked";
+  return r.mismatches == 0 ? "ok" : "failed";
+}
+
+void printHeader(const Options& opt, const LaunchInfo& li, const char* backend) {
+  int lib = 0;
+  epGetVersion(&lib);
+  printf("# ep_bench: libmoeep %d.%d.%d (built against %d.%d.%d), %s backend, %d rank%s (%s)\n", lib / 10000,
+         lib / 100 % 100, lib % 100, EP_VERSION_MAJOR, EP_VERSION_MINOR, EP_VERSION_PATCH, backend, li.nranks,
+         li.nranks == 1 ? "" : "s", li.under_mpi ? "one per process of the launcher" : "forked by ep_bench");
+  printf("# dispatch %s, combine bf16; sizing %s; warmup %d, iters %d; check %s; seed %" PRIu64 "%s\n",
+         tools::typeName(opt.type),
+         opt.exact ? "exact (epDispatchPrepare + epHandleRecvCount)"
+                   : "capacity (ranks * tokens rows, EP_DISPATCH_NO_HOST_SYNC)",
+         opt.warmup, opt.iters, opt.check ? "on (plus a cached re-dispatch)" : "off", opt.seed,
+         opt.zero_rank0 ? "; rank 0 has no tokens" : "");
+  printf(
+      "# time: median of each rank's timed calls, largest over ranks (us); a barrier precedes each call\n");
+  printf("# bw: logical (DeepEP): bytes of all rows a rank receives, own included / time, mean over ranks\n");
+  printf("#\n");
+  printf("# %7s %5s %7s %7s %5s %5s %10s %12s %9s %12s %9s  %s\n", "hidden", "topk", "experts", "tokens",
+         "ranks", "type", "recv_rows", "dispatch_us", "GB/s", "combine_us", "GB/s", "check");
+  fflush(stdout);
+}
+
+void printResult(const Options& opt, const ShapeResult& r, int nranks, const char* backend) {
+  const Shape& s = r.shape;
+  if (opt.json) {
+    printf(
+        "{\"hidden\":%d,\"topk\":%d,\"experts\":%d,\"tokens\":%d,\"ranks\":%d,\"type\":\"%s\","
+        "\"backend\":\"%s\",\"sizing\":\"%s\",\"zero_rank0\":%s,\"warmup\":%d,\"iters\":%d,"
+        "\"recv_rows\":%s,\"dispatch_us\":%s,\"dispatch_gbps\":%s,\"combine_us\":%s,"
+        "\"combine_gbps\":%s,\"check\":\"%s\",\"mismatches\":%" PRId64
+        ",\"first_mismatch\":%s,"
+        "\"error\":%s,\"skipped\":%s}\n",
+        s.hidden, s.topk, s.experts, s.tokens, nranks, tools::typeName(opt.type), backend,
+        opt.exact ? "exact" : "capacity", opt.zero_rank0 ? "true" : "false", opt.warmup, opt.iters,
+        jsonNumber(r.recv_rows, 1).c_str(), jsonNumber(r.dispatch_us, 1).c_str(),
+        jsonNumber(r.dispatch_gbps, 3).c_str(), jsonNumber(r.combine_us, 1).c_str(),
+        jsonNumber(r.combine_gbps, 3).c_str(), jsonCheckWord(r), r.mismatches,
+        r.first_mismatch.empty() ? "null" : jsonString(r.first_mismatch).c_str(),
+        r.error.empty() ? "null" : jsonString(r.error).c_str(),
+        r.skipped.empty() ? "null" : jsonString(r.skipped).c_str());
+  } else {
+    printf("  %7d %5d %7d %7d %5d %5s %10s %12s %9s %12s %9s  %s\n", s.hidden, s.topk, s.experts, s.tokens,
+           nranks, tools::typeName(opt.type), number(r.recv_rows, 1).c_str(),
+           number(r.dispatch_us, 1).c_str(), number(r.dispatch_gbps, 2).c_str(),
+           number(r.combine_us, 1).c_str(), number(r.combine_gbps, 2).c_str(), checkWord(r, "-"));
+    if (!r.first_mismatch.empty())
+      printf("#   first mismatch: %s (%" PRId64 " wrong element%s in all)\n", r.first_mismatch.c_str(),
+             r.mismatches, r.mismatches == 1 ? "" : "s");
+    if (!r.error.empty()) printf("#   error: %s\n", r.error.c_str());
+    if (!r.skipped.empty()) printf("#   skipped: %s\n", r.skipped.c_str());
+  }
+  fflush(stdout);
+}
+
+// ---- Driver ----------------------------------------------------------------
+
+// The library's timeout when the options give none: EP_TIMEOUT_MS, else its default.
+int libraryTimeoutMs(const Options& opt) {
+  if (opt.timeout_ms > 0) return opt.timeout_ms;
+  const char *name = nullptr, *def = nullptr, *value = nullptr;
+  for (int i = 0; epGetParam(i, &name, &def, &value, nullptr) == epSuccess; i++)
+    if (strcmp(name, "EP_TIMEOUT_MS") == 0) {
+      long v = 0;
+      if (value != nullptr && parseLong(value, 1, 1L << 30, &v)) return int(v);
+      if (def != nullptr && parseLong(def, 1, 1L << 30, &v)) return int(v);
+    }
+  return 60000;
+}
+
+// A fresh unique id per shape: rank 0 makes it, the control channel carries it.
+struct IdMessage {
+  int32_t ok;
+  char error[256];
+  epUniqueId id;
+};
+static_assert(sizeof(IdMessage) <= ControlChannel::kPayloadBytes, "one control row");
+
+bool shareShapeId(ControlChannel* ctl, epUniqueId* id, std::string* error) {
+  IdMessage msg;
+  memset(&msg, 0, sizeof(msg));
+  if (ctl->rank() == 0) {
+    epResult_t res = epGetUniqueId(&msg.id);
+    msg.ok = res == epSuccess;
+    if (!msg.ok)
+      snprintf(msg.error, sizeof(msg.error), "rank 0: epGetUniqueId failed: %s: %s", epGetErrorString(res),
+               epGetLastError(nullptr));
+  }
+  if (ctl->broadcast(&msg, sizeof(msg)) != epSuccess) throw ControlFailure(ctl->error());
+  *id = msg.id;
+  *error = msg.error;
+  return msg.ok != 0;
+}
+
+// Runs one shape on this rank; on rank 0 returns the result of all ranks.
+ShapeResult runShape(const Options& opt, const Shape& shape, ControlChannel* ctl, BenchDevice* dev) {
+  epUniqueId id;
+  std::string id_error;
+  RankReport mine;
+  if (shareShapeId(ctl, &id, &id_error)) {
+    ShapeRun run(opt, shape, ctl, dev);
+    mine = run.run(id);
+  } else {
+    mine.error = 1;
+    copyText(mine.error_text, sizeof(mine.error_text), id_error);
+  }
+  std::vector<RankReport> all(ctl->rank() == 0 ? size_t(ctl->nranks()) : 0);
+  if (ctl->gather(&mine, sizeof(mine), all.data()) != epSuccess) throw ControlFailure(ctl->error());
+  ShapeResult res = ctl->rank() == 0 ? summarize(shape, all) : ShapeResult{};
+  // Off rank 0, only this rank's own failures are known: enough for the exit status.
+  if (ctl->rank() != 0) {
+    res.mismatches = mine.mismatches;
+    if (mine.error) res.error = mine.error_text;
+  }
+  return res;
+}
+
+int benchMain(const Options& opt, const LaunchInfo& li) {
+  std::string error;
+  std::unique_ptr<BenchDevice> dev = tools::makeBenchDevice(opt.backend, li.rank, &error);
+  if (!dev) {
+    fprintf(stderr, "ep_bench: rank %d: %s\n", li.rank, error.c_str());
+    return 1;
+  }
+  // The control channel must outwait a bench call that times out on a peer.
+  const int bench_timeout = libraryTimeoutMs(opt);
+  const int ctl_timeout =
+      int(std::min<int64_t>(INT32_MAX, std::max<int64_t>(2 * int64_t(bench_timeout) + 10000, 300000)));
+  ControlChannel ctl;
+  if (ctl.init(li.id, li.rank, li.nranks, ctl_timeout) != epSuccess) {
+    fprintf(stderr, "ep_bench: rank %d: %s\n", li.rank, ctl.error().c_str());
+    return 1;
+  }
+  const bool printer = li.rank == 0;
+  if (printer && !opt.json) printHeader(opt, li, dev->name());
+  int failed = 0, skipped = 0;
+  try {
+    for (const Shape& shape : opt.shapes) {
+      ShapeResult r;
+      // Experts live in contiguous blocks of E/R per rank (the library's
+      // placement, and the reference's): other counts cannot run. Every rank
+      // decides alike, without talking.
+      if (shape.experts % li.nranks != 0) {
+        r.shape = shape;
+        r.skipped = "experts " + std::to_string(shape.experts) + " is not a multiple of the " +
+                    std::to_string(li.nranks) + " ranks (experts are placed in equal blocks)";
+        skipped++;
+      } else {
+        r = runShape(opt, shape, &ctl, dev.get());
+        if (!r.passed()) failed++;
+      }
+      if (printer) printResult(opt, r, li.nranks, dev->name());
+    }
+  } catch (const ControlFailure& e) {
+    fprintf(stderr, "ep_bench: rank %d: %s\n", li.rank, e.what());
+    return 1;
+  }
+  const int ran = int(opt.shapes.size()) - skipped;
+  if (printer) {
+    FILE* f = opt.json ? stderr : stdout;  // --json keeps stdout to JSON objects
+    std::string note = skipped ? " (" + std::to_string(skipped) + " of " + std::to_string(opt.shapes.size()) +
+                                     " shapes skipped)"
+                               : "";
+    if (ran == 0)
+      fprintf(f, "# no shape could run with %d ranks\n", li.nranks);
+    else if (failed == 0)
+      fprintf(f, "# all %s%s\n", opt.check ? "checks passed" : "shapes ran (unchecked)", note.c_str());
+    else
+      fprintf(f, "# %d %s failed%s\n", failed, opt.check ? "checks" : "shapes", note.c_str());
+  }
+  fflush(stdout);
+  return failed == 0 && ran > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  std::string error;
+  switch (parseOptions(argc, argv, &opt, &error)) {
+    case kParsed:
+      break;
+    case kHelp:
+      if (tools::launcherRank() <= 0) usage(stdout);
+      return 0;
+    case kBadOptions:
+      if (tools::launcherRank() <= 0) {  // under mpirun, say it once
+        fprintf(stderr, "ep_bench: %s\n", error.c_str());
+        usage(stderr);
+      }
+      return 2;
+  }
+  LaunchInfo li;
+  if (launchRanks(opt.nranks, 0, &li) != 0) return 1;
+  return benchMain(opt, li);
+}

@@ -1,0 +1,301 @@
+// moeep_info: what this libmoeep is and how it is set up, in the manner of
+// ucx_info.
+//
+//   moeep_info          version, library path, transports and every EP_* parameter
+//   moeep_info -v       version and library path only
+//   moeep_info -t       transports only
+//   moeep_info -p       parameters only, as NAME=value lines with their docs
+//   moeep_info -c       a quick self-test: a 2-rank in-process host communicator
+//                       runs one dispatch and one combine, checked
+//
+// Under mpirun only rank 0 prints (every rank with -a), so that the output of
+// a job's environment can be looked at once.
+#include <dlfcn.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdlib.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/launcher_env.h"
+#include "common/numeric.h"
+#include "moeep.h"
+
+namespace {
+
+void usage(FILE* f) {
+  fprintf(f,
+          "usage: moeep_info [-v] [-t] [-p] [-c] [-a] [-h]\n"
+          "  (no option)  everything but the self-test\n"
+          "  -v  version of the loaded library and of the header this tool was built with, and its path\n"
+          "  -t  transports: name, whether usable, where from or why not\n"
+          "  -p  EP_* parameters: name, default, value in this environment, description\n"
+          "  -c  self-test: 2 ranks as threads, one dispatch + combine on the host backend\n"
+          "  -a  under mpirun, print on every rank (default: rank 0 only)\n"
+          "  -h  this message\n");
+}
+
+void printVersion() {
+  int code = 0;
+  epResult_t res = epGetVersion(&code);
+  if (res != epSuccess) {
+    printf("# library version: epGetVersion failed: %s: %s\n", epGetErrorString(res),
+           epGetLastError(nullptr));
+  } else {
+    printf("# libmoeep version %d.%d.%d (loaded library; EP_VERSION_CODE %d)\n", code / 10000,
+           code / 100 % 100, code % 100, code);
+  }
+  printf("# built with moeep.h %d.%d.%d (EP_VERSION_CODE %d)\n", EP_VERSION_MAJOR, EP_VERSION_MINOR,
+         EP_VERSION_PATCH, EP_VERSION_CODE);
+  // Major versions may break the ABI; minor and patch only add.
+  if (res == epSuccess && code / 10000 != EP_VERSION_MAJOR)
+    printf("# WARNING: the loaded library's major version differs from the header's: the ABI may differ\n");
+  else if (res == epSuccess && code < EP_VERSION_CODE)
+    printf("# WARNING: the loaded library is older than the header this tool was built with\n");
+
+  // Which file the dynamic loader picked: the answer to "why does it behave so".
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&epGetVersion), &info) != 0 && info.dli_fname != nullptr) {
+    char resolved[PATH_MAX];
+    const char* real = realpath(info.dli_fname, resolved);
+    if (real != nullptr && strcmp(real, info.dli_fname) != 0)
+      printf("# library path: %s -> %s\n", info.dli_fname, real);
+    else
+      printf("# library path: %s\n", info.dli_fname);
+  } else {
+    const char* why = dlerror();
+    printf("# library path: unknown (dladdr: %s)\n", why ? why : "no symbol information");
+  }
+}
+
+void printTransports() {
+  printf("#\n# Transports\n#\n");
+  int count = 0;
+  for (int i = 0;; i++) {
+    const char *name = nullptr, *detail = nullptr;
+    int available = 0;
+    if (epGetTransport(i, &name, &available, &detail) != epSuccess) break;
+    printf("#   %-12s %-13s %s\n", name ? name : "?", available ? "available" : "unavailable",
+           detail ? detail : "");
+    count++;
+  }
+  if (count == 0) printf("#   (none)\n");
+}
+
+// Like `ucx_info -cf`: each parameter with its doc, then NAME=value with the
+// value this process would use: the environment's when set, else the default.
+void printParams() {
+  printf("#\n# Parameters (EP_*; a config field set in code takes precedence)\n");
+  for (int i = 0;; i++) {
+    const char *name = nullptr, *def = nullptr, *value = nullptr, *doc = nullptr;
+    if (epGetParam(i, &name, &def, &value, &doc) != epSuccess) break;
+    printf("#\n# %s\n", doc ? doc : "");
+    printf("# default: \"%s\"%s\n", def ? def : "", value ? "; set in the environment" : "");
+    printf("%s=%s\n", name ? name : "?", value ? value : (def ? def : ""));
+  }
+}
+
+// ---- Self-test ---------------------------------------------------------------
+
+// A tiny problem: 2 ranks, 4 experts (2 each), 8 tokens of 64 bf16 values.
+constexpr int kRanks = 2, kExperts = 4, kTokens = 8, kTopk = 2, kHidden = 64;
+
+struct SelfTestRank {
+  epComm_t comm = nullptr;
+  int rank = 0;
+  std::vector<uint16_t> x, recv_x, out;
+  std::vector<int64_t> topk;
+  int64_t num_recv = -1;
+  std::string error;  // empty: passed
+};
+
+// Token t of rank r: value (r + 1) * (t + 1) / 64 in every column (exact in
+// bf16), routed to experts {t % 4, (t + r + 1) % 4} except every fourth token,
+// which goes nowhere (-1, -1).
+void makeInputs(SelfTestRank* s) {
+  s->x.resize(size_t(kTokens) * kHidden);
+  s->topk.resize(size_t(kTokens) * kTopk);
+  for (int t = 0; t < kTokens; t++) {
+    float v = float((s->rank + 1) * (t + 1)) / 64.0f;
+    for (int j = 0; j < kHidden; j++) s->x[size_t(t) * kHidden + j] = tools::floatToBf16(v);
+    bool nowhere = t % 4 == 3;
+    int64_t a = t % kExperts, b = (t + s->rank + 1) % kExperts;
+    s->topk[size_t(t) * 2] = nowhere ? -1 : a;
+    s->topk[size_t(t) * 2 + 1] = nowhere || b == a ? -1 : b;
+  }
+  s->recv_x.assign(size_t(kRanks) * kTokens * kHidden, 0);
+  s->out.assign(size_t(kTokens) * kHidden, 0xffff);
+}
+
+std::string apiError(const char* call, epResult_t res, epComm_t comm) {
+  return std::string(call) + ": " + epGetErrorString(res) + ": " + epGetLastError(comm);
+}
+
+// One rank's side: dispatch, y = received rows unchanged, combine. Host-backend
+// calls block until every rank joins, hence one thread per rank.
+void selfTestRank(SelfTestRank* s) {
+  makeInputs(s);
+  epDispatchArgs_t d = EP_DISPATCH_ARGS_INITIALIZER;
+  d.x = s->x.data();
+  d.x_type = epBfloat16;
+  d.topk_idx = s->topk.data();
+  d.topk_idx_type = epInt64;
+  d.num_tokens = kTokens;
+  d.num_topk = kTopk;
+  d.recv_x = s->recv_x.data();
+  d.recv_capacity = int64_t(kRanks) * kTokens;
+  d.num_recv = &s->num_recv;
+  epHandle_t handle = nullptr;
+  epResult_t res = epDispatch(s->comm, &d, &handle, nullptr);
+  if (res != epSuccess) {
+    s->error = apiError("epDispatch", res, s->comm);
+    return;
+  }
+  epCombineArgs_t c = EP_COMBINE_ARGS_INITIALIZER;
+  c.flags = EP_COMBINE_DETERMINISTIC;
+  c.y = s->recv_x.data();  // the identity expert
+  c.y_type = epBfloat16;
+  c.out = s->out.data();
+  res = epCombine(s->comm, &c, handle, nullptr);
+  epHandleDestroy(handle);
+  if (res != epSuccess) s->error = apiError("epCombine", res, s->comm);
+}
+
+// With the identity expert, out[t] = x[t] * (number of ranks token t went to).
+std::string checkSelfTest(const SelfTestRank& s) {
+  if (!s.error.empty()) return s.error;
+  for (int t = 0; t < kTokens; t++) {
+    int ranks_hit = 0;
+    for (int r = 0; r < kRanks; r++) {
+      bool hit = false;
+      for (int k = 0; k < kTopk; k++) {
+        int64_t e = s.topk[size_t(t) * kTopk + k];
+        hit = hit || (e >= 0 && e / (kExperts / kRanks) == r);
+      }
+      ranks_hit += hit;
+    }
+    float want = float((s.rank + 1) * (t + 1)) / 64.0f * float(ranks_hit);
+    for (int j = 0; j < kHidden; j++) {
+      float got = tools::bf16ToFloat(s.out[size_t(t) * kHidden + j]);
+      if (got != want) {
+        char buf[160];
+        snprintf(buf, sizeof(buf), "combine out[%d][%d] = %g, expected %g", t, j, double(got), double(want));
+        return buf;
+      }
+    }
+  }
+  return "";
+}
+
+// Prints what the communicator knows about itself: buffer bytes and node map.
+void printCommInfo(epComm_t comm) {
+  int rank = -1, size = 0, first = 0, count = 0, nodes = 0;
+  size_t bytes = 0;
+  epCommRank(comm, &rank);
+  epCommSize(comm, &size);
+  epCommLocalExperts(comm, &first, &count);
+  epCommBufferBytes(comm, &bytes);
+  std::vector<int> node_of_rank(size_t(size > 0 ? size : 1), -1);
+  epCommNodes(comm, &nodes, node_of_rank.data());
+  printf("#   rank %d/%d: experts [%d, %d), buffer %zu bytes, %d node%s, nodes of ranks:", rank, size, first,
+         first + count, bytes, nodes, nodes == 1 ? "" : "s");
+  for (int r = 0; r < size; r++) printf(" %d", node_of_rank[size_t(r)]);
+  printf("\n");
+}
+
+int selfTest() {
+  printf("#\n# Self-test: %d ranks as threads, host backend, %d tokens x %d bf16, top-%d of %d experts\n",
+         kRanks, kTokens, kHidden, kTopk, kExperts);
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = kExperts;
+  cfg.hidden = kHidden;
+  cfg.max_tokens_per_rank = kTokens;
+  cfg.max_topk = kTopk;
+  cfg.backend = epBackendHost;
+  cfg.timeout_ms = 20000;  // a broken library fails the test instead of hanging it
+  epComm_t comms[kRanks] = {};
+  epResult_t res = epCommInitAll(comms, kRanks, nullptr, &cfg);
+  if (res != epSuccess) {
+    printf("# self-test FAILED: %s\n", apiError("epCommInitAll", res, nullptr).c_str());
+    return 1;
+  }
+  for (epComm_t c : comms) printCommInfo(c);
+
+  SelfTestRank ranks[kRanks];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; r++) {
+    ranks[r].comm = comms[r];
+    ranks[r].rank = r;
+    threads.emplace_back(selfTestRank, &ranks[r]);
+  }
+  for (std::thread& t : threads) t.join();
+  int failed = 0;
+  for (int r = 0; r < kRanks; r++) {
+    std::string why = checkSelfTest(ranks[r]);
+    if (!why.empty()) {
+      printf("#   rank %d: FAILED: %s\n", r, why.c_str());
+      failed++;
+    } else {
+      printf("#   rank %d: received %lld rows, combine correct\n", r, (long long)ranks[r].num_recv);
+    }
+  }
+  for (epComm_t c : comms) epCommDestroy(c);
+  printf("# self-test %s\n", failed ? "FAILED" : "OK");
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool version = false, transports = false, params = false, self_test = false, all_ranks = false;
+  int c;
+  opterr = 0;
+  while ((c = getopt(argc, argv, "vtpcah")) != -1) {
+    switch (c) {
+      case 'v':
+        version = true;
+        break;
+      case 't':
+        transports = true;
+        break;
+      case 'p':
+        params = true;
+        break;
+      case 'c':
+        self_test = true;
+        break;
+      case 'a':
+        all_ranks = true;
+        break;
+      case 'h':
+        usage(stdout);
+        return 0;
+      default:
+        fprintf(stderr, "moeep_info: unknown option -%c\n", optopt);
+        usage(stderr);
+        return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "moeep_info: unexpected argument '%s'\n", argv[optind]);
+    usage(stderr);
+    return 2;
+  }
+  const int launcher_rank = tools::launcherRank();
+  if (launcher_rank > 0 && !all_ranks) return 0;
+  if (launcher_rank >= 0 && all_ranks) printf("# rank %d (of the launcher)\n", launcher_rank);
+  // No section chosen: everything except the self-test, which needs -c.
+  if (!version && !transports && !params && !self_test) version = transports = params = true;
+
+  if (version) printVersion();
+  if (transports) printTransports();
+  if (params) printParams();
+  int rc = self_test ? selfTest() : 0;
+  fflush(stdout);
+  return rc;
+}
