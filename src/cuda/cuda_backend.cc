@@ -23,6 +23,7 @@
 #include "../params.h"
 #include "../transport.h"
 #include "cuda_common.h"
+#include "ll_engine.h"
 
 #define CUDACHECK(call)                                                                        \
   do {                                                                                         \
@@ -91,12 +92,26 @@ class CudaBackend : public Backend {
   epResult_t init();
 
   const char* name() const override { return "cuda"; }
-  size_t bufferBytes() const override { return buffer_bytes_; }
+  size_t bufferBytes() const override { return buffer_bytes_ + (ll_ ? ll_->bytes() : 0); }
   epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) override;
   epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
   void releaseHandle(epHandle* h) override;
+  epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
+                        epStream_t stream) override {
+    DeviceGuard g(dev_);
+    return ll_->dispatch(args, h, send_only, reinterpret_cast<cudaStream_t>(stream));
+  }
+  epResult_t llCombine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only,
+                       epStream_t stream) override {
+    DeviceGuard g(dev_);
+    return ll_->combine(args, h, send_only, reinterpret_cast<cudaStream_t>(stream));
+  }
+  epResult_t llComplete(epHandle* h, epStream_t stream) override {
+    DeviceGuard g(dev_);
+    return ll_->complete(h, reinterpret_cast<cudaStream_t>(stream));
+  }
 
  private:
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
@@ -106,7 +121,8 @@ class CudaBackend : public Backend {
   epComm* comm_;
   int dev_ = 0;
   int channels_ = 32;
-  int send_warps_ = 10, recv_warps_ = 6, push_warps_ = 8, reduce_warps_ = 8;
+  // Measured on 2 x H200, EP2, 8192 tokens, 32 SMs (docs/BENCHMARKS.md).
+  int send_warps_ = 8, recv_warps_ = 8, push_warps_ = 3, reduce_warps_ = 13;
   size_t row_stride_ = 0, meta_stride_ = 0, rows_off_ = 0, meta_off_ = 0, buffer_bytes_ = 0;
   size_t slot_bytes_ = 0, tok_pos_off_ = 0, chan_off_ = 0, expert_off_ = 0;
   const TransportEntry* ipc_ = nullptr;
@@ -118,6 +134,7 @@ class CudaBackend : public Backend {
   cuda::ErrorInfo* err_host_ = nullptr;
   cuda::ErrorInfo* err_dev_ = nullptr;
   HState* hs_host_ = nullptr;  // pinned, for the exact-sizing count wait
+  std::unique_ptr<cuda::LLEngine> ll_;  // config.low_latency = 1
   std::mutex slots_mu_;
   std::vector<HandleSlot*> free_slots_;
   std::vector<HandleSlot*> all_slots_;
@@ -125,6 +142,7 @@ class CudaBackend : public Backend {
 
 CudaBackend::~CudaBackend() {
   DeviceGuard g(dev_);
+  ll_.reset();
   // Kernels of this rank may still run: wait for them. Peers only write into
   // this buffer during operations this rank takes part in, so once they are
   // done nobody touches it any more.
@@ -288,6 +306,10 @@ epResult_t CudaBackend::init() {
     free_slots_.push_back(s);
   }
   CUDACHECK(cudaDeviceSynchronize());
+  if (cfg.low_latency) {  // collective, like everything above
+    ll_ = std::make_unique<cuda::LLEngine>(comm_, dev_, prop.multiProcessorCount);
+    EPCHECK(ll_->init(ipc_, peers));
+  }
   EPCHECK(bootstrapBarrier(comm_->bootstrap));
   ipc_->table->connected(ipc_->ctx, own_mem_);
   return epSuccess;
@@ -318,6 +340,10 @@ epResult_t CudaBackend::allocSlot(HandleSlot** out) {
 }
 
 void CudaBackend::releaseHandle(epHandle* h) {
+  if (h->low_latency) {
+    if (ll_) ll_->release(h);
+    return;
+  }
   auto* s = static_cast<HandleSlot*>(h->backend_state);
   if (s == nullptr) return;
   std::lock_guard<std::mutex> lock(slots_mu_);

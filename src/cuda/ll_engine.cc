@@ -1,0 +1,228 @@
+#include "ll_engine.h"
+
+#include <cstring>
+
+#include "../bootstrap.h"
+#include "../checks.h"
+#include "../ll_layout.h"
+
+#define LLCUDACHECK(call)                                                                          \
+  do {                                                                                             \
+    cudaError_t ll_err_ = (call);                                                                  \
+    if (ll_err_ != cudaSuccess) {                                                                  \
+      cudaGetLastError();                                                                          \
+      return ::ep::setError(comm_, epUnhandledCudaError, "%s failed: %s (%s:%d)", #call,           \
+                            cudaGetErrorString(ll_err_), __FILE__, __LINE__);                      \
+    }                                                                                              \
+  } while (0)
+
+namespace ep {
+namespace cuda {
+
+struct LLEngine::HandleState {
+  LLHandleDev* dev = nullptr;
+  LLDispatchParams dispatch{};
+  LLCombineParams combine{};
+};
+
+LLEngine::~LLEngine() {
+  cudaSetDevice(dev_);
+  cudaDeviceSynchronize();
+  if (ipc_ != nullptr) {
+    for (void* c : conns_)
+      if (c) ipc_->table->close(ipc_->ctx, c);
+    if (own_mem_) ipc_->table->dereg_mem(ipc_->ctx, own_mem_);
+  }
+  for (LLHandleDev* s : all_slots_) cudaFree(s);
+  if (local_) cudaFree(local_);
+  if (err_host_) cudaFreeHost(err_host_);
+  cudaGetLastError();
+}
+
+epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInfo_v1_t>& peers) {
+  const Config& c = comm_->cfg;
+  const int R = comm_->nranks, me = comm_->rank;
+  ipc_ = ipc;
+  bytes_ = llBufferBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
+  if (c.buffer_bytes_cap > 0 && bytes_ > c.buffer_bytes_cap)
+    return setError(comm_, epInvalidArgument,
+                    "config.buffer_bytes_cap = %zu is too small for the low-latency buffers (%zu bytes)",
+                    c.buffer_bytes_cap, bytes_);
+  static_assert(sizeof(LLCtrl) <= kLLCtrlBytes, "LL control area");
+  std::vector<char> handles(size_t(R) * EP_TRANSPORT_HANDLE_BYTES, 0);
+  void* own = nullptr;
+  epResult_t res = ipc_->table->reg_mem(ipc_->ctx, bytes_, EP_TRANSPORT_MEM_DEVICE, &own,
+                                        &handles[size_t(me) * EP_TRANSPORT_HANDLE_BYTES], &own_mem_);
+  if (res != epSuccess)
+    return setError(comm_, res, "cannot allocate the %zu-byte low-latency buffer on device %d", bytes_, dev_);
+  // Stale tags must not look like pair tags: zero before anyone writes.
+  LLCUDACHECK(cudaMemset(own, 0, bytes_));
+  LLCUDACHECK(cudaDeviceSynchronize());
+  EPCHECK(bootstrapAllGather(comm_->bootstrap, handles.data(), EP_TRANSPORT_HANDLE_BYTES));
+  conns_.assign(R, nullptr);
+  view_.bufs[me] = static_cast<char*>(own);
+  for (int r = 0; r < R; r++) {
+    if (r == me) continue;
+    void* p = nullptr;
+    res = ipc_->table->connect(ipc_->ctx, &peers[r], &handles[size_t(r) * EP_TRANSPORT_HANDLE_BYTES], &p, &conns_[r]);
+    if (res != epSuccess) return setError(comm_, res, "cannot map rank %d's low-latency buffer", r);
+    view_.bufs[r] = static_cast<char*>(p);
+  }
+  view_.rank = me;
+  view_.nranks = R;
+  view_.max_tokens = c.max_tokens_per_rank;
+  view_.hidden = c.hidden;
+  view_.max_topk = c.max_topk;
+  view_.local_experts = comm_->num_local_experts;
+  view_.first_expert = comm_->first_expert;
+  view_.num_experts = c.num_experts;
+  view_.set_bytes = llSetBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
+  view_.rec_bytes = llDispatchRecordBytes(c.hidden, c.max_topk);
+  view_.hdr_bytes = llRecordHeaderBytes(c.max_topk);
+  view_.crow_bytes = llCombineRowBytes(c.hidden);
+  view_.comb_off = llAlign(size_t(R) * c.max_tokens_per_rank * view_.rec_bytes, 4096);
+  view_.timeout_ns = (unsigned long long)c.timeout_ms * 1000000ull;
+
+  void* mem = nullptr;
+  LLCUDACHECK(cudaMalloc(&mem, sizeof(LLLocal)));
+  LLCUDACHECK(cudaMemset(mem, 0, sizeof(LLLocal)));
+  local_ = static_cast<LLLocal*>(mem);
+  view_.local = local_;
+  void* hp = nullptr;
+  LLCUDACHECK(cudaHostAlloc(&hp, sizeof(ErrorInfo), cudaHostAllocMapped));
+  memset(hp, 0, sizeof(ErrorInfo));
+  err_host_ = static_cast<ErrorInfo*>(hp);
+  void* dp = nullptr;
+  LLCUDACHECK(cudaHostGetDevicePointer(&dp, hp, 0));
+  view_.err = static_cast<ErrorInfo*>(dp);
+
+  slot_bytes_ = llAlign(offsetof(LLHandleDev, mask) + size_t(c.max_tokens_per_rank) + 1, 256);
+  for (int i = 0; i < 8; i++) {  // enough that a captured graph of a few layers allocates nothing
+    LLHandleDev* s = nullptr;
+    LLCUDACHECK(cudaMalloc(&s, slot_bytes_));
+    LLCUDACHECK(cudaMemset(s, 0, slot_bytes_));
+    all_slots_.push_back(s);
+    free_slots_.push_back(s);
+  }
+  LLCUDACHECK(cudaDeviceSynchronize());
+  EPCHECK(bootstrapBarrier(comm_->bootstrap));
+  ipc_->table->connected(ipc_->ctx, own_mem_);
+  EP_INFO(kSubsysInit, "low-latency buffers: %zu bytes per rank", bytes_);
+  return epSuccess;
+}
+
+epResult_t LLEngine::acquireSlot(LLHandleDev** out) {
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  if (free_slots_.empty()) {
+    LLHandleDev* s = nullptr;
+    LLCUDACHECK(cudaMalloc(&s, slot_bytes_));
+    all_slots_.push_back(s);
+    free_slots_.push_back(s);
+  }
+  *out = free_slots_.back();
+  free_slots_.pop_back();
+  return epSuccess;
+}
+
+void LLEngine::release(epHandle* h) {
+  auto* st = static_cast<HandleState*>(h->backend_state);
+  if (st == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(slots_mu_);
+    free_slots_.push_back(st->dev);
+  }
+  delete st;
+  h->backend_state = nullptr;
+}
+
+const char* llWhatName(int what) {
+  switch (what) {
+    case 20: return "waiting for a peer to release a low-latency buffer set";
+    case 21: return "low-latency dispatch: waiting for a source's tokens";
+    case 22: return "low-latency combine: waiting for a rank's partial sums";
+    case 23: return "low-latency dispatch: an expert id is not -1 or in [0, num_experts)";
+    default: return "low-latency kernel";
+  }
+}
+
+// Errors the kernels left in the host-mapped slot (reported at the next call).
+epResult_t LLEngine::checkErrors(const char* fn) {
+  const int code = err_host_->code;
+  if (code == 0) return epSuccess;
+  if (code == epTimeout) comm_->broken.store(epTimeout);
+  const int what = err_host_->what, peer = err_host_->peer;
+  const long long a = err_host_->a, b = err_host_->b;
+  err_host_->code = 0;
+  cudaMemset(&local_->err_claim, 0, sizeof(int));
+  if (what == 23)
+    return setError(comm_, epInvalidArgument, "%s: an earlier low-latency dispatch had topk_idx of token %lld = %lld: %s",
+                    fn, a, b, llWhatName(what));
+  return setError(comm_, epResult_t(code), "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) "
+                  "within %d ms", fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms);
+}
+
+epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {
+  EPCHECK(checkErrors("epLowLatencyDispatch"));
+  auto st = std::make_unique<HandleState>();
+  EPCHECK(acquireSlot(&st->dev));
+  LLDispatchParams& p = st->dispatch;
+  p.v = view_;
+  p.hd = st->dev;
+  p.x = static_cast<const uint16_t*>(a.x);
+  p.topk = a.topk_idx;
+  p.idx64 = a.topk_idx_type == epInt64;
+  p.weights = a.topk_weights;
+  p.num_tokens = a.num_tokens;
+  p.num_topk = a.num_topk;
+  p.fp8 = a.wire_type == epFloat8E4M3;
+  p.pow2 = (a.flags & EP_LL_ROUND_SCALE_POW2) != 0;
+  p.recv_x = static_cast<uint8_t*>(a.recv_x);
+  p.recv_scales = a.recv_scales;
+  p.recv_count = a.recv_count;
+  p.recv_src = a.recv_src;
+  h->backend_state = st.get();
+  HandleState* raw = st.release();
+  int err = launchLLDispatchSend(raw->dispatch, sms_, stream);
+  if (err == 0 && !send_only) err = launchLLDispatchRecv(raw->dispatch, sms_, stream);
+  if (err != 0) {
+    release(h);
+    return setError(comm_, epUnhandledCudaError, "epLowLatencyDispatch: kernel launch failed: %s",
+                    cudaGetErrorString(cudaError_t(err)));
+  }
+  if (send_only) h->pending = epHandle::Pending::kDispatch;
+  return epSuccess;
+}
+
+epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {
+  EPCHECK(checkErrors("epLowLatencyCombine"));
+  auto* st = static_cast<HandleState*>(h->backend_state);
+  LLCombineParams& p = st->combine;
+  p.v = view_;
+  p.hd = st->dev;
+  p.y = static_cast<const uint16_t*>(a.y);
+  p.out = static_cast<uint16_t*>(a.out);
+  p.num_topk = st->dispatch.num_topk;
+  int err = launchLLCombineSend(p, sms_, stream);
+  if (err == 0 && !send_only) err = launchLLCombineRecv(p, sms_, stream);
+  if (err != 0)
+    return setError(comm_, epUnhandledCudaError, "epLowLatencyCombine: kernel launch failed: %s",
+                    cudaGetErrorString(cudaError_t(err)));
+  if (send_only) h->pending = epHandle::Pending::kCombine;
+  return epSuccess;
+}
+
+epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
+  EPCHECK(checkErrors("epLowLatencyComplete"));
+  auto* st = static_cast<HandleState*>(h->backend_state);
+  int err = 0;
+  if (h->pending == epHandle::Pending::kDispatch) err = launchLLDispatchRecv(st->dispatch, sms_, stream);
+  else err = launchLLCombineRecv(st->combine, sms_, stream);
+  if (err != 0)
+    return setError(comm_, epUnhandledCudaError, "epLowLatencyComplete: kernel launch failed: %s",
+                    cudaGetErrorString(cudaError_t(err)));
+  h->pending = epHandle::Pending::kNone;
+  return epSuccess;
+}
+
+}  // namespace cuda
+}  // namespace ep

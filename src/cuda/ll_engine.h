@@ -1,0 +1,55 @@
+// Host side of the CUDA backend's low-latency mode: registers and maps the LL
+// buffers, keeps per-handle device state and launches ll_dispatch.cu /
+// ll_combine.cu on the caller's stream. Owned by the CUDA backend when
+// config.low_latency = 1.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "../comm.h"
+#include "../transport.h"
+#include "ll_common.h"
+
+namespace ep {
+namespace cuda {
+
+class LLEngine {
+ public:
+  LLEngine(epComm* comm, int device, int sms) : comm_(comm), dev_(device), sms_(sms) {}
+  ~LLEngine();
+  // Collective: registers this rank's LL buffer and maps every peer's.
+  // peers carry each rank's cuda_device and bus_id.
+  epResult_t init(const TransportEntry* ipc, const std::vector<epPeerInfo_v1_t>& peers);
+  size_t bytes() const { return bytes_; }
+
+  epResult_t dispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);
+  epResult_t combine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);
+  epResult_t complete(epHandle* h, cudaStream_t stream);
+  void release(epHandle* h);
+
+ private:
+  struct HandleState;
+  epResult_t checkErrors(const char* fn);
+  epResult_t acquireSlot(LLHandleDev** out);
+
+  epComm* comm_;
+  int dev_;
+  int sms_;
+  size_t bytes_ = 0;
+  LLView view_{};
+  const TransportEntry* ipc_ = nullptr;
+  void* own_mem_ = nullptr;
+  std::vector<void*> conns_;
+  LLLocal* local_ = nullptr;
+  ErrorInfo* err_host_ = nullptr;
+  std::mutex slots_mu_;
+  std::vector<LLHandleDev*> free_slots_, all_slots_;
+  size_t slot_bytes_ = 0;
+};
+
+}  // namespace cuda
+}  // namespace ep

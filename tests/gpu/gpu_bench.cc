@@ -1,0 +1,451 @@
+// GPU benchmark of the CUDA backend, EP2 on two GPUs of one node (ranks are
+// threads of this process). Built with nvcc -x cu by tests/gpu/run.sh.
+//
+// For each shape: check first (num_recv against the routing computed here, and
+// combine(y = recv_x) == x * ranks-that-got-it, bit for bit), then time with
+// CUDA events: L2 flushed (256 MB memset) before every timed run, both GPUs
+// released together by a peer-flag handshake kernel, median of 20 runs after
+// 3 warm-ups, the slower rank's median quoted. Reported:
+//   logical GB/s  = bytes of every row this rank received (own included) / time (DeepEP)
+//   physical GB/s = bytes that crossed NVLink into this rank / time, and its
+//                   ratio to the bidirectional SM-push ceiling measured here
+//                   with the same number of blocks
+//   NCCL all-to-all of the same bytes (dlopen of $EP_BENCH_NCCL_LIB), if found.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "gpu_common.h"
+
+namespace {
+
+constexpr int kWarm = 3, kIters = 20;
+
+__global__ void handshake(volatile int* mine, volatile int* peer, int v) {
+  *peer = v;
+  while (*mine < v) {
+  }
+}
+
+__global__ void smCopy(const int4* __restrict__ src, int4* __restrict__ dst, size_t n) {
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+struct SpinBarrier {
+  std::atomic<int> count{0}, gen{0};
+  int n;
+  explicit SpinBarrier(int n_) : n(n_) {}
+  void wait() {
+    int g = gen.load();
+    if (count.fetch_add(1) == n - 1) {
+      count.store(0);
+      gen.fetch_add(1);
+    } else {
+      while (gen.load() == g) std::this_thread::yield();
+    }
+  }
+};
+
+struct Sync {
+  int* flag[2];
+  void* flush[2];
+};
+Sync g_sync;
+std::atomic<int> g_tick{0};  // handshake values, increasing over the whole run
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Runs op on rank r kWarm + kIters times, each after an L2 flush and a
+// handshake with the other GPU; returns the median in microseconds.
+double timeOp(int r, cudaStream_t s, SpinBarrier& bar, const std::function<void()>& op,
+              const std::function<void()>& after = nullptr) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ts;
+  for (int it = 0; it < kWarm + kIters; it++) {
+    bar.wait();
+    if (r == 0) g_tick.fetch_add(1);
+    bar.wait();
+    int v = g_tick.load();
+    CK(cudaMemsetAsync(g_sync.flush[r], it & 0xff, 256u << 20, s));
+    handshake<<<1, 1, 0, s>>>(g_sync.flag[r], g_sync.flag[1 - r], v);
+    CK(cudaEventRecord(e0, s));
+    op();
+    CK(cudaEventRecord(e1, s));
+    CK(cudaStreamSynchronize(s));
+    if (after) after();
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (it >= kWarm) ts.push_back(ms * 1000.f);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return median(ts);
+}
+
+// Bidirectional SM push, GB/s per direction, 512-thread blocks (as the kernels).
+double linkCeiling(int blocks, size_t bytes) {
+  void *src[2], *dst[2];
+  cudaStream_t s[2];
+  cudaEvent_t e0[2], e1[2];
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    CK(cudaMalloc(&src[r], bytes));
+    CK(cudaMalloc(&dst[r], bytes));
+    CK(cudaMemset(src[r], 1, bytes));
+    CK(cudaStreamCreate(&s[r]));
+    CK(cudaEventCreate(&e0[r]));
+    CK(cudaEventCreate(&e1[r]));
+  }
+  std::vector<float> ts;
+  for (int it = 0; it < 13; it++) {
+    float worst = 0;
+    const int v = ++g_tick;
+    for (int r = 0; r < 2; r++) {
+      CK(cudaSetDevice(r));
+      handshake<<<1, 1, 0, s[r]>>>(g_sync.flag[r], g_sync.flag[1 - r], v);
+      CK(cudaEventRecord(e0[r], s[r]));
+      smCopy<<<blocks, 512, 0, s[r]>>>((const int4*)src[r], (int4*)dst[1 - r], bytes / 16);
+      CK(cudaEventRecord(e1[r], s[r]));
+    }
+    for (int r = 0; r < 2; r++) {
+      CK(cudaSetDevice(r));
+      CK(cudaStreamSynchronize(s[r]));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0[r], e1[r]));
+      worst = std::max(worst, ms);
+    }
+    if (it >= 3) ts.push_back(worst);
+  }
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    cudaFree(src[r]);
+    cudaFree(dst[r]);
+    cudaStreamDestroy(s[r]);
+  }
+  return bytes / (median(ts) * 1e6);
+}
+
+struct Routing {
+  std::vector<int64_t> topk[2];
+  int64_t count[2][2];  // [src][dst] rows
+  std::vector<uint8_t> cnt_of[2];  // ranks per token
+};
+
+Routing makeRouting(int T, int K, int E) {
+  Routing rt;
+  for (int r = 0; r < 2; r++) {
+    std::mt19937_64 g(100 + r);
+    randomTopk(g, T, K, E, 0.0, &rt.topk[r]);
+    rt.count[r][0] = rt.count[r][1] = 0;
+    rt.cnt_of[r].assign(T, 0);
+    for (int t = 0; t < T; t++) {
+      bool in[2] = {false, false};
+      for (int k = 0; k < K; k++) in[rt.topk[r][size_t(t) * K + k] / (E / 2)] = true;
+      for (int d = 0; d < 2; d++) {
+        rt.count[r][d] += in[d];
+        rt.cnt_of[r][t] += in[d];
+      }
+    }
+  }
+  return rt;
+}
+
+struct Result {
+  std::string what;
+  double us, logical, physical, ratio;
+};
+std::vector<Result> g_results;
+int g_bad = 0;
+
+void report(const std::string& what, double us, double recv_bytes, double nvlink_bytes, double ceiling) {
+  Result res{what, us, recv_bytes / (us * 1e3), nvlink_bytes / (us * 1e3), 0};
+  res.ratio = ceiling > 0 ? res.physical / ceiling : 0;
+  g_results.push_back(res);
+  printf("%-44s %9.1f us  logical %6.1f GB/s  nvlink %6.1f GB/s (%4.0f%% of %5.1f)\n", what.c_str(), us,
+         res.logical, res.physical, 100 * res.ratio, ceiling);
+  printf("{\"what\":\"%s\",\"us\":%.1f,\"logical_gbps\":%.1f,\"nvlink_gbps\":%.1f,\"ceiling_gbps\":%.1f}\n",
+         what.c_str(), us, res.logical, res.physical, ceiling);
+  fflush(stdout);
+}
+
+void benchConfig(int T, epDataType_t dt, int sms, const Routing& rt, double ceiling, bool layout_too) {
+  const int H = 7168, K = 8, E = 256, R = 2;
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = E;
+  cfg.hidden = H;
+  cfg.max_tokens_per_rank = T;
+  cfg.max_topk = K;
+  cfg.dispatch_type = dt;
+  cfg.combine_type = epBfloat16;
+  cfg.backend = epBackendCuda;
+  cfg.timeout_ms = 20000;
+  cfg.num_sms = sms;
+  epComm_t comms[2];
+  EK(nullptr, epCommInitAll(comms, R, nullptr, &cfg));
+  const bool fp8 = dt == epFloat8E4M3;
+  const int nb = fp8 ? H / 128 : 0;
+  const size_t drow = size_t(H) * (fp8 ? 1 : 2), crow = size_t(H) * 2;
+  const int cap = 2 * T;
+  double t_full[2], t_cached[2], t_combine[2], t_layout[2];
+  SpinBarrier bar(2);
+  runRanks(2, [&](int r) {
+    CK(cudaSetDevice(r));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::mt19937_64 g(7 + r);
+    std::vector<uint8_t> hx(size_t(T) * drow);
+    fillRandomRow(g, dt, hx.data(), size_t(T) * H);
+    std::vector<float> hs(std::max(1, T * nb), 1.5f), hw(size_t(T) * K, 0.25f);
+    void *x, *topk, *recv_x, *y, *out;
+    float *scales, *w, *recv_scales, *recv_w;
+    int64_t *recv_idx, *num_recv;
+    int *tpe, *tpr, *tpexp;
+    uint8_t* in_rank;
+    CK(cudaMalloc(&x, hx.size()));
+    CK(cudaMalloc(&topk, size_t(T) * K * 8));
+    CK(cudaMalloc(&recv_x, size_t(cap) * drow));
+    CK(cudaMalloc(&y, size_t(cap) * crow));
+    CK(cudaMalloc(&out, size_t(T) * crow));
+    CK(cudaMalloc((void**)&scales, hs.size() * 4));
+    CK(cudaMalloc((void**)&w, hw.size() * 4));
+    CK(cudaMalloc((void**)&recv_scales, size_t(cap) * std::max(nb, 1) * 4));
+    CK(cudaMalloc((void**)&recv_w, size_t(cap) * K * 4));
+    CK(cudaMalloc((void**)&recv_idx, size_t(cap) * K * 8));
+    CK(cudaMalloc((void**)&num_recv, 8));
+    CK(cudaMalloc((void**)&tpe, E * 4));
+    CK(cudaMalloc((void**)&tpr, 64));
+    CK(cudaMalloc((void**)&tpexp, E * 4));
+    CK(cudaMalloc((void**)&in_rank, size_t(T) * R));
+    CK(cudaMemcpy(x, hx.data(), hx.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(topk, rt.topk[r].data(), size_t(T) * K * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(scales, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+    if (fp8) {
+      std::vector<uint8_t> hy(size_t(cap) * crow);
+      fillRandomRow(g, epBfloat16, hy.data(), size_t(cap) * H);
+      CK(cudaMemcpy(y, hy.data(), hy.size(), cudaMemcpyHostToDevice));
+    }
+    epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+    a.flags = EP_DISPATCH_NO_HOST_SYNC;
+    a.x = x;
+    a.x_type = dt;
+    a.x_scales = fp8 ? scales : nullptr;
+    a.topk_idx = topk;
+    a.topk_weights = w;
+    a.num_tokens = T;
+    a.num_topk = K;
+    a.recv_x = recv_x;
+    a.recv_scales = fp8 ? recv_scales : nullptr;
+    a.recv_topk_idx = recv_idx;
+    a.recv_topk_weights = recv_w;
+    a.recv_capacity = cap;
+    a.recv_tokens_per_expert = tpe;
+    a.num_recv = num_recv;
+    epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+    ca.y = fp8 ? y : recv_x;
+    ca.y_type = epBfloat16;
+    ca.out = out;
+    // Check.
+    epHandle_t h = nullptr;
+    EK(comms[r], epDispatch(comms[r], &a, &h, s));
+    EK(comms[r], epCombine(comms[r], &ca, h, s));
+    CK(cudaStreamSynchronize(s));
+    int64_t n = -1;
+    CK(cudaMemcpy(&n, num_recv, 8, cudaMemcpyDeviceToHost));
+    const int64_t expect = rt.count[0][r] + rt.count[1][r];
+    if (n != expect) {
+      printf("CHECK FAILED rank %d: num_recv %lld, expected %lld\n", r, (long long)n, (long long)expect);
+      g_bad++;
+    }
+    if (!fp8) {
+      std::vector<uint16_t> ho(size_t(T) * H);
+      CK(cudaMemcpy(ho.data(), out, ho.size() * 2, cudaMemcpyDeviceToHost));
+      const uint16_t* xi = reinterpret_cast<const uint16_t*>(hx.data());
+      size_t bad = 0;
+      for (int t = 0; t < T; t++) {
+        float m = rt.cnt_of[r][t];
+        for (int j = 0; j < H; j++) {
+          uint32_t b = uint32_t(xi[size_t(t) * H + j]) << 16;
+          float f;
+          memcpy(&f, &b, 4);
+          if (ho[size_t(t) * H + j] != toBf16Bits(f * m)) bad++;
+        }
+      }
+      if (bad) {
+        printf("CHECK FAILED rank %d: %zu combine elements differ from x * ranks\n", r, bad);
+        g_bad++;
+      }
+    }
+    bar.wait();
+    t_full[r] = timeOp(r, s, bar, [&] {
+      epHandle_t h2 = nullptr;
+      EK(comms[r], epDispatch(comms[r], &a, &h2, s));
+      epHandleDestroy(h2);  // the slot is reused in stream order
+    });
+    t_cached[r] = timeOp(r, s, bar, [&] { EK(comms[r], epDispatch(comms[r], &a, &h, s)); });
+    t_combine[r] = timeOp(r, s, bar, [&] { EK(comms[r], epCombine(comms[r], &ca, h, s)); });
+    if (layout_too) {
+      epLayoutArgs_t la = EP_LAYOUT_ARGS_INITIALIZER;
+      la.topk_idx = topk;
+      la.num_tokens = T;
+      la.num_topk = K;
+      la.tokens_per_rank = tpr;
+      la.tokens_per_node = tpr + 8;
+      la.tokens_per_expert = tpexp;
+      la.is_token_in_rank = in_rank;
+      t_layout[r] = timeOp(r, s, bar, [&] { EK(comms[r], epLayout(comms[r], &la, s)); });
+    }
+    epHandleDestroy(h);
+    void* all[] = {x, topk, recv_x, y, out, scales, w, recv_scales, recv_w, recv_idx, num_recv, tpe, tpr, tpexp, in_rank};
+    for (void* p : all) cudaFree(p);
+    CK(cudaStreamDestroy(s));
+  });
+  for (int r = 0; r < 2; r++) epCommDestroy(comms[r]);
+  // Bytes per rank (rank 0's view; the routing is symmetric in expectation).
+  const double rowb = double(drow) + nb * 4;
+  const double recv_rows = double(rt.count[0][0] + rt.count[1][0]);
+  const double nvl_rows = double(rt.count[1][0]);
+  char name[128];
+  const char* ty = fp8 ? "fp8" : "bf16";
+  snprintf(name, sizeof(name), "dispatch %s T=%d sms=%d (cached)", ty, T, sms);
+  report(name, std::max(t_cached[0], t_cached[1]), recv_rows * rowb, nvl_rows * rowb, ceiling);
+  snprintf(name, sizeof(name), "dispatch %s T=%d sms=%d (new routing)", ty, T, sms);
+  report(name, std::max(t_full[0], t_full[1]), recv_rows * rowb, nvl_rows * rowb, ceiling);
+  snprintf(name, sizeof(name), "combine bf16 T=%d sms=%d (after %s)", T, sms, ty);
+  report(name, std::max(t_combine[0], t_combine[1]), recv_rows * crow, double(rt.count[0][1]) * crow, ceiling);
+  if (layout_too) {
+    snprintf(name, sizeof(name), "layout T=%d", T);
+    report(name, std::max(t_layout[0], t_layout[1]), 0, 0, 0);
+  }
+}
+
+// NCCL all-to-all of the dispatch's bytes (each rank sends count[r][d] rows to d).
+typedef int (*ncclCommInitAll_t)(void** comms, int ndev, const int* devlist);
+typedef int (*ncclSendRecv_t)(const void* buf, size_t count, int type, int peer, void* comm, cudaStream_t s);
+typedef int (*ncclGroup_t)();
+typedef int (*ncclCommDestroy_t)(void* comm);
+
+void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
+  const char* lib = getenv("EP_BENCH_NCCL_LIB");
+  void* h = lib ? dlopen(lib, RTLD_NOW) : nullptr;
+  if (h == nullptr) {
+    printf("SKIPPED nccl all-to-all %s T=%d: libnccl.so.2 not found (%s)\n", what, T, lib ? dlerror() : "EP_BENCH_NCCL_LIB unset");
+    return;
+  }
+  auto initAll = (ncclCommInitAll_t)dlsym(h, "ncclCommInitAll");
+  auto send = (ncclSendRecv_t)dlsym(h, "ncclSend");
+  auto recv = (ncclSendRecv_t)dlsym(h, "ncclRecv");
+  auto gstart = (ncclGroup_t)dlsym(h, "ncclGroupStart");
+  auto gend = (ncclGroup_t)dlsym(h, "ncclGroupEnd");
+  auto destroy = (ncclCommDestroy_t)dlsym(h, "ncclCommDestroy");
+  void* comms[2];
+  int devs[2] = {0, 1};
+  if (!initAll || initAll(comms, 2, devs) != 0) {
+    printf("SKIPPED nccl all-to-all: ncclCommInitAll failed\n");
+    return;
+  }
+  void *sb[2], *rb[2];
+  cudaStream_t s[2];
+  cudaEvent_t e0[2], e1[2];
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    CK(cudaMalloc(&sb[r], size_t(T) * 2 * rowb));
+    CK(cudaMalloc(&rb[r], size_t(T) * 2 * rowb));
+    CK(cudaStreamCreate(&s[r]));
+    CK(cudaEventCreate(&e0[r]));
+    CK(cudaEventCreate(&e1[r]));
+  }
+  std::vector<float> ts;
+  for (int it = 0; it < kWarm + kIters; it++) {
+    for (int r = 0; r < 2; r++) {
+      CK(cudaSetDevice(r));
+      CK(cudaMemsetAsync(g_sync.flush[r], 1, 256u << 20, s[r]));
+      CK(cudaEventRecord(e0[r], s[r]));
+    }
+    gstart();
+    for (int r = 0; r < 2; r++) {
+      size_t soff = 0, roff = 0;
+      for (int d = 0; d < 2; d++) {
+        send((char*)sb[r] + soff, size_t(rt.count[r][d]) * rowb, 0, d, comms[r], s[r]);
+        recv((char*)rb[r] + roff, size_t(rt.count[d][r]) * rowb, 0, d, comms[r], s[r]);
+        soff += size_t(rt.count[r][d]) * rowb;
+        roff += size_t(rt.count[d][r]) * rowb;
+      }
+    }
+    gend();
+    float worst = 0;
+    for (int r = 0; r < 2; r++) {
+      CK(cudaSetDevice(r));
+      CK(cudaEventRecord(e1[r], s[r]));
+      CK(cudaStreamSynchronize(s[r]));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0[r], e1[r]));
+      worst = std::max(worst, ms);
+    }
+    if (it >= kWarm) ts.push_back(worst * 1000.f);
+  }
+  double us = median(ts);
+  double recv_rows = double(rt.count[0][0] + rt.count[1][0]);
+  char name[128];
+  snprintf(name, sizeof(name), "nccl all-to-all %s bytes T=%d", what, T);
+  report(name, us, recv_rows * rowb, double(rt.count[1][0]) * rowb, 0);
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    cudaFree(sb[r]);
+    cudaFree(rb[r]);
+    destroy(comms[r]);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
+    printf("SKIPPED gpu_bench: needs 2 GPUs, %d visible\n", ndev);
+    return 0;
+  }
+  std::vector<int> sms_list = {24, 32, 64};
+  std::vector<int> tokens = {4096, 8192};
+  for (int i = 1; i < argc; i++) {
+    std::string arg = argv[i];
+    if (arg == "--quick") sms_list = {32};
+    else if (arg == "--tokens" && i + 1 < argc) tokens = {atoi(argv[++i])};
+  }
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    cudaError_t e = cudaDeviceEnablePeerAccess(1 - r, 0);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CK(e);
+    cudaGetLastError();
+    CK(cudaMalloc((void**)&g_sync.flag[r], 64));
+    CK(cudaMemset(g_sync.flag[r], 0, 64));
+    CK(cudaMalloc(&g_sync.flush[r], 256u << 20));
+  }
+  std::vector<double> ceil_of(65, 0);
+  for (int b : sms_list) {
+    ceil_of[b] = linkCeiling(b, 117u << 20);
+    printf("link ceiling: SM push both directions, %d blocks x 512 threads: %.1f GB/s per direction\n", b, ceil_of[b]);
+  }
+  for (int T : tokens) {
+    Routing rt = makeRouting(T, 8, 256);
+    printf("routing T=%d: rows 0->0 %lld 0->1 %lld 1->0 %lld 1->1 %lld\n", T, (long long)rt.count[0][0],
+           (long long)rt.count[0][1], (long long)rt.count[1][0], (long long)rt.count[1][1]);
+    for (epDataType_t dt : {epBfloat16, epFloat8E4M3})
+      for (int sms : sms_list) benchConfig(T, dt, sms, rt, ceil_of[sms], dt == epBfloat16 && sms == sms_list[0]);
+    benchNccl(rt, T, 7168 * 2, "bf16");
+    benchNccl(rt, T, 7168 + 56 * 4, "fp8");
+  }
+  printf("\n%-44s %9s %8s %8s %6s\n", "summary", "us", "logical", "nvlink", "ratio");
+  for (const Result& r : g_results)
+    printf("%-44s %9.1f %8.1f %8.1f %5.0f%%\n", r.what.c_str(), r.us, r.logical, r.physical, 100 * r.ratio);
+  if (g_bad) printf("gpu_bench: %d CHECKS FAILED\n", g_bad);
+  return g_bad ? 1 : 0;
+}

@@ -1,0 +1,54 @@
+#!/bin/bash
+# GPU level of the tests (`make gpu-test`): builds the library with CUDA, the
+# GPU test and the GPU benchmark, runs the test, a small case under
+# compute-sanitizer (memcheck, racecheck) and the benchmark.
+# Fails when no GPU is visible. Logs go to $OUT (if set) or $BUILD/gpu-logs.
+#   EP_GPU_BENCH=0   skip the benchmark
+#   EP_GPU_SANITIZER=0  skip the sanitizer runs
+#   EP_GPU_TEST_TIMEOUT, EP_GPU_SANITIZER_TIMEOUT, EP_GPU_BENCH_TIMEOUT: seconds
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+LOGS=${OUT:-$BUILD/gpu-logs}
+mkdir -p "$LOGS" "$BUILD/tests"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+make -j16 CUDA=1 lib >"$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; echo "gpu-test: FAILED to build"; exit 1; }
+g++ -std=c++17 -O2 -g -Wall -Iinclude -isystem "$CUDA_HOME/include" tests/gpu/gpu_test.cc -o "$BUILD/tests/gpu_test" \
+  -L"$BUILD/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread -Wl,-rpath,"$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_test"; exit 1; }
+"$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_bench.cc -o "$BUILD/tests/gpu_bench" \
+  -L"$BUILD/lib" -lmoeep -ldl -Xlinker -rpath -Xlinker "$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_bench"; exit 1; }
+
+"$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_ll_test.cc -o "$BUILD/tests/gpu_ll_test" \
+  -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_ll_test"; exit 1; }
+
+status=0
+timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 | tee "$LOGS/gpu_ll_test.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test: FAILED"; status=1; }
+timeout ${EP_GPU_TEST_TIMEOUT:-540} "$BUILD/tests/gpu_test" 2>&1 | tee "$LOGS/gpu_test.log"
+rc=${PIPESTATUS[0]}
+if grep -q "^SKIPPED gpu_test: no GPU" "$LOGS/gpu_test.log"; then echo "gpu-test: FAILED: no GPU visible"; exit 1; fi
+[ "$rc" -eq 0 ] || { echo "gpu_test: exit $rc"; status=1; }
+
+if [ "${EP_GPU_SANITIZER:-1}" != 0 ] && [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then
+  for tool in memcheck racecheck; do
+    timeout ${EP_GPU_SANITIZER_TIMEOUT:-300} "$CUDA_HOME/bin/compute-sanitizer" --tool $tool --error-exitcode 9 "$BUILD/tests/gpu_test" --small \
+      >"$LOGS/sanitizer_$tool.log" 2>&1
+    rc=$?
+    tail -3 "$LOGS/sanitizer_$tool.log"
+    echo "compute-sanitizer $tool: exit $rc"
+    [ "$rc" -eq 0 ] || status=1
+  done
+fi
+
+if [ "${EP_GPU_BENCH:-1}" != 0 ]; then
+  timeout 300 "$BUILD/tests/gpu_ll_test" --bench 2>&1 | tee "$LOGS/gpu_ll_bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  [ -n "$NCCL_DIR" ] && [ -f "$NCCL_DIR/libnccl.so.2" ] && export EP_BENCH_NCCL_LIB="$NCCL_DIR/libnccl.so.2"
+  timeout ${EP_GPU_BENCH_TIMEOUT:-400} "$BUILD/tests/gpu_bench" ${EP_GPU_BENCH_ARGS:-} 2>&1 | tee "$LOGS/gpu_bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+[ $status -eq 0 ] && echo "gpu-test: PASSED" || echo "gpu-test: FAILED"
+exit $status
