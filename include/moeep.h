@@ -104,12 +104,26 @@ typedef struct {
   int num_sms;                 /* SM budget of the high-throughput kernels, 0: library default */
   int max_nodes_per_token;     /* node-limited routing bound M, 0: not declared */
   int low_latency;             /* 1: register the low-latency buffers at init (decode) */
+  /* InfiniBand / RoCE settings of the network transport. Each is -1 when not
+   * set: then the EP_IB_* variable of the same name applies, else the default
+   * (docs/TOPOLOGY.md). Classes: throughput (dispatch/combine data), low
+   * latency (decode data), control (counts, credits, barriers). */
+  int ib_sl_throughput;        /* service level 0..15; default 0 */
+  int ib_sl_low_latency;       /* service level 0..15; default 0 */
+  int ib_sl_control;           /* service level 0..15; default 0 */
+  int ib_traffic_class;        /* RoCE traffic class 0..255 (DSCP << 2); default 0 */
+  int ib_gid_index;            /* GID index 0..255; default: chosen by the transport */
+  int ib_qps_per_peer;         /* queue pairs per peer connection 1..16; default 1 */
+  int ib_ar_throughput;        /* adaptive routing 1 on, 0 off; default: on for IB, off for RoCE */
+  int ib_ar_low_latency;       /* adaptive routing of low-latency traffic, as above */
+  int ib_ar_control;           /* adaptive routing of control traffic, as above */
 } epConfig_t;
 
 #define EP_CONFIG_INITIALIZER                                                      \
   {                                                                                \
     sizeof(epConfig_t), EP_CONFIG_MAGIC, EP_CONFIG_VERSION, 0, 0, 0, 0, epBfloat16, \
-        epBfloat16, epBackendAuto, -1, 0, 0, 0, 0, 0                               \
+        epBfloat16, epBackendAuto, -1, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1,  \
+        -1, -1                                                                     \
   }
 
 /* ---- Library ------------------------------------------------------------- */

@@ -13,20 +13,29 @@ namespace ep {
 
 const char* trafficClassName(int c) {
   switch (c) {
-    case kTrafficThroughput: return "throughput";
-    case kTrafficLowLatency: return "low-latency";
-    case kTrafficControl: return "control";
-    default: return "?";
+    case kTrafficThroughput:
+      return "throughput";
+    case kTrafficLowLatency:
+      return "low-latency";
+    case kTrafficControl:
+      return "control";
+    default:
+      return "?";
   }
 }
 
 const char* pathKindName(PathKind k) {
   switch (k) {
-    case PathKind::kSelf: return "self";
-    case PathKind::kNvlink: return "nvlink";
-    case PathKind::kHostStaged: return "host-staged";
-    case PathKind::kRail: return "rail";
-    case PathKind::kRailForward: return "rail+fwd";
+    case PathKind::kSelf:
+      return "self";
+    case PathKind::kNvlink:
+      return "nvlink";
+    case PathKind::kHostStaged:
+      return "host-staged";
+    case PathKind::kRail:
+      return "rail";
+    case PathKind::kRailForward:
+      return "rail+fwd";
   }
   return "?";
 }
@@ -36,12 +45,12 @@ const char* pathKindName(PathKind k) {
 namespace {
 
 struct IbField {
-  const char* field;    // epConfig_t member, for messages
-  const char* param;    // EP_* name without the prefix
+  const char* field;  // epConfig_t member, for messages
+  const char* param;  // EP_* name without the prefix
   int config_value;
   int64_t (*env)();
   int lo, hi;
-  bool auto_ok;         // -1 ("auto") is a valid resolved value
+  bool auto_ok;  // -1 ("auto") is a valid resolved value
   int* out;
 };
 
@@ -54,8 +63,9 @@ epResult_t resolveField(const IbField& f, epComm* comm) {
     v = f.env();
     bool from_env = paramEnv(f.param) != nullptr;
     if ((v < f.lo || v > f.hi) && !(f.auto_ok && v == -1))
-      return setError(comm, epInvalidArgument, "%s%s = %lld is outside %d..%d%s", from_env ? "EP_" : "default of EP_",
-                      f.param, (long long)v, f.lo, f.hi, f.auto_ok ? " (-1: auto)" : "");
+      return setError(comm, epInvalidArgument, "%s%s = %lld is outside %d..%d%s",
+                      from_env ? "EP_" : "default of EP_", f.param, (long long)v, f.lo, f.hi,
+                      f.auto_ok ? " (-1: auto)" : "");
   }
   *f.out = int(v);
   return epSuccess;
@@ -100,8 +110,8 @@ epResult_t buildPlan(const PlanInput& in, Plan* out) {
   const NodeMap& m = *in.nodes;
   const int R = int(m.node_of_rank.size());
   if (in.rank < 0 || in.rank >= R || int(in.bus_id.size()) != R)
-    return setError(nullptr, epInternalError, "buildPlan: rank %d or %zu bus ids do not fit %d ranks", in.rank,
-                    in.bus_id.size(), R);
+    return setError(nullptr, epInternalError, "buildPlan: rank %d or %zu bus ids do not fit %d ranks",
+                    in.rank, in.bus_id.size(), R);
   Plan p;
   p.rank = in.rank;
   p.nranks = R;
@@ -122,8 +132,9 @@ epResult_t buildPlan(const PlanInput& in, Plan* out) {
   } else if (t != nullptr && !t->nics.empty()) {
     // No GPU to be near (host ranks): take the NICs in turn by local rank.
     p.nic = p.local_rank % int(t->nics.size());
-    p.nic_why = p.gpu_bus_id.empty() ? "no GPU: NICs taken in turn by local rank"
-                                     : "GPU " + p.gpu_bus_id + " not in the topology: NICs taken in turn by local rank";
+    p.nic_why = p.gpu_bus_id.empty()
+                    ? "no GPU: NICs taken in turn by local rank"
+                    : "GPU " + p.gpu_bus_id + " not in the topology: NICs taken in turn by local rank";
   } else {
     p.nic_why = t == nullptr || !t->available ? p.topo_source : "no RDMA NIC on this machine";
   }
@@ -145,8 +156,13 @@ epResult_t buildPlan(const PlanInput& in, Plan* out) {
     if (q == in.rank) {
       path.kind = PathKind::kSelf;
     } else if (path.node == p.node) {
-      path.access = in.access ? in.access(p.gpu_bus_id.c_str(), in.bus_id[q].c_str())
-                              : topoPeerAccess(p.gpu_bus_id.c_str(), in.bus_id[q].c_str());
+      const std::string& other = in.bus_id[q];
+      if (p.gpu_bus_id.empty() || other.empty())
+        path.access = PeerAccess::kUnknown;  // a side has no GPU
+      else if (in.access)
+        path.access = in.access(p.gpu_bus_id.c_str(), other.c_str());
+      else
+        path.access = topoPeerAccess(p.gpu_bus_id.c_str(), other.c_str());
       bool direct = path.access == PeerAccess::kP2P || path.access == PeerAccess::kNvlink;
       path.kind = direct ? PathKind::kNvlink : PathKind::kHostStaged;
       if (direct && p.masks_valid) p.nvlink_mask |= uint64_t(1) << m.local_rank[q];
@@ -208,7 +224,8 @@ epResult_t planDryRun(const Topology& topo, const std::vector<int>& node_sizes, 
 
 std::string planSummary(const Plan& p) {
   std::string s = "rank " + std::to_string(p.rank) + " node " + std::to_string(p.node) + " local " +
-                  std::to_string(p.local_rank) + " nic " + (p.nic_name.empty() ? "none" : p.nic_name) + " paths";
+                  std::to_string(p.local_rank) + " nic " + (p.nic_name.empty() ? "none" : p.nic_name) +
+                  " paths";
   if (p.nranks > 32) {  // a log line holds about 1 KB: count the kinds instead
     int count[5] = {0, 0, 0, 0, 0};
     for (const PeerPath& q : p.peers) count[int(q.kind)]++;
@@ -237,7 +254,8 @@ void planPrint(FILE* out, const Plan& p) {
   fprintf(out, "\n");
   if (p.masks_valid) {
     fprintf(out, "  rail sources (local ranks of each node whose RDMA arrives here):");
-    for (int n = 0; n < p.num_nodes; n++) fprintf(out, " %d:0x%llx", n, (unsigned long long)p.rail_sources[n]);
+    for (int n = 0; n < p.num_nodes; n++)
+      fprintf(out, " %d:0x%llx", n, (unsigned long long)p.rail_sources[n]);
     fprintf(out, "\n  peer-access mask of this node: 0x%llx\n", (unsigned long long)p.nvlink_mask);
   } else {
     fprintf(out, "  no node masks: a node has more than %d ranks\n", kMaxMaskRanks);
@@ -246,7 +264,7 @@ void planPrint(FILE* out, const Plan& p) {
   fprintf(out, "  IB: SL %d/%d/%d, adaptive routing %s/%s/%s (throughput/low-latency/control), ", ib.sl[0],
           ib.sl[1], ib.sl[2], autoOr(ib.adaptive_routing[0]).c_str(), autoOr(ib.adaptive_routing[1]).c_str(),
           autoOr(ib.adaptive_routing[2]).c_str());
-  fprintf(out, "TC %d, GID index %s, %d QPs per peer\n", ib.traffic_class,
+  fprintf(out, "TC %d, GID index %s, QPs per peer %d\n", ib.traffic_class,
           ib.gid_index < 0 ? "auto" : std::to_string(ib.gid_index).c_str(), ib.qps_per_peer);
   fprintf(out, "  peer node path\n");
   for (int q = 0; q < p.nranks; q++) {
@@ -257,6 +275,27 @@ void planPrint(FILE* out, const Plan& p) {
       fprintf(out, " (peer access %s)", peerAccessName(path.access));
     fprintf(out, "\n");
   }
+}
+
+epResult_t topoReport(FILE* out, const char* xml_path, int ranks_per_node, int num_nodes) {
+  std::shared_ptr<const Topology> topo;
+  if (xml_path != nullptr && *xml_path != '\0') {
+    auto t = std::make_shared<Topology>();
+    EPCHECK(topoLoad(xml_path, t.get()));
+    topo = t;
+  } else {
+    EPCHECK(topoLocal(&topo));
+  }
+  topoPrint(out, *topo);
+  if (ranks_per_node <= 0 || num_nodes <= 0) return epSuccess;
+  NodeMap nodes;
+  std::vector<Plan> plans;
+  EPCHECK(
+      planDryRun(*topo, std::vector<int>(num_nodes, ranks_per_node), IbTraffic(), nullptr, &nodes, &plans));
+  fprintf(out, "plan of %d nodes x %d ranks (local rank i drives GPU i):\n", num_nodes, ranks_per_node);
+  for (const Plan& p : plans) fprintf(out, "  %s\n", planSummary(p).c_str());
+  planPrint(out, plans[0]);
+  return epSuccess;
 }
 
 }  // namespace ep

@@ -22,7 +22,12 @@ struct NodeMap;
 
 // ---- InfiniBand / RoCE traffic settings --------------------------------------
 
-enum TrafficClass { kTrafficThroughput = 0, kTrafficLowLatency = 1, kTrafficControl = 2, kNumTrafficClasses = 3 };
+enum TrafficClass {
+  kTrafficThroughput = 0,
+  kTrafficLowLatency = 1,
+  kTrafficControl = 2,
+  kNumTrafficClasses = 3
+};
 const char* trafficClassName(int c);  // "throughput", "low-latency", "control"
 
 // Resolved from epConfig_t (struct > EP_IB_* > default).
@@ -55,9 +60,9 @@ const char* pathKindName(PathKind k);  // "self", "nvlink", "host-staged", "rail
 
 struct PeerPath {
   PathKind kind = PathKind::kHostStaged;
-  int node = 0;                                 // the peer's node
-  int via = -1;                                 // kRail / kRailForward: the rank that receives the RDMA
-  PeerAccess access = PeerAccess::kUnknown;     // same node: what CUDA said
+  int node = 0;                              // the peer's node
+  int via = -1;                              // kRail / kRailForward: the rank that receives the RDMA
+  PeerAccess access = PeerAccess::kUnknown;  // same node: what CUDA said
 };
 
 // Node masks have one bit per local index; nodes of more ranks than this get
@@ -70,19 +75,19 @@ struct Plan {
   std::vector<PeerPath> peers;  // [R]
   // The rank this one talks RDMA to on node n (same local index; a smaller node
   // wraps: local index modulo its size). rail_peer[node] is this rank.
-  std::vector<int> rail_peer;   // [N]
+  std::vector<int> rail_peer;  // [N]
   // Bit i of rail_sources[n]: local rank i of node n has this rank as its rail
   // peer, so its RDMA arrives here and is forwarded from here.
   std::vector<uint64_t> rail_sources;  // [N]
-  uint64_t nvlink_mask = 0;     // bit i: local rank i of this node is reachable by peer access
+  uint64_t nvlink_mask = 0;            // bit i: local rank i of this node is reachable by peer access
   bool masks_valid = true;
   // Where this rank's network traffic leaves.
-  int gpu = -1;                 // index in the topology, -1: none
+  int gpu = -1;  // index in the topology, -1: none
   std::string gpu_bus_id;
-  int nic = -1;                 // index in the topology, -1: none
-  std::string nic_name;         // "" when there is no RDMA NIC
+  int nic = -1;          // index in the topology, -1: none
+  std::string nic_name;  // "" when there is no RDMA NIC
   std::string nic_why;
-  std::string topo_source;      // where the topology came from, or why there is none
+  std::string topo_source;  // where the topology came from, or why there is none
   IbTraffic ib;
 };
 
@@ -93,9 +98,9 @@ int railPeer(const NodeMap& m, int rank, int node);
 struct PlanInput {
   const NodeMap* nodes = nullptr;
   int rank = 0;
-  const Topology* topo = nullptr;    // this rank's machine; may be NULL or unavailable
-  std::vector<std::string> bus_id;   // [R] GPU of each rank, "" for none (only this node's are read)
-  PeerAccessFn access = nullptr;     // NULL: topoPeerAccess (the CUDA hook)
+  const Topology* topo = nullptr;   // this rank's machine; may be NULL or unavailable
+  std::vector<std::string> bus_id;  // [R] GPU of each rank, "" for none (only this node's are read)
+  PeerAccessFn access = nullptr;    // NULL: topoPeerAccess (the CUDA hook)
   IbTraffic ib;
 };
 epResult_t buildPlan(const PlanInput& in, Plan* out);
@@ -109,9 +114,15 @@ epResult_t planBuildForComm(struct epComm* comm);
 epResult_t planDryRun(const Topology& topo, const std::vector<int>& node_sizes, const IbTraffic& ib,
                       PeerAccessFn access, NodeMap* nodes, std::vector<Plan>* plans);
 
-// One line: "rank 1 node 0 local 1/2 nic mlx5_1 paths 0:host-staged 1:self 2:rail+fwd@3 3:rail@3"
+// One line: "rank 1 node 0 local 1 nic mlx5_1 paths 0:host-staged 1:self 2:rail+fwd@3 3:rail"
 std::string planSummary(const Plan& p);
 // The plan as a small report (paths per peer, rail peers, masks, NIC, IB settings).
 void planPrint(FILE* out, const Plan& p);
+
+// What `moeep_info --topo` / `--plan` print: the topology of xml_path (NULL or
+// "": EP_TOPO_XML, else this machine), then, when ranks_per_node and num_nodes
+// are positive, the dry-run plan of every rank in one line each and the full
+// plan of rank 0. Peer access comes from the CUDA hook, if installed.
+epResult_t topoReport(FILE* out, const char* xml_path, int ranks_per_node, int num_nodes);
 
 }  // namespace ep

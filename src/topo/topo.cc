@@ -10,32 +10,46 @@ namespace ep {
 
 const char* pciDistName(PciDist d) {
   switch (d) {
-    case PciDist::kPix: return "PIX";
-    case PciDist::kPxb: return "PXB";
-    case PciDist::kPhb: return "PHB";
-    case PciDist::kNode: return "NODE";
-    case PciDist::kSys: return "SYS";
+    case PciDist::kPix:
+      return "PIX";
+    case PciDist::kPxb:
+      return "PXB";
+    case PciDist::kPhb:
+      return "PHB";
+    case PciDist::kNode:
+      return "NODE";
+    case PciDist::kSys:
+      return "SYS";
   }
   return "?";
 }
 
 const char* pciDistWhy(PciDist d) {
   switch (d) {
-    case PciDist::kPix: return "same PCIe switch";
-    case PciDist::kPxb: return "several PCIe switches";
-    case PciDist::kPhb: return "through the PCIe host bridge";
-    case PciDist::kNode: return "between host bridges of one NUMA node";
-    case PciDist::kSys: return "across NUMA nodes";
+    case PciDist::kPix:
+      return "same PCIe switch";
+    case PciDist::kPxb:
+      return "several PCIe switches";
+    case PciDist::kPhb:
+      return "through the PCIe host bridge";
+    case PciDist::kNode:
+      return "between host bridges of one NUMA node";
+    case PciDist::kSys:
+      return "across NUMA nodes";
   }
   return "?";
 }
 
 const char* peerAccessName(PeerAccess a) {
   switch (a) {
-    case PeerAccess::kUnknown: return "unknown";
-    case PeerAccess::kNone: return "none";
-    case PeerAccess::kP2P: return "p2p";
-    case PeerAccess::kNvlink: return "nvlink";
+    case PeerAccess::kUnknown:
+      return "unknown";
+    case PeerAccess::kNone:
+      return "none";
+    case PeerAccess::kP2P:
+      return "p2p";
+    case PeerAccess::kNvlink:
+      return "nvlink";
   }
   return "?";
 }
@@ -59,7 +73,8 @@ void topoSetPeerAccessFn(PeerAccessFn fn) { g_peer_access.store(fn); }
 
 PeerAccess topoPeerAccess(const char* bus_a, const char* bus_b) {
   PeerAccessFn fn = g_peer_access.load();
-  if (fn == nullptr || bus_a == nullptr || bus_b == nullptr || !*bus_a || !*bus_b) return PeerAccess::kUnknown;
+  if (fn == nullptr || bus_a == nullptr || bus_b == nullptr || !*bus_a || !*bus_b)
+    return PeerAccess::kUnknown;
   return fn(bus_a, bus_b);
 }
 
@@ -148,15 +163,15 @@ void topoPrint(FILE* out, const Topology& t) {
     fprintf(out, "  NUMA %d: CPUs %s, %.1f GiB\n", n.os_index, n.cpus.c_str(), double(n.bytes) / (1u << 30));
   fprintf(out, "GPUs (%zu):\n", t.gpus.size());
   for (size_t g = 0; g < t.gpus.size(); g++)
-    fprintf(out, "  GPU %zu  %s  %04x:%04x  NUMA %d  CPUs %s\n", g, t.gpus[g].bus_id.c_str(), t.gpus[g].vendor,
-            t.gpus[g].device, t.gpus[g].numa, t.gpus[g].cpus.c_str());
+    fprintf(out, "  GPU %zu  %s  %04x:%04x  NUMA %d  CPUs %s\n", g, t.gpus[g].bus_id.c_str(),
+            t.gpus[g].vendor, t.gpus[g].device, t.gpus[g].numa, t.gpus[g].cpus.c_str());
   fprintf(out, "RDMA NICs (%zu):\n", t.nics.size());
   for (const TopoNic& n : t.nics)
-    fprintf(out, "  %-8s  %s  NUMA %d  CPUs %s\n", n.name.c_str(), n.bus_id.empty() ? "(no PCI)" : n.bus_id.c_str(),
-            n.numa, n.cpus.c_str());
+    fprintf(out, "  %-8s  %s  NUMA %d  CPUs %s\n", n.name.c_str(),
+            n.bus_id.empty() ? "(no PCI)" : n.bus_id.c_str(), n.numa, n.cpus.c_str());
   if (t.gpus.empty()) return;
   if (!t.nics.empty()) {
-    fprintf(out, "GPU-NIC distance (PIX < PXB < PHB < NODE < SYS):\n       ");
+    fprintf(out, "GPU-NIC distance (PIX < PXB < PHB < NODE < SYS):\n        ");
     for (const TopoNic& n : t.nics) fprintf(out, " %-8s", n.name.c_str());
     fprintf(out, "\n");
     for (size_t g = 0; g < t.gpus.size(); g++) {
@@ -174,14 +189,15 @@ void topoPrint(FILE* out, const Topology& t) {
     fprintf(out, "GPU peer access: unknown (no CUDA support in this build or process)\n");
     return;
   }
-  fprintf(out, "GPU peer access (from CUDA):\n       ");
+  fprintf(out, "GPU peer access (from CUDA):\n        ");
   for (size_t g = 0; g < t.gpus.size(); g++) fprintf(out, " GPU %-3zu", g);
   fprintf(out, "\n");
   for (size_t a = 0; a < t.gpus.size(); a++) {
     fprintf(out, "  GPU %-2zu", a);
     for (size_t b = 0; b < t.gpus.size(); b++)
-      fprintf(out, " %-7s",
-              a == b ? "-" : peerAccessName(topoPeerAccess(t.gpus[a].bus_id.c_str(), t.gpus[b].bus_id.c_str())));
+      fprintf(
+          out, " %-7s",
+          a == b ? "-" : peerAccessName(topoPeerAccess(t.gpus[a].bus_id.c_str(), t.gpus[b].bus_id.c_str())));
     fprintf(out, "\n");
   }
 }

@@ -21,25 +21,25 @@ namespace ep {
 // How far apart two PCI devices are, nearest first (the vocabulary of
 // `nvidia-smi topo -m`; order matters: a smaller value is a better path).
 enum class PciDist : uint8_t {
-  kPix = 0,  // one PCIe switch (or bridge) joins them
-  kPxb = 1,  // several PCIe switches, not through the host bridge
-  kPhb = 2,  // through one PCIe host bridge (the CPU's root complex)
-  kNode = 3, // between host bridges of one NUMA node
-  kSys = 4,  // across the SMP interconnect between NUMA nodes or sockets
+  kPix = 0,   // one PCIe switch (or bridge) joins them
+  kPxb = 1,   // several PCIe switches, not through the host bridge
+  kPhb = 2,   // through one PCIe host bridge (the CPU's root complex)
+  kNode = 3,  // between host bridges of one NUMA node
+  kSys = 4,   // across the SMP interconnect between NUMA nodes or sockets
 };
 const char* pciDistName(PciDist d);  // "PIX", "PXB", ...
 const char* pciDistWhy(PciDist d);   // "same PCIe switch", ...
 
 struct TopoGpu {
-  std::string bus_id;   // "0000:1b:00.0"
+  std::string bus_id;  // "0000:1b:00.0"
   uint16_t vendor = 0, device = 0;
-  int numa = -1;        // NUMA node os index, -1 when not local to exactly one
-  std::string cpus;     // CPU list near the GPU, "0-55,112-167"
+  int numa = -1;     // NUMA node os index, -1 when not local to exactly one
+  std::string cpus;  // CPU list near the GPU, "0-55,112-167"
 };
 
 struct TopoNic {
-  std::string name;     // "mlx5_0"
-  std::string bus_id;   // "" when the device has no PCI parent (soft RoCE)
+  std::string name;    // "mlx5_0"
+  std::string bus_id;  // "" when the device has no PCI parent (soft RoCE)
   int numa = -1;
   std::string cpus;
 };
@@ -53,14 +53,14 @@ struct TopoNuma {
 struct Topology {
   bool available = false;  // false: why_unavailable says why; the lists are empty
   std::string why_unavailable;
-  std::string source;      // "this machine" or "xml FILE"
+  std::string source;  // "this machine" or "xml FILE"
   int packages = 0;
   std::vector<TopoNuma> numa;
-  std::vector<TopoGpu> gpus;                // in PCI bus order
-  std::vector<TopoNic> nics;                // in PCI bus order
-  std::vector<std::vector<PciDist>> dist;   // [gpu][nic]
-  std::vector<int> nic_of_gpu;              // [gpu] index into nics, -1: none
-  std::vector<std::string> nic_why;         // [gpu] why that NIC
+  std::vector<TopoGpu> gpus;               // in PCI bus order
+  std::vector<TopoNic> nics;               // in PCI bus order
+  std::vector<std::vector<PciDist>> dist;  // [gpu][nic]
+  std::vector<int> nic_of_gpu;             // [gpu] index into nics, -1: none
+  std::vector<std::string> nic_why;        // [gpu] why that NIC
 };
 
 // Reads the topology: the XML file xml_path when not NULL/empty, else this
