@@ -1,11 +1,11 @@
 // Low-latency combine kernels (see ll_common.h for who writes what).
 //
-// Send: one warp per arrived (source, token) record. The warp forms the
+// Send: one block per arrived (source, token) record. The block forms the
 // weighted sum of the rows of y of this rank's experts the token chose, in
 // k order with fused multiply-adds into float32 (exactly as the host backend),
 // and stores it into the home rank's combine landing: one row per (token,
 // rank), whatever the number of experts.
-// Receive: one warp per token of this rank sums the partial rows of the ranks
+// Receive: one block per token of this rank sums the partial rows of the ranks
 // the token went to, in ascending rank order, and rounds to BF16.
 #include "ll_device.cuh"
 
@@ -14,13 +14,18 @@ namespace cuda {
 
 namespace {
 
-__global__ void __launch_bounds__(512) llCombineSendKernel(LLCombineParams p) {
+constexpr int kThreads = 256;  // one block per row: 8 values per thread per step
+
+__global__ void __launch_bounds__(kThreads) llCombineSendKernel(LLCombineParams p) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, M = v.max_tokens, H = v.hidden;
   const uint32_t pair = p.hd->pair;
   const int set = int(pair & 1u);
   const uint32_t tag = pair + 1;
   __shared__ int src_base[kMaxRanks + 1];
+  __shared__ int s_count;
+  __shared__ int s_e[32], s_slot[32];
+  __shared__ float s_w[32];
   if (threadIdx.x < R) {
     if (pair >= 2)  // the home rank must have read the rows of pair - 2 from this set
       llWait(v, &llCtrl(v, me)->cfree[set][threadIdx.x], tag - 2, true, kLLWhatFree, threadIdx.x);
@@ -36,50 +41,56 @@ __global__ void __launch_bounds__(512) llCombineSendKernel(LLCombineParams p) {
   __syncthreads();
   const int total = src_base[R];
   const size_t cap = size_t(R) * M;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int c = blockIdx.x * warps + warp; c < total; c += gridDim.x * warps) {
+  const int lane = threadIdx.x & 31;
+  for (int c = blockIdx.x; c < total; c += gridDim.x) {
     int s = 0;
     while (c >= src_base[s + 1]) s++;
     const int t = c - src_base[s];
     const char* rec = llRecord(v, me, set, s, t);
     const LLRecordHeader* h = reinterpret_cast<const LLRecordHeader*>(rec);
-    if (h->tag != tag) continue;  // token t of s did not come here
-    const int K = int(h->pad[0]);
-    int my_e = -1, my_slot = 0;
-    float my_w = 0.0f;
-    if (lane < K) {
-      const int id = reinterpret_cast<const int32_t*>(rec + 16)[lane];
-      if (id >= v.first_expert && id < v.first_expert + v.local_experts) {
-        my_e = id - v.first_expert;
-        my_w = reinterpret_cast<const float*>(rec + 16 + 4 * v.max_topk)[lane];
-        my_slot = reinterpret_cast<const int32_t*>(rec + 16 + 8 * v.max_topk)[lane];
+    if (h->tag != tag) continue;  // token t of s did not come here (block-uniform)
+    if (threadIdx.x < 32) {  // this rank's experts of the token, k ascending, as the host
+      const int K = int(h->pad[0]);
+      int e = -1;
+      if (lane < K) {
+        const int id = reinterpret_cast<const int32_t*>(rec + 16)[lane];
+        if (id >= v.first_expert && id < v.first_expert + v.local_experts) e = id - v.first_expert;
       }
+      const unsigned local = __ballot_sync(0xffffffffu, e >= 0);
+      if (e >= 0) {
+        const int idx = __popc(local & ((1u << lane) - 1u));
+        s_e[idx] = e;
+        s_w[idx] = reinterpret_cast<const float*>(rec + 16 + 4 * v.max_topk)[lane];
+        s_slot[idx] = reinterpret_cast<const int32_t*>(rec + 16 + 8 * v.max_topk)[lane];
+      }
+      if (lane == 0) s_count = __popc(local);
     }
-    const unsigned local = __ballot_sync(0xffffffffu, my_e >= 0);
+    __syncthreads();
+    const int n = s_count;
     float* dst = llCombineRow(v, s, set, me, t);
-    for (int base = 0; base < H; base += 256) {
-      const int j = base + lane * 8;
-      const bool active = j < H;
+    for (int j = threadIdx.x * 8; j < H; j += kThreads * 8) {
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (unsigned bits = local; bits; bits &= bits - 1) {  // k ascending, as the host
-        const int k = __ffs(bits) - 1;
-        const int e = __shfl_sync(0xffffffffu, my_e, k);
-        const int slot = __shfl_sync(0xffffffffu, my_slot, k);
-        const float w = __shfl_sync(0xffffffffu, my_w, k);
-        if (!active) continue;
-        const int4 raw = ldNc(reinterpret_cast<const int4*>(p.y + (size_t(e) * cap + slot) * H + j));
-        const uint32_t words[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
+      for (int k0 = 0; k0 < n; k0 += 4) {  // four rows of y in flight, summed in order
+        int4 raw[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-          acc[2 * i] = fmaf(w, bf16ToFloat(words[i] & 0xffffu), acc[2 * i]);
-          acc[2 * i + 1] = fmaf(w, bf16ToFloat(words[i] >> 16), acc[2 * i + 1]);
+        for (int u = 0; u < 4; u++)
+          if (k0 + u < n) raw[u] = ldNc(reinterpret_cast<const int4*>(p.y + (size_t(s_e[k0 + u]) * cap + s_slot[k0 + u]) * H + j));
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          if (k0 + u >= n) break;
+          const float w = s_w[k0 + u];
+          const uint32_t words[4] = {uint32_t(raw[u].x), uint32_t(raw[u].y), uint32_t(raw[u].z), uint32_t(raw[u].w)};
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            acc[2 * i] = fmaf(w, bf16ToFloat(words[i] & 0xffffu), acc[2 * i]);
+            acc[2 * i + 1] = fmaf(w, bf16ToFloat(words[i] >> 16), acc[2 * i + 1]);
+          }
         }
       }
-      if (active) {
-        reinterpret_cast<float4*>(dst + j)[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        reinterpret_cast<float4*>(dst + j)[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-      }
+      reinterpret_cast<float4*>(dst + j)[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      reinterpret_cast<float4*>(dst + j)[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
     }
+    __syncthreads();  // s_e / s_w / s_slot are rewritten for the next record
   }
   if (llLastBlock(v, 2)) {
     if (threadIdx.x < R) {
@@ -89,7 +100,7 @@ __global__ void __launch_bounds__(512) llCombineSendKernel(LLCombineParams p) {
   }
 }
 
-__global__ void __launch_bounds__(256) llCombineRecvKernel(LLCombineParams p) {
+__global__ void __launch_bounds__(kThreads) llCombineRecvKernel(LLCombineParams p) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, H = v.hidden;
   const uint32_t pair = p.hd->pair;
@@ -98,23 +109,30 @@ __global__ void __launch_bounds__(256) llCombineRecvKernel(LLCombineParams p) {
   if (threadIdx.x < R) llWait(v, &llCtrl(v, me)->cdone[set][threadIdx.x], tag, false, kLLWhatCombine, threadIdx.x);
   __syncthreads();
   const int T = p.hd->num_tokens;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int t = blockIdx.x * warps + warp; t < T; t += gridDim.x * warps) {
+  for (int t = blockIdx.x; t < T; t += gridDim.x) {
     const unsigned mask = p.hd->mask[t];
-    for (int j = lane * 8; j < H; j += 256) {
+    for (int j = threadIdx.x * 8; j < H; j += kThreads * 8) {
+      int4 a[kMaxRanks], b[kMaxRanks];
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; r++) {  // every partial row in flight at once
+        if (r < R && (mask & (1u << r))) {
+          const int4* src = reinterpret_cast<const int4*>(llCombineRow(v, me, set, r, t) + j);
+          a[r] = ldStaged(src);
+          b[r] = ldStaged(src + 1);
+        }
+      }
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int r = 0; r < R; r++) {
-        if (!(mask & (1u << r))) continue;
-        const int4* src = reinterpret_cast<const int4*>(llCombineRow(v, me, set, r, t) + j);
-        const int4 a = ldStaged(src), b = ldStaged(src + 1);
-        acc[0] += __int_as_float(a.x);
-        acc[1] += __int_as_float(a.y);
-        acc[2] += __int_as_float(a.z);
-        acc[3] += __int_as_float(a.w);
-        acc[4] += __int_as_float(b.x);
-        acc[5] += __int_as_float(b.y);
-        acc[6] += __int_as_float(b.z);
-        acc[7] += __int_as_float(b.w);
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; r++) {  // ascending rank order, as the host
+        if (!(r < R && (mask & (1u << r)))) continue;
+        acc[0] += __int_as_float(a[r].x);
+        acc[1] += __int_as_float(a[r].y);
+        acc[2] += __int_as_float(a[r].z);
+        acc[3] += __int_as_float(a[r].w);
+        acc[4] += __int_as_float(b[r].x);
+        acc[5] += __int_as_float(b[r].y);
+        acc[6] += __int_as_float(b[r].z);
+        acc[7] += __int_as_float(b[r].w);
       }
       uint4 packed;
       packed.x = floatToBf16(acc[0]) | (floatToBf16(acc[1]) << 16);
@@ -132,19 +150,16 @@ __global__ void __launch_bounds__(256) llCombineRecvKernel(LLCombineParams p) {
 }  // namespace
 
 int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream) {
-  const int warps = 16;
+  // One block per possible record; blocks whose record did not arrive leave at once.
   const int rows = p.v.nranks * p.v.max_tokens;
-  int blocks = (rows + warps - 1) / warps;
-  blocks = blocks < 1 ? 1 : (blocks > sms ? sms : blocks);
-  llCombineSendKernel<<<blocks, warps * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  const int blocks = rows < 4 * sms ? rows : 4 * sms;
+  llCombineSendKernel<<<blocks < 1 ? 1 : blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }
 
 int launchLLCombineRecv(const LLCombineParams& p, int sms, void* stream) {
-  const int warps = 8;
-  int blocks = (p.v.max_tokens + warps - 1) / warps;
-  blocks = blocks < 1 ? 1 : (blocks > sms ? sms : blocks);
-  llCombineRecvKernel<<<blocks, warps * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  const int blocks = p.v.max_tokens < 4 * sms ? p.v.max_tokens : 4 * sms;
+  llCombineRecvKernel<<<blocks < 1 ? 1 : blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }
 

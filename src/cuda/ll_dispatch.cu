@@ -1,10 +1,12 @@
 // Low-latency dispatch kernels (see ll_common.h for who writes what).
 //
-// Send: one warp per token. The warp reads the token's expert ids, works out
-// its destination ranks, quantises the row once (FP8: a scale per 128 values,
-// each 16-lane half-warp owning one block) and stores it, with a header of ids
-// and weights, into landing[me][t] of every destination — one crossing per
-// destination rank, however many of its experts live there.
+// Send: one block per token (latency: a row spread over 256 threads with
+// several loads in flight each). Warp 0 reads the token's expert ids, works
+// out its destination ranks and writes the record headers (ids, weights); all
+// threads quantise the row once (FP8: a scale per 128 values, each 16-lane
+// half-warp owning one block) and store it into landing[me][t] of every
+// destination — one crossing per destination rank, however many of its
+// experts live there.
 // Receive: one block per local expert scans the arrived records in (source,
 // token) order, numbers the ones that chose the expert, copies their rows into
 // the expert-major outputs and notes each slot in the record for combine.
@@ -29,7 +31,10 @@ __device__ __forceinline__ uint32_t packFp8x4(float a, float b, float c, float d
   return uint32_t(lo) | (uint32_t(hi) << 16);
 }
 
-__global__ void __launch_bounds__(512) llDispatchSendKernel(LLDispatchParams p) {
+constexpr int kSendThreads = 256;  // one block per token: its row is spread over 256 threads
+constexpr int kChunks = 4;         // 16-byte loads in flight per thread (8 values each)
+
+__global__ void __launch_bounds__(kSendThreads) llDispatchSendKernel(LLDispatchParams p) {
   const LLView& v = p.v;
   const uint32_t pair = v.local->pairs;  // bumped only by this kernel's last block
   const int set = int(pair & 1u);
@@ -37,82 +42,93 @@ __global__ void __launch_bounds__(512) llDispatchSendKernel(LLDispatchParams p) 
   const int R = v.nranks, me = v.rank, K = p.num_topk, H = v.hidden;
   if (pair >= 2 && threadIdx.x < R)  // pair - 2 used this set: every peer must have released it
     llWait(v, &llCtrl(v, me)->dfree[set][threadIdx.x], tag - 2, true, kLLWhatFree, threadIdx.x);
-  __syncthreads();
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     p.hd->pair = pair;
     p.hd->num_tokens = p.num_tokens;
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int t = blockIdx.x * warps + warp; t < p.num_tokens; t += gridDim.x * warps) {
-    int id = -1;
-    float w = 0.0f;
-    if (lane < K) {
-      long long e = topkLoad(p.topk, p.idx64, size_t(t) * K + lane);
-      if (e < -1 || e >= v.num_experts) {
-        llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
-        e = -1;
-      }
-      id = int(e);
-      w = p.weights ? p.weights[size_t(t) * K + lane] : 1.0f;
-    }
-    const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
-    if (lane == 0) p.hd->mask[t] = uint8_t(mask);
-    if (mask == 0) continue;
-
-    for (unsigned bits = mask; bits; bits &= bits - 1) {
-      char* rec = llRecord(v, __ffs(bits) - 1, set, me, t);
-      int32_t* ids = reinterpret_cast<int32_t*>(rec + 16);
-      float* ws = reinterpret_cast<float*>(rec + 16 + 4 * v.max_topk);
+  __shared__ unsigned s_mask;
+  const int lane = threadIdx.x & 31;
+  for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    __syncthreads();  // s_mask of the previous token is no longer read
+    if (threadIdx.x < 32) {  // warp 0: destinations and the record headers
+      int id = -1;
+      float w = 0.0f;
       if (lane < K) {
-        ids[lane] = id;
-        ws[lane] = w;
+        long long e = topkLoad(p.topk, p.idx64, size_t(t) * K + lane);
+        if (e < -1 || e >= v.num_experts) {
+          llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
+          e = -1;
+        }
+        id = int(e);
+        w = p.weights ? p.weights[size_t(t) * K + lane] : 1.0f;
       }
+      const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
       if (lane == 0) {
-        LLRecordHeader* h = reinterpret_cast<LLRecordHeader*>(rec);
-        h->token = t;
-        h->pad[0] = uint32_t(K);
-        h->tag = tag;  // read only after ddone, which the fences order after this
+        p.hd->mask[t] = uint8_t(mask);
+        s_mask = mask;
+      }
+      for (unsigned bits = mask; bits; bits &= bits - 1) {
+        char* rec = llRecord(v, __ffs(bits) - 1, set, me, t);
+        if (lane < K) {
+          reinterpret_cast<int32_t*>(rec + 16)[lane] = id;
+          reinterpret_cast<float*>(rec + 16 + 4 * v.max_topk)[lane] = w;
+        }
+        if (lane == 0) {
+          LLRecordHeader* h = reinterpret_cast<LLRecordHeader*>(rec);
+          h->token = t;
+          h->pad[0] = uint32_t(K);
+          h->tag = tag;  // read only after ddone, which the fences order after this
+        }
       }
     }
+    __syncthreads();
+    const unsigned mask = s_mask;
+    if (mask == 0) continue;
     const uint16_t* xr = p.x + size_t(t) * H;
-    if (!p.fp8) {
-      const int4* src = reinterpret_cast<const int4*>(xr);
-      for (int i = lane; i < H / 8; i += 32) {
-        const int4 val = ldNc(src + i);
-        for (unsigned bits = mask; bits; bits &= bits - 1)
-          reinterpret_cast<int4*>(llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes)[i] = val;
-      }
-      continue;
-    }
-    // FP8: lanes 0-15 and 16-31 each own one block of 128 values per step.
-    for (int base = 0; base < H; base += 256) {
-      const int j = base + lane * 8;
-      const bool active = j < H;
-      float f[8];
-      float amax = 0.0f;
-      if (active) {
-        const int4 raw = ldNc(reinterpret_cast<const int4*>(xr + j));
-        const uint32_t words[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
+    // All loads of a group first, then the stores: kChunks round trips in flight.
+    for (int base = 0; base < H; base += kSendThreads * 8 * kChunks) {
+      int4 raw[kChunks];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-          f[2 * i] = bf16ToFloat(words[i] & 0xffffu);
-          f[2 * i + 1] = bf16ToFloat(words[i] >> 16);
+      for (int u = 0; u < kChunks; u++) {
+        const int j = base + (u * kSendThreads + threadIdx.x) * 8;
+        if (j < H) raw[u] = ldNc(reinterpret_cast<const int4*>(xr + j));
+      }
+#pragma unroll
+      for (int u = 0; u < kChunks; u++) {
+        const int j = base + (u * kSendThreads + threadIdx.x) * 8;
+        if (!p.fp8) {
+          if (j < H)
+            for (unsigned bits = mask; bits; bits &= bits - 1)
+              *reinterpret_cast<int4*>(llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes + size_t(j) * 2) = raw[u];
+          continue;
+        }
+        // FP8: each half-warp owns one block of 128 values (the shuffles need every lane).
+        const bool active = j < H;
+        float f[8];
+        float amax = 0.0f;
+        if (active) {
+          const uint32_t words[4] = {uint32_t(raw[u].x), uint32_t(raw[u].y), uint32_t(raw[u].z), uint32_t(raw[u].w)};
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            f[2 * i] = bf16ToFloat(words[i] & 0xffffu);
+            f[2 * i + 1] = bf16ToFloat(words[i] >> 16);
+          }
+#pragma unroll
+          for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
         }
 #pragma unroll
-        for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
-      }
-#pragma unroll
-      for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      float scale = fmaxf(amax, 1e-4f) / 448.0f;
-      if (p.pow2) scale = roundScalePow2(scale);
-      const float inv = 1.0f / scale;
-      if (!active) continue;
-      const uint2 q = make_uint2(packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv),
-                                 packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv));
-      for (unsigned bits = mask; bits; bits &= bits - 1) {
-        char* row = llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes;
-        *reinterpret_cast<uint2*>(row + j) = q;
-        if ((lane & 15) == 0) reinterpret_cast<float*>(row + size_t(H) * 2)[j / 128] = scale;
+        for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        float scale = fmaxf(amax, 1e-4f) / 448.0f;
+        if (p.pow2) scale = roundScalePow2(scale);
+        const float inv = 1.0f / scale;
+        if (!active) continue;
+        const uint2 q = make_uint2(packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv),
+                                   packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv));
+        for (unsigned bits = mask; bits; bits &= bits - 1) {
+          char* row = llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes;
+          *reinterpret_cast<uint2*>(row + j) = q;
+          if ((lane & 15) == 0) reinterpret_cast<float*>(row + size_t(H) * 2)[j / 128] = scale;
+        }
       }
     }
   }
@@ -195,7 +211,16 @@ __global__ void __launch_bounds__(kRecvThreads) llDispatchRecvKernel(LLDispatchP
         const char* src_rec = llRecord(v, me, set, ss, cc - src_base[ss]);
         const int4* from = reinterpret_cast<const int4*>(src_rec + v.hdr_bytes);
         int4* to = reinterpret_cast<int4*>(p.recv_x + (size_t(e) * cap + slot) * row_bytes);
-        for (int q = lane; q < int(row_bytes / 16); q += 32) to[q] = ldStaged(from + q);
+        const int n16 = int(row_bytes / 16);
+        for (int q0 = 0; q0 < n16; q0 += 32 * 8) {  // 8 loads in flight per lane
+          int4 buf[8];
+#pragma unroll
+          for (int u = 0; u < 8; u++)
+            if (q0 + u * 32 + lane < n16) buf[u] = ldStaged(from + q0 + u * 32 + lane);
+#pragma unroll
+          for (int u = 0; u < 8; u++)
+            if (q0 + u * 32 + lane < n16) to[q0 + u * 32 + lane] = buf[u];
+        }
         if (p.fp8) {
           const float* scales = reinterpret_cast<const float*>(src_rec + v.hdr_bytes + size_t(H) * 2);
           for (int b = lane; b < nb; b += 32) p.recv_scales[(size_t(e) * nb + b) * cap + slot] = scales[b];
@@ -211,10 +236,8 @@ __global__ void __launch_bounds__(kRecvThreads) llDispatchRecvKernel(LLDispatchP
 }  // namespace
 
 int launchLLDispatchSend(const LLDispatchParams& p, int sms, void* stream) {
-  const int warps_per_block = 16;
-  int blocks = (p.num_tokens + warps_per_block - 1) / warps_per_block;
-  blocks = blocks < 1 ? 1 : (blocks > sms ? sms : blocks);
-  llDispatchSendKernel<<<blocks, warps_per_block * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  int blocks = p.num_tokens < 4 * sms ? p.num_tokens : 4 * sms;
+  llDispatchSendKernel<<<blocks < 1 ? 1 : blocks, kSendThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }
 

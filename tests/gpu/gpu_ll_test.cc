@@ -327,17 +327,17 @@ void bench(int R, int tokens, bool split) {
       a.x = g[r].x; a.topk_idx = g[r].topk; a.topk_weights = g[r].w;
       a.num_tokens = tokens; a.num_topk = 8; a.wire_type = epFloat8E4M3;
       a.recv_x = g[r].recv_x; a.recv_scales = g[r].recv_scales; a.recv_count = g[r].recv_count; a.recv_src = g[r].recv_src;
-      CK(cudaEventRecord(ev[4 * l], g[r].stream));
+      CK(cudaEventRecordWithFlags(ev[4 * l], g[r].stream, cudaEventRecordExternal));
       EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
-      CK(cudaEventRecord(ev[4 * l + 1], g[r].stream));
+      CK(cudaEventRecordWithFlags(ev[4 * l + 1], g[r].stream, cudaEventRecordExternal));
       if (split) EK(comms[r], epLowLatencyComplete(comms[r], hs[l], g[r].stream));
-      CK(cudaEventRecord(ev[4 * l + 2], g[r].stream));
+      CK(cudaEventRecordWithFlags(ev[4 * l + 2], g[r].stream, cudaEventRecordExternal));
       epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
       c.y = g[r].y; c.out = g[r].out;
       EK(comms[r], epLowLatencyCombine(comms[r], &c, hs[l], g[r].stream));
-      CK(cudaEventRecord(ev[4 * l + 3], g[r].stream));
+      CK(cudaEventRecordWithFlags(ev[4 * l + 3], g[r].stream, cudaEventRecordExternal));
     }
-    CK(cudaEventRecord(ev[4 * layers], g[r].stream));
+    CK(cudaEventRecordWithFlags(ev[4 * layers], g[r].stream, cudaEventRecordExternal));
     CK(cudaStreamEndCapture(g[r].stream, &graph_def));
     CK(cudaGraphInstantiate(&exec, graph_def, 0));
     for (int rep = 0; rep < 3; rep++) {  // the first replays warm up
