@@ -165,6 +165,29 @@ EP_API epResult_t epCommBufferBytes(epComm_t comm, size_t *bytes);
 /* Number of nodes and the node of each rank (nodes[] may be NULL). */
 EP_API epResult_t epCommNodes(epComm_t comm, int *num_nodes, int *node_of_rank);
 
+/* ---- Topology and paths -------------------------------------------------- */
+typedef enum {
+  epPathSelf = 0,
+  epPathNvlink = 1,       /* same node, GPU peer access */
+  epPathHostStaged = 2,   /* same node, through host memory */
+  epPathRail = 3,         /* other node: RDMA straight to the peer (this rank's rail peer there) */
+  epPathRailForward = 4   /* other node: RDMA to the rail peer there, which forwards over NVLink */
+} epPathKind_t;
+
+/* Text reports fill buf (NUL-terminated) when *bytes is large enough; with
+ * buf NULL or *bytes too small they set *bytes to the size needed (epSuccess
+ * with buf NULL, epInvalidArgument otherwise). */
+/* The topology of xml_path (NULL: EP_TOPO_XML, else this machine): GPUs, NICs,
+ * NUMA nodes, PCI distances, the NIC of each GPU and why; with ranks_per_node
+ * and num_nodes > 0 also the plan of such a job (a dry run: local rank i
+ * drives GPU i). */
+EP_API epResult_t epTopologyReport(const char *xml_path, int ranks_per_node, int num_nodes, char *buf,
+                                   size_t *bytes);
+/* The plan of a communicator: the path to each peer, rail peers, NIC, IB settings. */
+EP_API epResult_t epCommPlanReport(epComm_t comm, char *buf, size_t *bytes);
+/* How this rank reaches peer, and through which rank (via_rank: -1 when direct). */
+EP_API epResult_t epCommPeerPath(epComm_t comm, int peer, epPathKind_t *kind, int *via_rank);
+
 /* ---- Layout ---------------------------------------------------------------
  * Local: where the tokens of this rank go. Outputs are optional (NULL: not
  * written); on the GPU backend they are device pointers, written on stream. */

@@ -52,5 +52,8 @@ epResult_t createHostBackend(epComm* comm, std::unique_ptr<Backend>* out);
 epResult_t createCudaBackend(epComm* comm, std::unique_ptr<Backend>* out);
 // True when this build has CUDA support and a device is visible.
 bool cudaBackendAvailable();
+// The CUDA device a rank with config.device = requested drives (-1: the
+// current one) and its PCI bus id; false without CUDA or a GPU.
+bool cudaDeviceIdentity(int requested, int* device, char* bus_id, size_t len);
 
 }  // namespace ep

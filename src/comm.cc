@@ -261,6 +261,12 @@ epResult_t commInit(epComm* comm, const epUniqueId& id) {
   me.peer.pid = int(getpid());
   me.peer.host_hash = hostHash();
   me.peer.cuda_device = -1;
+  // Each rank's GPU, by PCI bus id: the plan places it in the topology.
+  if (kind == epBackendCuda &&
+      !cudaDeviceIdentity(comm->cfg.device, &me.peer.cuda_device, me.peer.bus_id, sizeof(me.peer.bus_id))) {
+    me.peer.cuda_device = -1;
+    me.peer.bus_id[0] = '\0';
+  }
   me.digest = {comm->cfg.num_experts, comm->cfg.hidden, comm->cfg.max_tokens_per_rank,
                comm->cfg.max_topk, int(comm->cfg.dispatch_type), int(comm->cfg.combine_type),
                int(kind), comm->nranks, comm->cfg.low_latency};

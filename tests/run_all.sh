@@ -44,7 +44,7 @@ done
 run "mp_topo (4 ranks as 2 nodes of 2)" timeout 300 "$BUILD/tests/mp_topo"
 run "mp_errors" timeout 300 "$BUILD/tests/mp_errors"
 run "ep_bench 3 ranks --check" timeout 300 "$BUILD/bin/ep_bench" -n 3 --check --iters 1 --warmup 0 \
-  --shape 520:5:24:200 --shape 2560:6:64:100
+  --shape 520:5:24:200 --shape 2560:6:48:100
 
 # --- multi-process under Open MPI (id shared through a file, and through EP_COMM_ID)
 if command -v mpirun >/dev/null 2>&1; then

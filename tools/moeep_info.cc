@@ -30,13 +30,21 @@ namespace {
 
 void usage(FILE* f) {
   fprintf(f,
-          "usage: moeep_info [-v] [-t] [-p] [-c] [-a] [-h]\n"
-          "  (no option)  everything but the self-test\n"
+          "usage: moeep_info [-v] [-t] [-p] [-c] [-a] [-h] [--topo] [--topo-xml FILE]\n"
+          "                  [--plan --ranks-per-node N --nodes M] [--comm [--ranks N]]\n"
+          "  (no option)  everything but the self-test and the plans\n"
           "  -v  version of the loaded library and of the header this tool was built with, and its path\n"
           "  -t  transports: name, whether usable, where from or why not\n"
           "  -p  EP_* parameters: name, default, value in this environment, description\n"
           "  -c  self-test: 2 ranks as threads, one dispatch + combine on the host backend\n"
           "  -a  under mpirun, print on every rank (default: rank 0 only)\n"
+          "  --topo            the topology: GPUs, RDMA NICs, NUMA nodes, PCI distances, the NIC of\n"
+          "                    each GPU and why, GPU peer access (NVLink / P2P / none)\n"
+          "  --topo-xml FILE   read the topology from an hwloc XML file instead of this machine\n"
+          "  --plan            dry run: the plan of a job of --nodes M nodes of --ranks-per-node N\n"
+          "                    ranks on machines like this one (local rank i drives GPU i)\n"
+          "  --comm            make a communicator of every GPU here (or --ranks N host ranks without\n"
+          "                    GPUs) and print each rank's plan: the path to every peer\n"
           "  -h  this message\n");
 }
 
@@ -249,34 +257,106 @@ int selfTest() {
   return failed ? 1 : 0;
 }
 
+// Prints what a report function returns by the size protocol of moeep.h.
+template <typename Report>
+int printReport(const char* what, Report report) {
+  size_t bytes = 0;
+  epResult_t res = report(nullptr, &bytes);
+  std::string text(bytes, '\0');
+  if (res == epSuccess) res = report(&text[0], &bytes);
+  if (res != epSuccess) {
+    printf("# %s failed: %s\n", what, apiError(what, res, nullptr).c_str());
+    return 1;
+  }
+  fputs(text.c_str(), stdout);
+  return 0;
+}
+
+// A communicator of every visible GPU (or `host_ranks` host ranks), and each rank's plan.
+int commPlans(int host_ranks) {
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = 64 * 8;
+  cfg.hidden = 1024;
+  cfg.max_tokens_per_rank = 8;
+  cfg.max_topk = 8;
+  cfg.timeout_ms = 30000;
+  int n = host_ranks;
+  std::vector<epComm_t> comms(size_t(n > 0 ? n : 8), nullptr);
+  epResult_t res = epCommInitAll(comms.data(), n, nullptr, &cfg);  // backend auto: GPUs when present
+  if (res != epSuccess) {
+    printf("# --comm: epCommInitAll(%d ranks) failed: %s\n", n, apiError("epCommInitAll", res, nullptr).c_str());
+    return 1;
+  }
+  printf("#\n# Communicator of %d ranks (backend chosen by the library):\n", n);
+  int rc = 0;
+  for (int r = 0; r < n; r++) {
+    printf("# rank %d paths:", r);
+    for (int q = 0; q < n; q++) {
+      epPathKind_t kind;
+      int via = -1;
+      if (epCommPeerPath(comms[size_t(r)], q, &kind, &via) != epSuccess) {
+        printf(" %d:?", q);
+        rc = 1;
+        continue;
+      }
+      static const char* names[] = {"self", "nvlink", "host-staged", "rail", "rail+fwd"};
+      printf(" %d:%s", q, int(kind) >= 0 && int(kind) < 5 ? names[int(kind)] : "?");
+    }
+    printf("\n");
+    rc |= printReport("epCommPlanReport",
+                      [&](char* buf, size_t* bytes) { return epCommPlanReport(comms[size_t(r)], buf, bytes); });
+  }
+  for (epComm_t c : comms)
+    if (c) epCommDestroy(c);
+  return rc;
+}
+
+int visibleGpus() {
+  // moeep_info links only libmoeep: count GPUs through sysfs' NVIDIA driver entries.
+  int n = 0;
+  FILE* f = popen("ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l", "r");
+  if (f != nullptr) {
+    if (fscanf(f, "%d", &n) != 1) n = 0;
+    pclose(f);
+  }
+  return n;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool version = false, transports = false, params = false, self_test = false, all_ranks = false;
+  bool topo = false, plan = false, comm_plan = false;
+  const char* topo_xml = nullptr;
+  int ranks_per_node = 0, nodes = 0, comm_ranks = 0;
+  enum { kTopo = 1000, kTopoXml, kPlan, kRanksPerNode, kNodes, kComm, kRanks };
+  static const struct option long_options[] = {
+      {"topo", no_argument, nullptr, kTopo},           {"topo-xml", required_argument, nullptr, kTopoXml},
+      {"plan", no_argument, nullptr, kPlan},           {"ranks-per-node", required_argument, nullptr, kRanksPerNode},
+      {"nodes", required_argument, nullptr, kNodes},   {"comm", no_argument, nullptr, kComm},
+      {"ranks", required_argument, nullptr, kRanks},   {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0}};
   int c;
   opterr = 0;
-  while ((c = getopt(argc, argv, "vtpcah")) != -1) {
+  while ((c = getopt_long(argc, argv, "vtpcah", long_options, nullptr)) != -1) {
     switch (c) {
-      case 'v':
-        version = true;
-        break;
-      case 't':
-        transports = true;
-        break;
-      case 'p':
-        params = true;
-        break;
-      case 'c':
-        self_test = true;
-        break;
-      case 'a':
-        all_ranks = true;
-        break;
+      case 'v': version = true; break;
+      case 't': transports = true; break;
+      case 'p': params = true; break;
+      case 'c': self_test = true; break;
+      case 'a': all_ranks = true; break;
+      case kTopo: topo = true; break;
+      case kTopoXml: topo_xml = optarg; break;
+      case kPlan: plan = true; break;
+      case kRanksPerNode: ranks_per_node = atoi(optarg); break;
+      case kNodes: nodes = atoi(optarg); break;
+      case kComm: comm_plan = true; break;
+      case kRanks: comm_ranks = atoi(optarg); break;
       case 'h':
         usage(stdout);
         return 0;
       default:
-        fprintf(stderr, "moeep_info: unknown option -%c\n", optopt);
+        fprintf(stderr, "moeep_info: unknown option %s\n", argv[optind - 1]);
         usage(stderr);
         return 2;
     }
@@ -286,16 +366,33 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+  if (plan && (ranks_per_node < 1 || nodes < 1)) {
+    fprintf(stderr, "moeep_info: --plan needs --ranks-per-node N and --nodes M (both >= 1)\n");
+    return 2;
+  }
   const int launcher_rank = tools::launcherRank();
   if (launcher_rank > 0 && !all_ranks) return 0;
   if (launcher_rank >= 0 && all_ranks) printf("# rank %d (of the launcher)\n", launcher_rank);
-  // No section chosen: everything except the self-test, which needs -c.
-  if (!version && !transports && !params && !self_test) version = transports = params = true;
+  // No section chosen: everything except the self-test and the plans.
+  if (!version && !transports && !params && !self_test && !topo && !plan && !comm_plan)
+    version = transports = params = topo = true;
 
   if (version) printVersion();
   if (transports) printTransports();
   if (params) printParams();
-  int rc = self_test ? selfTest() : 0;
+  int rc = 0;
+  if (topo || plan) {
+    printf("#\n# Topology%s\n", plan ? " and dry-run plan" : "");
+    rc |= printReport("epTopologyReport", [&](char* buf, size_t* bytes) {
+      return epTopologyReport(topo_xml, plan ? ranks_per_node : 0, plan ? nodes : 0, buf, bytes);
+    });
+  }
+  if (comm_plan) {
+    int n = comm_ranks > 0 ? comm_ranks : visibleGpus();
+    if (n < 1) n = 2;
+    rc |= commPlans(n);
+  }
+  if (self_test) rc |= selfTest();
   fflush(stdout);
   return rc;
 }

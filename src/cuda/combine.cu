@@ -21,6 +21,9 @@ namespace cuda {
 namespace {
 
 constexpr int kChunkRows = 16;
+// Pushers are few: a whole BF16 row of 7168 in two passes keeps enough bytes in
+// flight per warp to feed the link.
+constexpr int kPushUnroll = 14;
 
 template <int kType>
 struct Elems {
@@ -87,15 +90,15 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
         for (int j = a + pw; j < b; j += p.push_warps) {
           const int4* src = reinterpret_cast<const int4*>(p.y + (src_first + j) * p.y_stride);
           int4* dst = reinterpret_cast<int4*>(rows + (dst_first + j) * cv.row_stride);
-          for (int base = 0; base < n16; base += 32 * 4) {
-            int4 v[4];
+          for (int base = 0; base < n16; base += 32 * kPushUnroll) {
+            int4 v[kPushUnroll];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < kPushUnroll; u++) {
               int q = base + u * 32 + lane;
               if (q < n16) v[u] = ldNc(src + q);
             }
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < kPushUnroll; u++) {
               int q = base + u * 32 + lane;
               if (q < n16) stNa(dst + q, v[u]);
             }
@@ -149,37 +152,50 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
           wsrc = reinterpret_cast<const float*>(metas + (back_first + pos) * cv.meta_stride);
         }
       }
-      const char* srcs[kMaxRanks];
-      const float* wsrcs[kMaxRanks];
-#pragma unroll
-      for (int d = 0; d < kMaxRanks; d++) {
-        srcs[d] = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(src), d));
-        wsrcs[d] = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(wsrc), d));
-      }
       const char* bias_row = p.bias ? p.bias + size_t(t) * p.row_bytes : nullptr;
       int4* out_row = reinterpret_cast<int4*>(p.out + size_t(t) * p.row_bytes);
       constexpr int kPer = Elems<kType>::kPer16;
-      constexpr int kU = 4;  // 16-byte chunks per lane in flight
-      for (int qb = lane; qb < n16; qb += 32 * kU) {
+      constexpr int kU = 4;  // 16-byte chunks per lane and source in flight
+      // Warp-uniform trip count: the loop shuffles.
+      for (int qb0 = 0; qb0 < n16; qb0 += 32 * kU) {
+        const int qb = qb0 + lane;
         float acc[kU][kPer];
 #pragma unroll
         for (int u = 0; u < kU; u++)
 #pragma unroll
           for (int i = 0; i < kPer; i++) acc[u][i] = 0.0f;
         // Ascending rank order, as the host: acc = 0; acc += y_r ...; acc += bias.
-#pragma unroll
-        for (int d = 0; d < kMaxRanks; d++) {
-          if (!((mask >> d) & 1u)) continue;
-          const int4* s4 = reinterpret_cast<const int4*>(srcs[d]);
-          int4 v[kU];
+        // Two sources at a time: both rows' loads are in flight before the adds.
+        unsigned m = mask;
+        while (m) {
+          const int d0 = __ffs(m) - 1;
+          m &= m - 1;
+          const int d1 = m ? __ffs(m) - 1 : -1;
+          if (m) m &= m - 1;
+          const int4* s0 = reinterpret_cast<const int4*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(src), d0));
+          const int4* s1 = reinterpret_cast<const int4*>(
+              __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(src), d1 < 0 ? d0 : d1));
+          int4 v0[kU], v1[kU];
 #pragma unroll
           for (int u = 0; u < kU; u++) {
             const int q = qb + u * 32;
-            if (q < n16) v[u] = d == me ? ldNc(s4 + q) : ldStaged(s4 + q);
+            if (q < n16) v0[u] = d0 == me ? ldNc(s0 + q) : ldStaged(s0 + q);
+          }
+          if (d1 >= 0) {
+#pragma unroll
+            for (int u = 0; u < kU; u++) {
+              const int q = qb + u * 32;
+              if (q < n16) v1[u] = d1 == me ? ldNc(s1 + q) : ldStaged(s1 + q);
+            }
           }
 #pragma unroll
           for (int u = 0; u < kU; u++)
-            if (qb + u * 32 < n16) addRow<kType>(acc[u], v[u]);
+            if (qb + u * 32 < n16) addRow<kType>(acc[u], v0[u]);
+          if (d1 >= 0) {
+#pragma unroll
+            for (int u = 0; u < kU; u++)
+              if (qb + u * 32 < n16) addRow<kType>(acc[u], v1[u]);
+          }
         }
         if (bias_row) {
           int4 v[kU];
@@ -198,12 +214,16 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
           if (q < n16) out_row[q] = packRow<kType>(acc[u]);
         }
       }
-      if (K && p.out_w && lane < K) {
+      if (K && p.out_w) {
         float acc = 0.0f;
-#pragma unroll
-        for (int d = 0; d < kMaxRanks; d++)
-          if ((mask >> d) & 1u) acc += wsrcs[d][lane];
-        p.out_w[size_t(t) * K + lane] = acc;
+        unsigned m = mask;
+        while (m) {
+          const int d = __ffs(m) - 1;
+          m &= m - 1;
+          const float* ws = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(wsrc), d));
+          if (lane < K) acc += ws[lane];
+        }
+        if (lane < K) p.out_w[size_t(t) * K + lane] = acc;
       }
     }
   }

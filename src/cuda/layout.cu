@@ -4,13 +4,13 @@
 // added into a zeroed global scratch; the last block copies the scratch to the
 // caller's outputs and zeroes it again. Only this rank's memory is touched.
 //
-// routing: one block. Pass 1 counts, per thread's contiguous token range, the
-// tokens going to each rank; a block scan turns counts into positions (send
-// lists in ascending token order, as the host's buildSendSide); pass 2 writes
-// tok_pos. Then the count exchange: this rank writes its count vector into
-// every rank's Ctrl::counts[epoch & 1][me] (double-buffered by epoch parity so
-// a rank one call ahead cannot overwrite counts still being read), waits for
-// every rank's vector and derives the offsets of HState.
+// routing: one block, one pass over tiles of 1024 tokens (one token per
+// thread, a packed block scan per tile; send lists in ascending token order,
+// as the host's buildSendSide) writes tok_pos. Then the count exchange: this
+// rank writes its count vector into every rank's Ctrl::counts[epoch & 1][me]
+// (double-buffered by epoch parity so a rank one call ahead cannot overwrite
+// counts still being read), waits for every rank's vector and derives the
+// offsets of HState.
 #include <cuda_runtime.h>
 
 #include "device.cuh"
@@ -22,6 +22,7 @@ namespace {
 __device__ __forceinline__ unsigned tokenMask(const void* topk, int idx64, int t, int K, int E, int epr,
                                               int* bad_flat, long long* bad_val) {
   unsigned mask = 0;
+#pragma unroll 8
   for (int k = 0; k < K; k++) {
     long long e = topkLoad(topk, idx64, size_t(t) * K + k);
     if (e < -1 || e >= E) {
@@ -101,73 +102,110 @@ __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
   if (threadIdx.x == 0) p.local->layout_done = 0;
 }
 
-// Exclusive scan of v over the block (blockDim.x multiple of 32, <= 1024).
-__device__ int blockExclusiveScan(int v, int* total) {
-  __shared__ int warp_sums[32];
-  __shared__ int block_total;
+// Exclusive scan over the block of per-rank bits packed 16 bits per rank (ranks
+// 0-3 in lo, 4-7 in hi; a field never exceeds blockDim.x <= 1024, so no carry
+// crosses into the next field). Returns the exclusive prefix, *total the block sum.
+__device__ __forceinline__ void packedBlockScan(unsigned long long lo, unsigned long long hi, unsigned long long* ex_lo,
+                                                unsigned long long* ex_hi, unsigned long long* tot_lo,
+                                                unsigned long long* tot_hi) {
+  __shared__ unsigned long long warp_sums[2][32];
+  __shared__ unsigned long long block_total[2];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  int inc = v;
+  unsigned long long il = lo, ih = hi;
+#pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    int n = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += n;
+    unsigned long long nl = __shfl_up_sync(0xffffffffu, il, o);
+    unsigned long long nh = __shfl_up_sync(0xffffffffu, ih, o);
+    if (lane >= o) {
+      il += nl;
+      ih += nh;
+    }
   }
-  if (lane == 31) warp_sums[warp] = inc;
+  if (lane == 31) {
+    warp_sums[0][warp] = il;
+    warp_sums[1][warp] = ih;
+  }
   __syncthreads();
   if (warp == 0) {
-    int s = lane < nwarps ? warp_sums[lane] : 0;
-    int sinc = s;
+    unsigned long long sl = lane < nwarps ? warp_sums[0][lane] : 0, sh = lane < nwarps ? warp_sums[1][lane] : 0;
+    unsigned long long cl = sl, ch = sh;
+#pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-      int n = __shfl_up_sync(0xffffffffu, sinc, o);
-      if (lane >= o) sinc += n;
+      unsigned long long nl = __shfl_up_sync(0xffffffffu, cl, o);
+      unsigned long long nh = __shfl_up_sync(0xffffffffu, ch, o);
+      if (lane >= o) {
+        cl += nl;
+        ch += nh;
+      }
     }
-    if (lane == 31) block_total = sinc;
+    if (lane == 31) {
+      block_total[0] = cl;
+      block_total[1] = ch;
+    }
     __syncwarp();
-    if (lane < nwarps) warp_sums[lane] = sinc - s;
+    if (lane < nwarps) {
+      warp_sums[0][lane] = cl - sl;
+      warp_sums[1][lane] = ch - sh;
+    }
   }
   __syncthreads();
-  int res = warp_sums[warp] + inc - v;
-  *total = block_total;
-  __syncthreads();
-  return res;
+  *ex_lo = warp_sums[0][warp] + il - lo;
+  *ex_hi = warp_sums[1][warp] + ih - hi;
+  *tot_lo = block_total[0];
+  *tot_hi = block_total[1];
+  __syncthreads();  // the shared sums are reused by the next call
 }
 
+__device__ __forceinline__ int fieldOf(unsigned long long lo, unsigned long long hi, int d) {
+  return int(((d < 4 ? lo : hi) >> (16 * (d & 3))) & 0xffffu);
+}
+
+// One block, one pass: the tokens go in tiles of blockDim.x, one token per
+// thread (its K ids loaded together); a packed block scan gives each token's
+// position per destination within the tile, a running carry (the same in every
+// thread) the tile's base. Send lists in ascending token order, as the host's
+// buildSendSide.
 __global__ void __launch_bounds__(1024) routingKernel(RoutingParams p) {
   const CommView& cv = p.cv;
   const int R = cv.nranks, me = cv.rank, T = p.num_tokens, K = p.num_topk;
   const uint32_t epoch = cv.local->epoch + 1;
   __shared__ int totals[kMaxRanks];
   __shared__ int mat[kMaxRanks][kMaxRanks];
-  const int chunk = (T + blockDim.x - 1) / blockDim.x;
-  const int t0 = min(T, int(threadIdx.x) * chunk), t1 = min(T, t0 + chunk);
   int bad_flat = -1;
   long long bad_val = 0;
-  int cnt[kMaxRanks];
+  int carry[kMaxRanks];
 #pragma unroll
-  for (int d = 0; d < kMaxRanks; d++) cnt[d] = 0;
-  for (int t = t0; t < t1; t++) {
-    unsigned m = tokenMask(p.topk, p.idx64, t, K, cv.num_experts, cv.experts_per_rank, &bad_flat, &bad_val);
-#pragma unroll
-    for (int d = 0; d < kMaxRanks; d++) cnt[d] += (m >> d) & 1u;
-  }
-#pragma unroll
-  for (int d = 0; d < kMaxRanks; d++) {
-    if (d >= R) break;
-    int total;
-    cnt[d] = blockExclusiveScan(cnt[d], &total);
-    if (threadIdx.x == 0) totals[d] = total;
-  }
+  for (int d = 0; d < kMaxRanks; d++) carry[d] = 0;
   int* tp = p.hv.tok_pos;
-  for (int t = t0; t < t1; t++) {
-    unsigned m = tokenMask(p.topk, p.idx64, t, K, cv.num_experts, cv.experts_per_rank, &bad_flat, &bad_val);
+  for (int base = 0; base < T; base += blockDim.x) {
+    const int t = base + int(threadIdx.x);
+    const unsigned m =
+        t < T ? tokenMask(p.topk, p.idx64, t, K, cv.num_experts, cv.experts_per_rank, &bad_flat, &bad_val) : 0u;
+    unsigned long long lo = 0, hi = 0;
+#pragma unroll
+    for (int d = 0; d < kMaxRanks; d++) {
+      const unsigned long long bit = (m >> d) & 1u;
+      if (d < 4) lo |= bit << (16 * d);
+      else hi |= bit << (16 * (d - 4));
+    }
+    unsigned long long ex_lo, ex_hi, tot_lo, tot_hi;
+    packedBlockScan(lo, hi, &ex_lo, &ex_hi, &tot_lo, &tot_hi);
 #pragma unroll
     for (int d = 0; d < kMaxRanks; d++) {
       if (d >= R) break;
-      unsigned bit = (m >> d) & 1u;
-      tp[size_t(t) * R + d] = cnt[d] | int(bit << 31);
-      cnt[d] += bit;
+      if (t < T) {
+        const unsigned bit = (m >> d) & 1u;
+        tp[size_t(t) * R + d] = (carry[d] + fieldOf(ex_lo, ex_hi, d)) | int(bit << 31);
+      }
+      carry[d] += fieldOf(tot_lo, tot_hi, d);
     }
   }
   if (bad_flat >= 0) reportError(cv, 4 /* epInvalidArgument */, kWhatBadTopk, -1, bad_flat, bad_val);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int d = 0; d < kMaxRanks; d++)
+      if (d < R) totals[d] = carry[d];
+  }
   __syncthreads();
   if (threadIdx.x < R) tp[size_t(T) * R + threadIdx.x] = totals[threadIdx.x];
 

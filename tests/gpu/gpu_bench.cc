@@ -413,13 +413,38 @@ int main(int argc, char** argv) {
     printf("SKIPPED gpu_bench: needs 2 GPUs, %d visible\n", ndev);
     return 0;
   }
+  // --quick: 32 SMs only; --tokens N; --sms A,B,..; --types bf16|fp8|both;
+  // --no-nccl: skip the NCCL all-to-all reference.
   std::vector<int> sms_list = {24, 32, 64};
   std::vector<int> tokens = {4096, 8192};
+  std::vector<epDataType_t> types = {epBfloat16, epFloat8E4M3};
+  bool nccl = true;
+  auto ints = [](const char* v) {
+    std::vector<int> out;
+    for (const char* q = v; *q;) {
+      out.push_back(atoi(q));
+      while (*q && *q != ',') q++;
+      if (*q == ',') q++;
+    }
+    return out;
+  };
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
     if (arg == "--quick") sms_list = {32};
-    else if (arg == "--tokens" && i + 1 < argc) tokens = {atoi(argv[++i])};
+    else if (arg == "--tokens" && i + 1 < argc) tokens = ints(argv[++i]);
+    else if (arg == "--sms" && i + 1 < argc) sms_list = ints(argv[++i]);
+    else if (arg == "--types" && i + 1 < argc) {
+      std::string t = argv[++i];
+      types = t == "bf16" ? std::vector<epDataType_t>{epBfloat16}
+              : t == "fp8" ? std::vector<epDataType_t>{epFloat8E4M3}
+                           : std::vector<epDataType_t>{epBfloat16, epFloat8E4M3};
+    } else if (arg == "--no-nccl") nccl = false;
   }
+  for (int sms : sms_list)
+    if (sms < 1 || sms > 64) {
+      printf("gpu_bench: --sms values must be in [1, 64]\n");
+      return 2;
+    }
   for (int r = 0; r < 2; r++) {
     CK(cudaSetDevice(r));
     cudaError_t e = cudaDeviceEnablePeerAccess(1 - r, 0);
@@ -438,10 +463,12 @@ int main(int argc, char** argv) {
     Routing rt = makeRouting(T, 8, 256);
     printf("routing T=%d: rows 0->0 %lld 0->1 %lld 1->0 %lld 1->1 %lld\n", T, (long long)rt.count[0][0],
            (long long)rt.count[0][1], (long long)rt.count[1][0], (long long)rt.count[1][1]);
-    for (epDataType_t dt : {epBfloat16, epFloat8E4M3})
+    for (epDataType_t dt : types)
       for (int sms : sms_list) benchConfig(T, dt, sms, rt, ceil_of[sms], dt == epBfloat16 && sms == sms_list[0]);
-    benchNccl(rt, T, 7168 * 2, "bf16");
-    benchNccl(rt, T, 7168 + 56 * 4, "fp8");
+    if (nccl) {
+      benchNccl(rt, T, 7168 * 2, "bf16");
+      benchNccl(rt, T, 7168 + 56 * 4, "fp8");
+    }
   }
   printf("\n%-44s %9s %8s %8s %6s\n", "summary", "us", "logical", "nvlink", "ratio");
   for (const Result& r : g_results)

@@ -5,6 +5,8 @@
 # Fails when no GPU is visible. Logs go to $OUT (if set) or $BUILD/gpu-logs.
 #   EP_GPU_BENCH=0   skip the benchmark
 #   EP_GPU_SANITIZER=0  skip the sanitizer runs
+#   EP_GPU_LL=0      skip the low-latency test and its benchmark (gpu_ll_test)
+#   EP_GPU_BENCH_ARGS  arguments of gpu_bench (see its main)
 #   EP_GPU_TEST_TIMEOUT, EP_GPU_SANITIZER_TIMEOUT, EP_GPU_BENCH_TIMEOUT: seconds
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,12 +22,17 @@ g++ -std=c++17 -O2 -g -Wall -Iinclude -isystem "$CUDA_HOME/include" tests/gpu/gp
 "$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_bench.cc -o "$BUILD/tests/gpu_bench" \
   -L"$BUILD/lib" -lmoeep -ldl -Xlinker -rpath -Xlinker "$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_bench"; exit 1; }
 
+LL=${EP_GPU_LL:-1}
+if [ "$LL" != 0 ]; then
 "$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_ll_test.cc -o "$BUILD/tests/gpu_ll_test" \
   -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_ll_test"; exit 1; }
+fi
 
 status=0
+if [ "$LL" != 0 ]; then
 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 | tee "$LOGS/gpu_ll_test.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test: FAILED"; status=1; }
+fi
 timeout ${EP_GPU_TEST_TIMEOUT:-540} "$BUILD/tests/gpu_test" 2>&1 | tee "$LOGS/gpu_test.log"
 rc=${PIPESTATUS[0]}
 if grep -q "^SKIPPED gpu_test: no GPU" "$LOGS/gpu_test.log"; then echo "gpu-test: FAILED: no GPU visible"; exit 1; fi
@@ -43,8 +50,10 @@ if [ "${EP_GPU_SANITIZER:-1}" != 0 ] && [ -x "$CUDA_HOME/bin/compute-sanitizer" 
 fi
 
 if [ "${EP_GPU_BENCH:-1}" != 0 ]; then
-  timeout 300 "$BUILD/tests/gpu_ll_test" --bench 2>&1 | tee "$LOGS/gpu_ll_bench.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  if [ "$LL" != 0 ]; then
+    timeout 300 "$BUILD/tests/gpu_ll_test" --bench 2>&1 | tee "$LOGS/gpu_ll_bench.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
   NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
   [ -n "$NCCL_DIR" ] && [ -f "$NCCL_DIR/libnccl.so.2" ] && export EP_BENCH_NCCL_LIB="$NCCL_DIR/libnccl.so.2"
   timeout ${EP_GPU_BENCH_TIMEOUT:-400} "$BUILD/tests/gpu_bench" ${EP_GPU_BENCH_ARGS:-} 2>&1 | tee "$LOGS/gpu_bench.log"

@@ -1,0 +1,86 @@
+// Public entry points of the topology and the plan (what moeep_info prints).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "checks.h"
+#include "comm.h"
+#include "plan.h"
+
+using namespace ep;
+
+namespace {
+
+// Runs print into a memory stream and hands the text out by the size protocol
+// of moeep.h.
+template <typename Print>
+epResult_t reportTo(const char* fn, char* buf, size_t* bytes, Print print) {
+  if (bytes == nullptr) return setError(nullptr, epInvalidArgument, "%s: bytes is NULL", fn);
+  char* text = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&text, &len);
+  if (f == nullptr) return setError(nullptr, epSystemError, "%s: open_memstream failed", fn);
+  epResult_t res = print(f);
+  fclose(f);
+  if (res != epSuccess) {
+    free(text);
+    return res;
+  }
+  const size_t need = len + 1;
+  if (buf == nullptr || *bytes < need) {
+    const size_t had = buf == nullptr ? 0 : *bytes;
+    *bytes = need;
+    free(text);
+    if (buf == nullptr) return epSuccess;
+    return setError(nullptr, epInvalidArgument, "%s: buf holds %zu bytes, the report needs %zu", fn, had, need);
+  }
+  memcpy(buf, text, need);
+  *bytes = need;
+  free(text);
+  return epSuccess;
+}
+
+epResult_t liveComm(epComm* comm, const char* fn) {
+  clearThreadError();
+  if (comm == nullptr || comm->magic != kCommMagic)
+    return setError(nullptr, epInvalidArgument, "%s: comm is not a live communicator", fn);
+  return epSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+EP_API epResult_t epTopologyReport(const char* xml_path, int ranks_per_node, int num_nodes, char* buf,
+                                   size_t* bytes) {
+  clearThreadError();
+  if (ranks_per_node < 0 || num_nodes < 0 || (ranks_per_node > 0) != (num_nodes > 0))
+    return setError(nullptr, epInvalidArgument,
+                    "epTopologyReport: ranks_per_node = %d and num_nodes = %d must be both 0 or both positive",
+                    ranks_per_node, num_nodes);
+  return reportTo("epTopologyReport", buf, bytes,
+                  [&](FILE* f) { return topoReport(f, xml_path, ranks_per_node, num_nodes); });
+}
+
+EP_API epResult_t epCommPlanReport(epComm_t comm, char* buf, size_t* bytes) {
+  EPCHECK(liveComm(comm, "epCommPlanReport"));
+  return reportTo("epCommPlanReport", buf, bytes, [&](FILE* f) {
+    planPrint(f, comm->plan);
+    return epSuccess;
+  });
+}
+
+EP_API epResult_t epCommPeerPath(epComm_t comm, int peer, epPathKind_t* kind, int* via_rank) {
+  EPCHECK(liveComm(comm, "epCommPeerPath"));
+  if (peer < 0 || peer >= comm->nranks)
+    return setError(comm, epInvalidArgument, "epCommPeerPath: peer = %d is outside [0, %d)", peer, comm->nranks);
+  if (kind == nullptr) return setError(comm, epInvalidArgument, "epCommPeerPath: kind is NULL");
+  if (int(comm->plan.peers.size()) != comm->nranks)
+    return setError(comm, epInternalError, "epCommPeerPath: the communicator has no plan");
+  const PeerPath& p = comm->plan.peers[peer];
+  *kind = epPathKind_t(int(p.kind));
+  if (via_rank) *via_rank = p.via;
+  return epSuccess;
+}
+
+}  // extern "C"
