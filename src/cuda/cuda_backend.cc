@@ -121,8 +121,9 @@ class CudaBackend : public Backend {
   epComm* comm_;
   int dev_ = 0;
   int channels_ = 32;
-  // Measured on 2 x H200, EP2, 8192 tokens, 32 SMs (docs/BENCHMARKS.md).
-  int send_warps_ = 8, recv_warps_ = 8, push_warps_ = 3, reduce_warps_ = 13;
+  // Measured on 2 x H200, EP2, 4096 and 8192 tokens, 32 SMs (docs/BENCHMARKS.md);
+  // the dispatch split depends on the row size (set in init).
+  int send_warps_ = 6, recv_warps_ = 10, push_warps_ = 4, reduce_warps_ = 12;
   size_t row_stride_ = 0, meta_stride_ = 0, rows_off_ = 0, meta_off_ = 0, buffer_bytes_ = 0;
   size_t slot_bytes_ = 0, tok_pos_off_ = 0, chan_off_ = 0, expert_off_ = 0;
   const TransportEntry* ipc_ = nullptr;
@@ -131,6 +132,7 @@ class CudaBackend : public Backend {
   std::vector<void*> conns_;
   cuda::DevLocal* local_ = nullptr;
   int* layout_scratch_ = nullptr;
+  uint64_t* route_scratch_ = nullptr;  // routing kernel's per-tile counts
   cuda::ErrorInfo* err_host_ = nullptr;
   cuda::ErrorInfo* err_dev_ = nullptr;
   HState* hs_host_ = nullptr;  // pinned, for the exact-sizing count wait
@@ -201,6 +203,11 @@ epResult_t CudaBackend::init() {
   CUDACHECK(cudaGetDeviceProperties(&prop, dev_));
   channels_ = cfg.num_sms > 0 ? cfg.num_sms : 32;
   channels_ = std::min({channels_, kMaxChannels, prop.multiProcessorCount});
+  if (dataTypeSize(cfg.dispatch_type) == 1) {
+    // FP8 rows: per-row sender costs (scales, ids, weights) weigh more.
+    send_warps_ = 12;
+    recv_warps_ = 4;
+  }
   parseWarps("CUDA_DISPATCH_WARPS", &send_warps_, &recv_warps_);
   parseWarps("CUDA_COMBINE_WARPS", &push_warps_, &reduce_warps_);
 
@@ -278,11 +285,15 @@ epResult_t CudaBackend::init() {
   // Rank-private device state and the host-mapped error slot.
   const int E = cfg.num_experts;
   const size_t scratch_ints = size_t(E + R + comm_->nodes.num_nodes);
+  static_assert(sizeof(cuda::DevLocal) <= 256, "DevLocal outgrew its slot");
+  const size_t route_off = roundUp(256 + scratch_ints * sizeof(int), 256);
+  const size_t local_bytes = route_off + cuda::routeScratchBytes(cfg.max_tokens_per_rank);
   void* mem = nullptr;
-  CUDACHECK(cudaMalloc(&mem, 256 + scratch_ints * sizeof(int)));
-  CUDACHECK(cudaMemset(mem, 0, 256 + scratch_ints * sizeof(int)));
+  CUDACHECK(cudaMalloc(&mem, local_bytes));
+  CUDACHECK(cudaMemset(mem, 0, local_bytes));
   local_ = static_cast<cuda::DevLocal*>(mem);
   layout_scratch_ = reinterpret_cast<int*>(static_cast<char*>(mem) + 256);
+  route_scratch_ = reinterpret_cast<uint64_t*>(static_cast<char*>(mem) + route_off);
   void* hp = nullptr;
   CUDACHECK(cudaHostAlloc(&hp, sizeof(cuda::ErrorInfo), cudaHostAllocMapped));
   memset(hp, 0, sizeof(cuda::ErrorInfo));
@@ -443,6 +454,7 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   cuda::RoutingParams p{};
   p.cv = view();
   p.hv = slot->hv;
+  p.scratch = route_scratch_;
   p.topk = a.topk_idx;
   p.idx64 = a.topk_idx_type == epInt64;
   p.num_tokens = a.num_tokens;

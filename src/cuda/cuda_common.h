@@ -43,7 +43,15 @@ struct DevLocal {
   uint32_t layout_done;  // last-block detection of the layout kernel
   int err_claim;         // first error of a kernel wins the host-visible slot
   int timed_out;         // a wait of this rank timed out: every other wait leaves at once
+  uint32_t route_ticket; // routing kernel: tiles taken so far (reset by its last block)
 };
+
+// Routing kernel: tokens per block (one tile), and the per-tile scratch it
+// needs ([tiles][4] 64-bit words: epoch flag, packed counts lo, hi, unused).
+constexpr int kRouteTile = 512;
+inline size_t routeScratchBytes(int max_tokens) {
+  return (size_t(max_tokens > 0 ? max_tokens : 1) / kRouteTile + 2) * 32;
+}
 
 // Host-mapped (pinned) error slot: kernels write, the host reads at its next
 // host-visible point. code is an epResult_t.
@@ -101,6 +109,7 @@ struct CommView {
 struct RoutingParams {
   CommView cv;
   HandleView hv;
+  uint64_t* scratch;  // routeScratchBytes(max tokens), any contents
   const void* topk;
   int idx64;
   int num_tokens, num_topk;

@@ -25,15 +25,13 @@ namespace cuda {
 namespace {
 
 constexpr int kChunkTokens = 16;
-// 16-byte loads per lane in flight per row pass: 8 moves an FP8 row of 7168 in
-// two passes and a BF16 one in four (the copies are load-latency bound).
-constexpr int kSendUnroll = 8;
-constexpr int kRecvUnroll = 8;
 
-// Copies row_bytes (multiple of 16) from src to up to kMaxRanks destinations.
+// Copies row_bytes (multiple of 16) from src to the destinations in dmask
+// (warp-uniform); lane d holds destination d's pointer in my_dst. kU 16-byte
+// loads per lane are in flight per pass (the copies are load-latency bound).
 // Every lane runs the same number of iterations.
 template <bool kStaged, int kU>
-__device__ __forceinline__ void copyRow(const int4* src, int4* const* dst, unsigned dmask, int n16, int lane) {
+__device__ __forceinline__ void copyRow(const int4* src, int4* my_dst, unsigned dmask, int n16, int lane) {
   for (int base = 0; base < n16; base += 32 * kU) {
     int4 v[kU];
 #pragma unroll
@@ -41,18 +39,24 @@ __device__ __forceinline__ void copyRow(const int4* src, int4* const* dst, unsig
       int i = base + u * 32 + lane;
       if (i < n16) v[u] = kStaged ? ldStaged(src + i) : ldNc(src + i);
     }
-#pragma unroll
-    for (int d = 0; d < kMaxRanks; d++) {
-      if (!((dmask >> d) & 1u)) continue;
+    unsigned m = dmask;
+    while (m) {
+      const int d = __ffs(m) - 1;
+      m &= m - 1;
+      int4* dst = reinterpret_cast<int4*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_dst), d));
 #pragma unroll
       for (int u = 0; u < kU; u++) {
         int i = base + u * 32 + lane;
-        if (i < n16) stNa(dst[d] + i, v[u]);
+        if (i < n16) stNa(dst + i, v[u]);
       }
     }
   }
 }
 
+// kU: 16-byte loads per lane in flight per row pass: 14 for rows of up to
+// 7168 bytes (an FP8 row of 7168 in one pass; 16 spills), else 8 (a BF16 row
+// of 7168 in four).
+template <int kU>
 __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   extern __shared__ int hist[];  // [local experts]
   const CommView& cv = p.cv;
@@ -131,12 +135,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
             my_meta = dst_meta + slot * cv.meta_stride;
           }
         }
-        int4* dst[kMaxRanks];
-#pragma unroll
-        for (int d = 0; d < kMaxRanks; d++)
-          dst[d] = reinterpret_cast<int4*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_dst), d));
-        copyRow<false, kSendUnroll>(reinterpret_cast<const int4*>(p.x + size_t(t) * p.x_stride), dst, mask, n16,
-                                    lane);
+        copyRow<false, kU>(reinterpret_cast<const int4*>(p.x + size_t(t) * p.x_stride), my_dst, mask, n16, lane);
         // Scales and expert ids, per destination.
         unsigned m = mask;
         while (m) {
@@ -214,9 +213,8 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
             local = reinterpret_cast<const int*>(meta + scale_bytes)[lane];
             w = reinterpret_cast<const float*>(meta + scale_bytes + size_t(K) * 4)[lane];
           }
-          int4* dst[kMaxRanks];
-          dst[0] = reinterpret_cast<int4*>(p.recv_x + row * p.row_bytes);
-          copyRow<true, kRecvUnroll>(reinterpret_cast<const int4*>(rows + row * cv.row_stride), dst, 1u, n16, lane);
+          copyRow<true, kU>(reinterpret_cast<const int4*>(rows + row * cv.row_stride),
+                            reinterpret_cast<int4*>(p.recv_x + row * p.row_bytes), 1u, n16, lane);
           float* sdst = p.recv_scales + row * nb;
           if (lane < nb) sdst[lane] = s0;
           if (lane + 32 < nb) sdst[lane + 32] = s1;
@@ -268,11 +266,13 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
 int launchDispatch(const DispatchParams& p, int blocks, void* stream) {
   const int threads = (p.send_warps + p.recv_warps) * 32;
   size_t smem = size_t(p.cv.experts_per_rank) * sizeof(int);
+  const bool small_rows = p.row_bytes <= 32 * 16 * 14;
+  auto kernel = small_rows ? dispatchKernel<14> : dispatchKernel<8>;
   if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(dispatchKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return int(e);
   }
-  dispatchKernel<<<blocks, threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  kernel<<<blocks, threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }
 

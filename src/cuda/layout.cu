@@ -4,13 +4,13 @@
 // added into a zeroed global scratch; the last block copies the scratch to the
 // caller's outputs and zeroes it again. Only this rank's memory is touched.
 //
-// routing: one block, one pass over tiles of 1024 tokens (one token per
-// thread, a packed block scan per tile; send lists in ascending token order,
-// as the host's buildSendSide) writes tok_pos. Then the count exchange: this
-// rank writes its count vector into every rank's Ctrl::counts[epoch & 1][me]
-// (double-buffered by epoch parity so a rank one call ahead cannot overwrite
-// counts still being read), waits for every rank's vector and derives the
-// offsets of HState.
+// routing: one block per tile of kRouteTile tokens; each tile writes tok_pos
+// of its tokens (send lists in ascending token order, as the host's
+// buildSendSide) from a block scan plus the counts of the tiles before it; the
+// last block does the count exchange: this rank writes its count vector into
+// every rank's Ctrl::counts[epoch & 1][me] (double-buffered by epoch parity so
+// a rank one call ahead cannot overwrite counts still being read), waits for
+// every rank's vector and derives the offsets of HState.
 #include <cuda_runtime.h>
 
 #include "device.cuh"
@@ -18,22 +18,6 @@
 namespace ep {
 namespace cuda {
 namespace {
-
-__device__ __forceinline__ unsigned tokenMask(const void* topk, int idx64, int t, int K, int E, int epr,
-                                              int* bad_flat, long long* bad_val) {
-  unsigned mask = 0;
-#pragma unroll 8
-  for (int k = 0; k < K; k++) {
-    long long e = topkLoad(topk, idx64, size_t(t) * K + k);
-    if (e < -1 || e >= E) {
-      *bad_flat = t * K + k;
-      *bad_val = e;
-      continue;
-    }
-    if (e >= 0) mask |= 1u << int(e / epr);
-  }
-  return mask;
-}
 
 __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
   extern __shared__ int sh[];  // [E] experts, [R] ranks, [N] nodes
@@ -160,51 +144,100 @@ __device__ __forceinline__ int fieldOf(unsigned long long lo, unsigned long long
   return int(((d < 4 ? lo : hi) >> (16 * (d & 3))) & 0xffffu);
 }
 
-// One block, one pass: the tokens go in tiles of blockDim.x, one token per
-// thread (its K ids loaded together); a packed block scan gives each token's
-// position per destination within the tile, a running carry (the same in every
-// thread) the tile's base. Send lists in ascending token order, as the host's
-// buildSendSide.
-__global__ void __launch_bounds__(1024) routingKernel(RoutingParams p) {
+// One block per tile of kRouteTile tokens (tile number from a ticket, so a
+// tile only ever waits for tiles already running). The tile's ids are loaded
+// coalesced and ORed into per-token rank masks in shared memory; a packed block
+// scan gives each token's position per destination within the tile; the tile
+// publishes its counts (epoch-tagged) and adds up those of the tiles before it.
+// The last block sums every tile, writes the totals and does the count
+// exchange. Send lists in ascending token order, as the host's buildSendSide.
+__global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
   const CommView& cv = p.cv;
   const int R = cv.nranks, me = cv.rank, T = p.num_tokens, K = p.num_topk;
+  const int E = cv.num_experts, epr = cv.experts_per_rank;
   const uint32_t epoch = cv.local->epoch + 1;
+  __shared__ unsigned smask[kRouteTile];
+  __shared__ int tile_sh;
   __shared__ int totals[kMaxRanks];
   __shared__ int mat[kMaxRanks][kMaxRanks];
+  smask[threadIdx.x] = 0;
+  if (threadIdx.x < kMaxRanks) totals[threadIdx.x] = 0;
+  if (threadIdx.x == 0) tile_sh = int(atomicAdd(&cv.local->route_ticket, 1u));
+  __syncthreads();
+  const int tile = tile_sh, base = tile * kRouteTile;
+  const int nt = max(0, min(kRouteTile, T - base));
   int bad_flat = -1;
   long long bad_val = 0;
-  int carry[kMaxRanks];
+  {
+    const size_t f0 = size_t(base) * K;
+    const int n = nt * K;
+    constexpr int kU = 8;
+    for (int i0 = 0; i0 < n; i0 += kRouteTile * kU) {
+      long long ev[kU];
 #pragma unroll
-  for (int d = 0; d < kMaxRanks; d++) carry[d] = 0;
-  int* tp = p.hv.tok_pos;
-  for (int base = 0; base < T; base += blockDim.x) {
-    const int t = base + int(threadIdx.x);
-    const unsigned m =
-        t < T ? tokenMask(p.topk, p.idx64, t, K, cv.num_experts, cv.experts_per_rank, &bad_flat, &bad_val) : 0u;
-    unsigned long long lo = 0, hi = 0;
+      for (int u = 0; u < kU; u++) {
+        const int i = i0 + u * kRouteTile + int(threadIdx.x);
+        ev[u] = i < n ? topkLoad(p.topk, p.idx64, f0 + i) : -1;
+      }
 #pragma unroll
-    for (int d = 0; d < kMaxRanks; d++) {
-      const unsigned long long bit = (m >> d) & 1u;
-      if (d < 4) lo |= bit << (16 * d);
-      else hi |= bit << (16 * (d - 4));
+      for (int u = 0; u < kU; u++) {
+        const int i = i0 + u * kRouteTile + int(threadIdx.x);
+        const long long e = ev[u];
+        if (i >= n) continue;
+        if (e < -1 || e >= E) {
+          bad_flat = int(f0 + i);
+          bad_val = e;
+          continue;
+        }
+        if (e >= 0) atomicOr(&smask[i / K], 1u << (int(e) / epr));
+      }
     }
-    unsigned long long ex_lo, ex_hi, tot_lo, tot_hi;
-    packedBlockScan(lo, hi, &ex_lo, &ex_hi, &tot_lo, &tot_hi);
+  }
+  __syncthreads();
+  const int t = base + int(threadIdx.x);
+  const unsigned m = int(threadIdx.x) < nt ? smask[threadIdx.x] : 0u;
+  unsigned long long lo = 0, hi = 0;
+#pragma unroll
+  for (int d = 0; d < kMaxRanks; d++) {
+    const unsigned long long bit = (m >> d) & 1u;
+    if (d < 4) lo |= bit << (16 * d);
+    else hi |= bit << (16 * (d - 4));
+  }
+  unsigned long long ex_lo, ex_hi, tot_lo, tot_hi;
+  packedBlockScan(lo, hi, &ex_lo, &ex_hi, &tot_lo, &tot_hi);
+  uint64_t* sc = p.scratch;
+  if (threadIdx.x == 0) {
+    sc[size_t(tile) * 4 + 1] = tot_lo;
+    sc[size_t(tile) * 4 + 2] = tot_hi;
+    stReleaseSys(&sc[size_t(tile) * 4], tagged(epoch, 0));
+  }
+  // Rows of the tiles before this one (per rank; shared totals[] as the sum).
+  for (int j = threadIdx.x; j < tile; j += kRouteTile) {
+    waitTagged(cv, &sc[size_t(j) * 4], epoch, 0, kWhatCounts, me);
+    const unsigned long long jl = ldAcquireSys(&sc[size_t(j) * 4 + 1]);
+    const unsigned long long jh = ldAcquireSys(&sc[size_t(j) * 4 + 2]);
+    for (int d = 0; d < R; d++) atomicAdd(&totals[d], fieldOf(jl, jh, d));
+  }
+  __syncthreads();
+  int* tp = p.hv.tok_pos;
+  if (t < T) {
 #pragma unroll
     for (int d = 0; d < kMaxRanks; d++) {
       if (d >= R) break;
-      if (t < T) {
-        const unsigned bit = (m >> d) & 1u;
-        tp[size_t(t) * R + d] = (carry[d] + fieldOf(ex_lo, ex_hi, d)) | int(bit << 31);
-      }
-      carry[d] += fieldOf(tot_lo, tot_hi, d);
+      const unsigned bit = (m >> d) & 1u;
+      tp[size_t(t) * R + d] = (totals[d] + fieldOf(ex_lo, ex_hi, d)) | int(bit << 31);
     }
   }
   if (bad_flat >= 0) reportError(cv, 4 /* epInvalidArgument */, kWhatBadTopk, -1, bad_flat, bad_val);
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int d = 0; d < kMaxRanks; d++)
-      if (d < R) totals[d] = carry[d];
+  if (!lastBlockDone(cv.local)) return;
+  // Last block: the totals over every tile.
+  __syncthreads();
+  if (threadIdx.x < kMaxRanks) totals[threadIdx.x] = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < int(gridDim.x); j += kRouteTile) {
+    const unsigned long long jl = ldAcquireSys(&sc[size_t(j) * 4 + 1]);
+    const unsigned long long jh = ldAcquireSys(&sc[size_t(j) * 4 + 2]);
+    for (int d = 0; d < R; d++) atomicAdd(&totals[d], fieldOf(jl, jh, d));
   }
   __syncthreads();
   if (threadIdx.x < R) tp[size_t(T) * R + threadIdx.x] = totals[threadIdx.x];
@@ -246,6 +279,8 @@ __global__ void __launch_bounds__(1024) routingKernel(RoutingParams p) {
     }
     hs->num_tokens = T;
     hs->num_topk = K;
+    cv.local->blocks_done = 0;
+    cv.local->route_ticket = 0;
     cv.local->epoch = epoch;
   }
 }
@@ -265,7 +300,8 @@ int launchLayout(const LayoutParams& p, void* stream) {
 }
 
 int launchRouting(const RoutingParams& p, void* stream) {
-  routingKernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  const int tiles = p.num_tokens > 0 ? (p.num_tokens + kRouteTile - 1) / kRouteTile : 1;
+  routingKernel<<<tiles, kRouteTile, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }
 

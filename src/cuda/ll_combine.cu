@@ -16,7 +16,7 @@ namespace {
 
 constexpr int kThreads = 256;  // one block per row: 8 values per thread per step
 
-__global__ void __launch_bounds__(kThreads) llCombineSendKernel(LLCombineParams p) {
+__device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, M = v.max_tokens, H = v.hidden;
   const uint32_t pair = p.hd->pair;
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) llCombineSendKernel(LLCombineParams 
   }
 }
 
-__global__ void __launch_bounds__(kThreads) llCombineRecvKernel(LLCombineParams p) {
+__device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, H = v.hidden;
   const uint32_t pair = p.hd->pair;
@@ -147,6 +147,15 @@ __global__ void __launch_bounds__(kThreads) llCombineRecvKernel(LLCombineParams 
   }
 }
 
+
+__global__ void __launch_bounds__(kThreads) llCombineSendKernel(LLCombineParams p) { combineSendPhase(p); }
+__global__ void __launch_bounds__(kThreads) llCombineRecvKernel(LLCombineParams p) { combineRecvPhase(p); }
+// Both halves in one launch; at most one block per SM (see llDispatchKernel).
+__global__ void __launch_bounds__(kThreads) llCombineKernel(LLCombineParams p) {
+  combineSendPhase(p);
+  combineRecvPhase(p);
+}
+
 }  // namespace
 
 int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream) {
@@ -154,6 +163,13 @@ int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream) {
   const int rows = p.v.nranks * p.v.max_tokens;
   const int blocks = rows < 4 * sms ? rows : 4 * sms;
   llCombineSendKernel<<<blocks < 1 ? 1 : blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return int(cudaGetLastError());
+}
+
+int launchLLCombine(const LLCombineParams& p, int sms, void* stream) {
+  int blocks = p.v.nranks * p.v.max_tokens;
+  blocks = blocks < 1 ? 1 : (blocks > sms ? sms : blocks);
+  llCombineKernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }
 

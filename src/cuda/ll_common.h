@@ -104,8 +104,10 @@ struct LLCombineParams {
 };
 
 int launchLLDispatchSend(const LLDispatchParams& p, int sms, void* stream);
+int launchLLDispatch(const LLDispatchParams& p, int sms, void* stream);  // both halves, one kernel
 int launchLLDispatchRecv(const LLDispatchParams& p, int sms, void* stream);
 int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream);
+int launchLLCombine(const LLCombineParams& p, int sms, void* stream);  // both halves, one kernel
 int launchLLCombineRecv(const LLCombineParams& p, int sms, void* stream);
 
 }  // namespace cuda

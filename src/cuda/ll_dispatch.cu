@@ -34,9 +34,10 @@ __device__ __forceinline__ uint32_t packFp8x4(float a, float b, float c, float d
 constexpr int kSendThreads = 256;  // one block per token: its row is spread over 256 threads
 constexpr int kChunks = 4;         // 16-byte loads in flight per thread (8 values each)
 
-__global__ void __launch_bounds__(kSendThreads) llDispatchSendKernel(LLDispatchParams p) {
+// The send half; `pair` was read from v.local->pairs at kernel start (it is
+// bumped by the last block to finish this phase, after every block read it).
+__device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uint32_t pair) {
   const LLView& v = p.v;
-  const uint32_t pair = v.local->pairs;  // bumped only by this kernel's last block
   const int set = int(pair & 1u);
   const uint32_t tag = pair + 1;
   const int R = v.nranks, me = v.rank, K = p.num_topk, H = v.hidden;
@@ -138,12 +139,12 @@ __global__ void __launch_bounds__(kSendThreads) llDispatchSendKernel(LLDispatchP
   }
 }
 
-constexpr int kRecvThreads = 256;
+constexpr int kRecvThreads = kSendThreads;  // the fused kernel runs both phases in one block
 
-__global__ void __launch_bounds__(kRecvThreads) llDispatchRecvKernel(LLDispatchParams p) {
+// The receive half of pair `pair`.
+__device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uint32_t pair) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, M = v.max_tokens, H = v.hidden;
-  const uint32_t pair = p.hd->pair;
   const int set = int(pair & 1u);
   const uint32_t tag = pair + 1;
   __shared__ int src_base[kMaxRanks + 1];
@@ -233,11 +234,37 @@ __global__ void __launch_bounds__(kRecvThreads) llDispatchRecvKernel(LLDispatchP
   }
 }
 
+
+__global__ void __launch_bounds__(kSendThreads) llDispatchSendKernel(LLDispatchParams p) {
+  dispatchSendPhase(p, p.v.local->pairs);
+}
+
+__global__ void __launch_bounds__(kRecvThreads) llDispatchRecvKernel(LLDispatchParams p) {
+  dispatchRecvPhase(p, p.hd->pair);
+}
+
+// Both halves in one launch (a call that is not split): every block sends its
+// tokens, then receives. The grid is at most one block per SM so that all
+// blocks are resident: blocks waiting in the receive half never keep a
+// sending block from running.
+__global__ void __launch_bounds__(kSendThreads) llDispatchKernel(LLDispatchParams p) {
+  const uint32_t pair = p.v.local->pairs;
+  dispatchSendPhase(p, pair);
+  dispatchRecvPhase(p, pair);
+}
+
 }  // namespace
 
 int launchLLDispatchSend(const LLDispatchParams& p, int sms, void* stream) {
   int blocks = p.num_tokens < 4 * sms ? p.num_tokens : 4 * sms;
   llDispatchSendKernel<<<blocks < 1 ? 1 : blocks, kSendThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return int(cudaGetLastError());
+}
+
+int launchLLDispatch(const LLDispatchParams& p, int sms, void* stream) {
+  int blocks = p.num_tokens > p.v.local_experts ? p.num_tokens : p.v.local_experts;
+  blocks = blocks < 1 ? 1 : (blocks > sms ? sms : blocks);
+  llDispatchKernel<<<blocks, kSendThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }
 

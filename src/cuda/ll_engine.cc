@@ -182,8 +182,8 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   p.recv_src = a.recv_src;
   h->backend_state = st.get();
   HandleState* raw = st.release();
-  int err = launchLLDispatchSend(raw->dispatch, sms_, stream);
-  if (err == 0 && !send_only) err = launchLLDispatchRecv(raw->dispatch, sms_, stream);
+  const int err = send_only ? launchLLDispatchSend(raw->dispatch, sms_, stream)
+                            : launchLLDispatch(raw->dispatch, sms_, stream);
   if (err != 0) {
     release(h);
     return setError(comm_, epUnhandledCudaError, "epLowLatencyDispatch: kernel launch failed: %s",
@@ -202,8 +202,7 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
   p.y = static_cast<const uint16_t*>(a.y);
   p.out = static_cast<uint16_t*>(a.out);
   p.num_topk = st->dispatch.num_topk;
-  int err = launchLLCombineSend(p, sms_, stream);
-  if (err == 0 && !send_only) err = launchLLCombineRecv(p, sms_, stream);
+  const int err = send_only ? launchLLCombineSend(p, sms_, stream) : launchLLCombine(p, sms_, stream);
   if (err != 0)
     return setError(comm_, epUnhandledCudaError, "epLowLatencyCombine: kernel launch failed: %s",
                     cudaGetErrorString(cudaError_t(err)));
