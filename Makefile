@@ -73,6 +73,10 @@ LIB_DEV := $(BUILD)/lib/libmoeep.so
 LIB_INTERNAL := $(BUILD)/lib/libmoeep_internal.a
 
 TOOLS := $(patsubst tools/%.cc,$(BUILD)/bin/%,$(wildcard tools/*.cc))
+ifeq ($(CUDA),1)
+  # The GPU benchmark (ep_bench --backend cuda runs it): nvcc, NCCL opened at run time.
+  TOOLS += $(BUILD)/bin/ep_bench_gpu
+endif
 TOOL_COMMON := $(wildcard tools/common/*.cc)
 
 # Unit tests: CMocka suites against the internal archive (C++ sees the internals),
@@ -119,6 +123,11 @@ $(LIB_DEV): $(LIB_SONAME)
 $(LIB_INTERNAL): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/ep_bench_gpu: tests/gpu/gpu_bench.cc $(LIB_DEV)
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 $(OPT) -x cu $(NVCC_GENCODE) -Iinclude $< -o $@ -L$(BUILD)/lib -lmoeep -ldl \
+	  -Xlinker -rpath -Xlinker '$$ORIGIN/../lib'
 
 $(BUILD)/bin/%: tools/%.cc $(TOOL_COMMON) $(wildcard tools/common/*.h) $(LIB_DEV)
 	@mkdir -p $(dir $@)

@@ -47,6 +47,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "common/bench_device.h"
@@ -105,7 +106,9 @@ void usage(FILE* f) {
           "      --zero-rank0      rank 0 has no tokens\n"
           "      --seed S          seed of the generated inputs (default 1)\n"
           "      --timeout-ms MS   config.timeout_ms (default: EP_TIMEOUT_MS)\n"
-          "      --backend B       host (default); cuda is not implemented in this tool yet\n"
+          "      --backend B       host (default), or cuda: runs ep_bench_gpu with the other arguments\n"
+          "                        (EP2+ on the GPUs of this machine: --tokens N, --sms A,B, --types\n"
+          "                        bf16|fp8|both, --no-nccl, --quick)\n"
           "      --json            one JSON object per result line on stdout, nothing else\n"
           "  -h, --help            this message\n");
 }
@@ -926,7 +929,42 @@ int benchMain(const Options& opt, const LaunchInfo& li) {
 
 }  // namespace
 
+// --backend cuda: the GPU benchmark is its own program (built with nvcc when
+// the library has CUDA: ep_bench_gpu beside this one); hand it the other
+// arguments. Returns only when it cannot be started.
+int runGpuBench(int argc, char** argv) {
+  std::vector<char*> args;
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string dir = ".";
+  if (n > 0) {
+    self[n] = '\0';
+    dir = std::string(self);
+    dir = dir.substr(0, dir.rfind('/'));
+  }
+  std::string gpu = dir + "/ep_bench_gpu";
+  args.push_back(const_cast<char*>(gpu.c_str()));
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    if (a == "--backend" && i + 1 < argc) {
+      i++;
+      continue;
+    }
+    if (a == "--backend=cuda") continue;
+    args.push_back(argv[i]);
+  }
+  args.push_back(nullptr);
+  execv(gpu.c_str(), args.data());
+  fprintf(stderr, "ep_bench: --backend cuda needs %s (built by make when nvcc is present): %s\n", gpu.c_str(),
+          strerror(errno));
+  return 2;
+}
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; i++)
+    if ((std::string(argv[i]) == "--backend" && i + 1 < argc && std::string(argv[i + 1]) == "cuda") ||
+        std::string(argv[i]) == "--backend=cuda")
+      return runGpuBench(argc, argv);
   Options opt;
   std::string error;
   switch (parseOptions(argc, argv, &opt, &error)) {
