@@ -136,12 +136,17 @@ EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineAr
     return setError(comm, epInvalidArgument, "%s: args.flags = 0x%x has unknown bits", fn, a.flags);
   if (handle->pending != epHandle::Pending::kNone)
     return setError(comm, epInvalidUsage, "%s: the handle's send-only call was not completed (epLowLatencyComplete)", fn);
+  if (handle->ll_combined)
+    return setError(comm, epInvalidUsage,
+                    "%s: this handle was already combined: each low-latency dispatch is combined once", fn);
   if (a.y == nullptr) return setError(comm, epInvalidArgument, "%s: y is NULL", fn);
   if (handle->routing.num_tokens > 0 && a.out == nullptr)
     return setError(comm, epInvalidArgument, "%s: out is NULL with %d tokens", fn, handle->routing.num_tokens);
   if (misaligned(a.y) || misaligned(a.out))
     return setError(comm, epInvalidArgument, "%s: y and out must be 16-byte aligned", fn);
-  return comm->backend->llCombine(a, handle, (a.flags & EP_LL_SEND_ONLY) != 0, stream);
+  EPCHECK(comm->backend->llCombine(a, handle, (a.flags & EP_LL_SEND_ONLY) != 0, stream));
+  handle->ll_combined = true;
+  return epSuccess;
 }
 
 EP_API epResult_t epLowLatencyComplete(epComm_t comm, epHandle_t handle, epStream_t stream) {

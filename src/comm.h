@@ -106,5 +106,6 @@ struct epHandle {
   ep::Routing routing;  // host view of where every token goes and comes from
   bool counts_known = false;
   bool dispatched = false;  // a dispatch ran: combine and cached re-dispatch are allowed
+  bool ll_combined = false;  // low latency: each dispatch is combined once
   void* backend_state = nullptr;
 };

@@ -192,6 +192,8 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally
       out_ok &= out[size_t(t) * H + j] == toBf16(acc);
     }
   tally->check(out_ok, "ll combine output", rank);
+  c.flags = 0;
+  tally->check(epLowLatencyCombine(comm, &c, h, nullptr) == epInvalidUsage, "a handle is combined once", rank);
   epHandleDestroy(h);
   epCommDestroy(comm);
 }
