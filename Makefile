@@ -101,7 +101,22 @@ all: lib tools tests
 lib: $(LIB_DEV) $(LIB_INTERNAL)
 tools: $(TOOLS)
 SELFTEST_BINS := $(BUILD)/tests/bootstrap_selftest
-tests: $(UNIT_BINS) $(MP_BINS) $(SELFTEST_BINS)
+# Transport modules the loader tests find through EP_TRANSPORT_PATH.
+TEST_MODULES := $(BUILD)/tests/modules/libmoeep-transport-fake.so \
+                $(BUILD)/tests/modules/libmoeep-transport-future.so \
+                $(BUILD)/tests/modules/libmoeep-transport-nosym.so
+tests: $(UNIT_BINS) $(MP_BINS) $(SELFTEST_BINS) $(TEST_MODULES)
+
+MODULE_FLAGS = $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) -shared
+$(BUILD)/tests/modules/libmoeep-transport-fake.so: tests/modules/fake_transport.cc src/transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) $< -o $@
+$(BUILD)/tests/modules/libmoeep-transport-future.so: tests/modules/fake_transport.cc src/transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="future"' -DFAKE_VERSION=99 $< -o $@
+$(BUILD)/tests/modules/libmoeep-transport-nosym.so: tests/modules/fake_transport.cc src/transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="nosym"' -DFAKE_NO_SYMBOL $< -o $@
 
 $(BUILD)/obj/%.o: %.cc
 	@mkdir -p $(dir $@)

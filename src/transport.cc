@@ -25,11 +25,12 @@ std::vector<TransportEntry>& registry() {
   return list;
 }
 
-// The last warning a transport logged on this thread: the cause shown when its init fails.
+// The last message (warning or info) a transport logged on this thread: the
+// cause shown when its init fails.
 thread_local std::string tls_last_transport_warning;
 
 void transportLog(epTransportLogLevel_t level, const char* transport, const char* fmt, ...) {
-  if (level == epTransportLogWarn) {
+  if (level != epTransportLogTrace) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);

@@ -56,7 +56,10 @@ epResult_t ipcInit(const epTransportEnv_v1_t* env, void** out) {
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     cudaGetLastError();
-    return epNotSupported;  // no driver or no GPU: the host backend still works
+    // No driver or no GPU: the host backend still works; say why once.
+    env->log(epTransportLogInfo, "cuda_ipc", "no usable GPU (%s)",
+             e != cudaSuccess ? cudaGetErrorString(e) : "0 CUDA devices");
+    return epNotSupported;
   }
   auto* ctx = new (std::nothrow) IpcContext();
   if (ctx == nullptr) return epOutOfMemory;

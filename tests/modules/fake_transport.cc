@@ -1,0 +1,49 @@
+// A transport module for the loader tests, built three ways by the Makefile:
+//   libmoeep-transport-fake.so     a valid version-1 module named "fake"
+//   libmoeep-transport-future.so   claims a transport ABI newer than the library
+//   libmoeep-transport-nosym.so    exports no epTransport_v1 (FAKE_NO_SYMBOL)
+// It moves no data: init succeeds and properties name it, which is all the
+// loader looks at.
+#define EP_TRANSPORT_MODULE 1
+#include "transport.h"
+
+#ifndef FAKE_NAME
+#define FAKE_NAME "fake"
+#endif
+#ifndef FAKE_VERSION
+#define FAKE_VERSION EP_TRANSPORT_ABI_VERSION
+#endif
+
+namespace {
+
+epResult_t fakeInit(const epTransportEnv_v1_t* env, void** ctx) {
+  env->log(epTransportLogInfo, FAKE_NAME, "loaded");
+  *ctx = nullptr;
+  return epSuccess;
+}
+epResult_t fakeProperties(void*, epTransportProps_v1_t* props) {
+  props->name = FAKE_NAME;
+  props->caps = EP_TRANSPORT_CAP_HOST_MEM;
+  props->latency_us = 1;
+  props->bandwidth_gbps = 1;
+  return epSuccess;
+}
+epResult_t fakeCanConnect(void*, const epPeerInfo_v1_t*, const epPeerInfo_v1_t*, int* ok) {
+  *ok = 0;
+  return epSuccess;
+}
+epResult_t fakeFinalize(void*) { return epSuccess; }
+
+const epTransport_v1_t fakeTransport = {FAKE_NAME,      FAKE_VERSION, fakeInit, fakeProperties, fakeCanConnect,
+                                        nullptr,        nullptr,      nullptr,  nullptr,        nullptr,
+                                        nullptr,        nullptr,      fakeFinalize};
+
+}  // namespace
+
+#ifndef FAKE_NO_SYMBOL
+EP_TRANSPORT_DEFINE(fakeTransport)
+#else
+extern "C" {
+__attribute__((visibility("default"))) int epNotATransport = 1;
+}
+#endif

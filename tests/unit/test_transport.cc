@@ -1,0 +1,152 @@
+// The transport loader: built-in transports, libmoeep-transport-NAME.so
+// modules found on EP_TRANSPORT_PATH, EP_TRANSPORTS selection, modules of a
+// newer ABI refused with a reason, a module without the symbol ignored.
+//
+// The registry is built once per process, so each case runs in a forked child
+// with its own environment and reports through its exit status.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "common.h"
+
+#include "moeep.h"
+
+namespace {
+
+std::string g_modules;  // build/tests/modules, next to this program
+
+struct Found {
+  bool present = false;
+  int available = 0;
+  std::string detail;
+};
+
+Found find(const char* name) {
+  Found f;
+  for (int i = 0;; i++) {
+    const char* n = nullptr;
+    const char* detail = nullptr;
+    int available = 0;
+    if (epGetTransport(i, &n, &available, &detail) != epSuccess) break;
+    if (strcmp(n, name) == 0) {
+      f.present = true;
+      f.available = available;
+      f.detail = detail ? detail : "";
+    }
+  }
+  return f;
+}
+
+// Runs body in a child with EP_TRANSPORT_PATH / EP_TRANSPORTS set; body
+// returns an empty string on success or what went wrong.
+void inChild(const char* transports, const std::function<std::string()>& body) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("EP_TRANSPORT_PATH", g_modules.c_str(), 1);
+    if (transports) setenv("EP_TRANSPORTS", transports, 1);
+    else unsetenv("EP_TRANSPORTS");
+    std::string why = body();
+    if (!why.empty()) fprintf(stderr, "  child: %s\n", why.c_str());
+    _exit(why.empty() ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+void module_on_path_is_loaded(void**) {
+  inChild(nullptr, [] {
+    Found f = find("fake");
+    if (!f.present) return std::string("module 'fake' not listed");
+    if (!f.available) return "module 'fake' unavailable: " + f.detail;
+    if (f.detail.find("libmoeep-transport-fake.so") == std::string::npos) return "origin is '" + f.detail + "'";
+    if (!find("shm").available) return std::string("built-in shm missing next to modules");
+    return std::string();
+  });
+}
+
+void newer_abi_module_is_refused_with_reason(void**) {
+  inChild(nullptr, [] {
+    Found f = find("future");
+    if (!f.present) return std::string("module 'future' not listed");
+    if (f.available) return std::string("module of ABI v99 accepted");
+    if (f.detail.find("newer") == std::string::npos || f.detail.find("v99") == std::string::npos)
+      return "reason '" + f.detail + "' does not name the newer ABI";
+    return std::string();
+  });
+}
+
+void module_without_symbol_is_ignored(void**) {
+  inChild(nullptr, [] {
+    if (find("nosym").present) return std::string("a module without epTransport_v1 was listed");
+    // ... and the library still works.
+    epConfig_t cfg = EP_CONFIG_INITIALIZER;
+    cfg.num_experts = 2;
+    cfg.hidden = 8;
+    cfg.max_tokens_per_rank = 1;
+    cfg.max_topk = 1;
+    cfg.backend = epBackendHost;
+    epComm_t comm = nullptr;
+    if (epCommInitAll(&comm, 1, nullptr, &cfg) != epSuccess) return std::string(epGetLastError(nullptr));
+    epCommDestroy(comm);
+    return std::string();
+  });
+}
+
+void ep_transports_list_selects(void**) {
+  inChild("shm", [] {
+    Found f = find("fake");
+    if (!f.present || f.available) return std::string("'fake' should be listed but disabled");
+    if (f.detail.find("EP_TRANSPORTS") == std::string::npos) return "reason '" + f.detail + "'";
+    if (!find("shm").available) return std::string("shm disabled though selected");
+    return std::string();
+  });
+}
+
+void ep_transports_exclusion(void**) {
+  inChild("^fake,future", [] {
+    if (find("fake").available) return std::string("'fake' available though excluded");
+    if (!find("shm").available) return std::string("shm disabled though not excluded");
+    return std::string();
+  });
+}
+
+void excluding_shm_fails_host_init_with_reason(void**) {
+  inChild("^shm", [] {
+    epConfig_t cfg = EP_CONFIG_INITIALIZER;
+    cfg.num_experts = 2;
+    cfg.hidden = 8;
+    cfg.max_tokens_per_rank = 1;
+    cfg.max_topk = 1;
+    cfg.backend = epBackendHost;
+    epComm_t comm = nullptr;
+    epResult_t res = epCommInitAll(&comm, 1, nullptr, &cfg);
+    if (res == epSuccess) return std::string("host init succeeded without shm");
+    if (strstr(epGetLastError(nullptr), "shm") == nullptr)
+      return std::string("message does not name shm: ") + epGetLastError(nullptr);
+    return std::string();
+  });
+}
+
+}  // namespace
+
+int main(int, char** argv) {
+  std::string self = argv[0];
+  g_modules = self.substr(0, self.rfind('/') + 1) + "modules";
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(module_on_path_is_loaded),
+      cmocka_unit_test(newer_abi_module_is_refused_with_reason),
+      cmocka_unit_test(module_without_symbol_is_ignored),
+      cmocka_unit_test(ep_transports_list_selects),
+      cmocka_unit_test(ep_transports_exclusion),
+      cmocka_unit_test(excluding_shm_fails_host_init_with_reason),
+  };
+  return cmocka_run_group_tests_name("transport loader", tests, nullptr, nullptr);
+}
