@@ -196,6 +196,7 @@ void checkCase(const Shape& s, int rank, epComm_t comm, bool exact, Tally* tally
   ca.out_topk_weights = out_w.data();
   res = epCombine(comm, &ca, handle, nullptr);
   tally->check(res == epSuccess, "combine returns success", rank);
+  if (res != epSuccess) fprintf(stderr, "rank %d: combine: %s\n", rank, epGetLastError(comm));
   bool out_ok = true, w_ok = true;
   for (int t = 0; t < mine.tokens; t++) {
     for (int j = 0; j < H && out_ok; j++) {
