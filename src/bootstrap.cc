@@ -22,6 +22,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -131,10 +132,14 @@ class Root {
   Root(Fd listen_fd, uint64_t nonce, SocketAddress addr)
       : listen_fd_(std::move(listen_fd)), nonce_(nonce), addr_(addr) {}
 
+  // Set once the thread is in its wait loop (see startRoot).
+  std::atomic<int>* ready = nullptr;
+
   void run() {
     const int64_t fallback_ms = param::TIMEOUT_MS();
     fallback_deadline_ = fallback_ms > 0 ? Clock::now() + std::chrono::milliseconds(fallback_ms)
                                          : Clock::time_point::max();
+    if (ready != nullptr) ready->store(1, std::memory_order_release);
     for (;;) {
       if (nranks_ > 0 && arrived_ == nranks_) {
         replySuccess();
@@ -441,12 +446,21 @@ epResult_t startRoot(const SocketAddress& bind_addr, uint64_t nonce, SocketAddre
   }
   Root* root = new (std::nothrow) Root(std::move(listen_fd), nonce, advertised);
   if (root == nullptr) return setError(nullptr, epOutOfMemory, "bootstrap: cannot allocate the root");
+  // Return only once the root waits in poll(), holding no lock: a process may
+  // fork its ranks right after epGetUniqueId, and a child forked while this
+  // thread held a lock (an allocator's, a static's init guard) could hang.
+  // The statics the thread reads are initialised here, by the caller.
+  (void)param::TIMEOUT_MS();
+  auto ready = std::make_shared<std::atomic<int>>(0);
+  root->ready = ready.get();
   try {
-    std::thread(rootThreadMain, root).detach();
+    std::thread([root, ready] { rootThreadMain(root); }).detach();
   } catch (const std::exception& e) {
     delete root;
     return setError(nullptr, epSystemError, "bootstrap: cannot start the root thread: %s", e.what());
   }
+  for (int i = 0; i < 5000 && ready->load(std::memory_order_acquire) == 0; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EP_INFO(kSubsysBootstrap, "bootstrap root listening on %s%s%s", advertised.toString().c_str(),
           ifname.empty() ? "" : " via ", ifname.c_str());
   if (advertised_out) *advertised_out = advertised;

@@ -259,11 +259,16 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
           for (int b = 0; b < nblocks; b++) sc[b] = a.x_scales[size_t(t) * s_tok + size_t(b) * s_blk];
         }
         p += rec.scale_bytes;
-        if (with_topk)
-          localizeTopk(pl, d, a.topk_idx, a.topk_idx_type, a.topk_weights, t, K,
-                       reinterpret_cast<int64_t*>(p), reinterpret_cast<float*>(p + rec.idx_bytes));
-        uint32_t has_topk = with_topk ? 1 : 0;
-        memcpy(out + rec.flagOffset(), &has_topk, 4);
+        if (with_topk) {  // through aligned locals: the record's fields are not 8-byte aligned
+          int64_t ids[32];
+          float weights[32];
+          localizeTopk(pl, d, a.topk_idx, a.topk_idx_type, a.topk_weights, t, K, ids, weights);
+          memcpy(p, ids, size_t(K) * 8);
+          memcpy(p + rec.idx_bytes, weights, size_t(K) * 4);
+        }
+        // The sender's top-k (0: no ids): ranks may pass different num_topk.
+        uint32_t sender_k = with_topk ? uint32_t(K) : 0;
+        memcpy(out + rec.flagOffset(), &sender_k, 4);
       }
     };
   }
@@ -280,20 +285,22 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
         p += rec.row_bytes;
         if (fp8 && a.recv_scales) memcpy(a.recv_scales + size_t(row) * nblocks, p, size_t(nblocks) * 4);
         p += rec.scale_bytes;
-        uint32_t has_topk;
-        memcpy(&has_topk, in + rec.flagOffset(), 4);
-        if (!has_topk) {  // the sender passed no expert ids: nothing to report for this row
-          all_had_topk = false;
-          if (a.recv_topk_idx) std::fill_n(a.recv_topk_idx + size_t(row) * K, K, int64_t(-1));
-          if (a.recv_topk_weights) std::fill_n(a.recv_topk_weights + size_t(row) * K, K, 0.0f);
-          continue;
+        uint32_t sender_k;
+        memcpy(&sender_k, in + rec.flagOffset(), 4);
+        if (sender_k == 0) all_had_topk = false;  // a cached re-dispatch without ids
+        // Columns past the sender's top-k (or all, without ids) read -1 / 0.
+        const int kk = std::min(K, int(sender_k));
+        for (int k = 0; k < K; k++) {
+          int64_t id = -1;
+          float w = 0.0f;
+          if (k < kk) {  // the record's ids are not 8-byte aligned: copy them out
+            memcpy(&id, p + size_t(k) * 8, 8);
+            memcpy(&w, p + rec.idx_bytes + size_t(k) * 4, 4);
+          }
+          if (a.recv_topk_idx) a.recv_topk_idx[size_t(row) * K + k] = id;
+          if (a.recv_topk_weights) a.recv_topk_weights[size_t(row) * K + k] = w;
+          if (id >= 0) per_expert[id]++;
         }
-        const int64_t* idx = reinterpret_cast<const int64_t*>(p);
-        const float* w = reinterpret_cast<const float*>(p + rec.idx_bytes);
-        if (a.recv_topk_idx) memcpy(a.recv_topk_idx + size_t(row) * K, idx, size_t(K) * 8);
-        if (a.recv_topk_weights) memcpy(a.recv_topk_weights + size_t(row) * K, w, size_t(K) * 4);
-        for (int k = 0; k < K; k++)
-          if (idx[k] >= 0) per_expert[idx[k]]++;
       }
     };
   }
@@ -362,7 +369,8 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
     if (a.bias) addRowAsFloat(static_cast<const char*>(a.bias) + size_t(t) * row_bytes, type, H, sum);
     storeRowFromFloat(sum, type, H, static_cast<char*>(a.out) + size_t(t) * row_bytes);
   }
-  if (K > 0 && a.out_topk_weights) memcpy(a.out_topk_weights, acc_w.data(), acc_w.size() * 4);
+  if (K > 0 && a.out_topk_weights && !acc_w.empty())
+    memcpy(a.out_topk_weights, acc_w.data(), acc_w.size() * 4);
   return epSuccess;
 }
 

@@ -286,12 +286,8 @@ int main(int argc, char** argv) {
   if (under_mpi && only_case < 0) only_case = 0;
   const int first = only_case >= 0 ? only_case : 0, count = only_case >= 0 ? 1 : cases;
   std::vector<epUniqueId> ids(count);
-  if (!under_mpi)
-    for (int c = 1; c < count; c++)
-      if (epGetUniqueId(&ids[c]) != epSuccess) return 1;
   LaunchInfo li;
-  if (launchRanks(nranks, 600, &li) != 0) return 1;
-  ids[0] = li.id;
+  if (launchRanksWithIds(nranks, 600, under_mpi ? 1 : count, ids.data(), &li) != 0) return 1;
   Tally tally;
   for (int c = 0; c < count; c++) {
     Shape s = makeShape(li.nranks, seed, first + c);

@@ -215,11 +215,8 @@ int main(int argc, char** argv) {
   }
   if (nranks < 1 || nranks > 16) return 2;
   std::vector<epUniqueId> ids(cases);
-  for (int c = 1; c < cases; c++)
-    if (epGetUniqueId(&ids[c]) != epSuccess) return 1;
   LaunchInfo li;
-  if (launchRanks(nranks, 600, &li) != 0) return 1;
-  ids[0] = li.id;
+  if (launchRanksWithIds(nranks, 600, cases, ids.data(), &li) != 0) return 1;
   Tally tally;
   for (int c = 0; c < cases; c++) runCase(makeShape(li.nranks, seed, c), li, ids[c], &tally);
   printf("mp_lowlat rank %d/%d: %d passed, %d failed\n", li.rank, li.nranks, tally.passed, tally.failed);

@@ -61,7 +61,86 @@ int shareIdByFile(LaunchInfo* info) {
 
 }  // namespace
 
-int launchRanks(int nranks, int timeout_s, LaunchInfo* info) {
+namespace {
+
+// The roots of the unique ids run as threads of whichever process made the
+// ids. Forking ranks from a process with threads can deadlock a child (a
+// lock held by another thread at fork time stays held in the child: the
+// allocator's, a static's initialisation guard), so the ids are made in a
+// separate server process, and this one stays single-threaded until it forks.
+// The server keeps the roots alive until `hold` is closed (all ranks done).
+struct IdServer {
+  pid_t pid = -1;
+  int hold = -1;  // write end: the server lives while it is open
+};
+
+int startIdServer(int count, epUniqueId* ids, IdServer* server) {
+  int ids_pipe[2], hold_pipe[2];
+  if (pipe(ids_pipe) != 0 || pipe(hold_pipe) != 0) {
+    perror("launch: pipe");
+    return 1;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("launch: fork");
+    return 1;
+  }
+  if (pid == 0) {  // the server: make the ids, hand them over, keep the roots alive
+    close(ids_pipe[0]);
+    close(hold_pipe[1]);
+    for (int c = 0; c < count; c++) {
+      if (epGetUniqueId(&ids[c]) != epSuccess) {
+        fprintf(stderr, "launch: epGetUniqueId failed: %s\n", epGetLastError(nullptr));
+        _exit(1);
+      }
+    }
+    const char* p = reinterpret_cast<const char*>(ids);
+    size_t left = sizeof(epUniqueId) * size_t(count);
+    while (left > 0) {
+      ssize_t n = write(ids_pipe[1], p, left);
+      if (n <= 0) _exit(1);
+      p += n;
+      left -= size_t(n);
+    }
+    close(ids_pipe[1]);
+    char byte;
+    while (read(hold_pipe[0], &byte, 1) != 0) {
+    }
+    _exit(0);
+  }
+  close(ids_pipe[1]);
+  close(hold_pipe[0]);
+  char* p = reinterpret_cast<char*>(ids);
+  size_t left = sizeof(epUniqueId) * size_t(count);
+  while (left > 0) {
+    ssize_t n = read(ids_pipe[0], p, left);
+    if (n <= 0) {
+      fprintf(stderr, "launch: the id server made no ids\n");
+      close(ids_pipe[0]);
+      close(hold_pipe[1]);
+      return 1;
+    }
+    p += n;
+    left -= size_t(n);
+  }
+  close(ids_pipe[0]);
+  server->pid = pid;
+  server->hold = hold_pipe[1];
+  return 0;
+}
+
+void stopIdServer(IdServer* server) {
+  if (server->hold >= 0) close(server->hold);
+  if (server->pid > 0) waitpid(server->pid, nullptr, 0);
+  server->hold = -1;
+  server->pid = -1;
+}
+
+}  // namespace
+
+int launchRanksWithIds(int nranks, int timeout_s, int num_ids, epUniqueId* ids, LaunchInfo* info) {
   memset(info, 0, sizeof(*info));
   const char* mpi_rank = firstEnv({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
   const char* mpi_size = firstEnv({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
@@ -75,19 +154,25 @@ int launchRanks(int nranks, int timeout_s, LaunchInfo* info) {
         fprintf(stderr, "launch: epGetUniqueId failed: %s\n", epGetLastError(nullptr));
         return 1;
       }
-      return 0;
+    } else if (shareIdByFile(info) != 0) {
+      return 1;
     }
-    return shareIdByFile(info);
+    if (ids != nullptr && num_ids > 0) ids[0] = info->id;
+    return 0;
   }
   if (nranks < 1) {
     fprintf(stderr, "launch: nranks = %d must be at least 1\n", nranks);
     return 1;
   }
   info->nranks = nranks;
-  if (epGetUniqueId(&info->id) != epSuccess) {
-    fprintf(stderr, "launch: epGetUniqueId failed: %s\n", epGetLastError(nullptr));
-    return 1;
+  std::vector<epUniqueId> own(1);
+  if (ids == nullptr || num_ids < 1) {
+    ids = own.data();
+    num_ids = 1;
   }
+  IdServer server;
+  if (startIdServer(num_ids, ids, &server) != 0) return 1;
+  info->id = ids[0];
   fflush(stdout);
   fflush(stderr);
   std::vector<pid_t> pids(nranks, -1);
@@ -96,28 +181,29 @@ int launchRanks(int nranks, int timeout_s, LaunchInfo* info) {
     if (pid < 0) {
       perror("launch: fork");
       for (int q = 0; q < r; q++) kill(pids[q], SIGKILL);
+      stopIdServer(&server);
       return 1;
     }
     if (pid == 0) {
+      close(server.hold);  // only the launcher keeps the server alive
       info->rank = r;
       return 0;
     }
     pids[r] = pid;
   }
-  // Parent: wait for every child; kill stragglers after the timeout.
+  // Parent: wait for every rank; kill stragglers after the timeout.
   int worst = 0, alive = nranks;
   time_t deadline = timeout_s > 0 ? time(nullptr) + timeout_s : 0;
   while (alive > 0) {
     int status = 0;
     pid_t done = waitpid(-1, &status, WNOHANG);
     if (done > 0) {
+      int r = 0;
+      while (r < nranks && pids[r] != done) r++;
+      if (r == nranks) continue;  // not a rank (the id server)
       alive--;
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-      if (code != 0) {
-        int r = 0;
-        while (r < nranks && pids[r] != done) r++;
-        fprintf(stderr, "launch: rank %d exited with status %d\n", r, code);
-      }
+      if (code != 0) fprintf(stderr, "launch: rank %d exited with status %d\n", r, code);
       if (code > worst) worst = code;
       continue;
     }
@@ -130,5 +216,10 @@ int launchRanks(int nranks, int timeout_s, LaunchInfo* info) {
     struct timespec nap = {0, 5 * 1000 * 1000};
     nanosleep(&nap, nullptr);
   }
+  stopIdServer(&server);
   exit(worst);
+}
+
+int launchRanks(int nranks, int timeout_s, LaunchInfo* info) {
+  return launchRanksWithIds(nranks, timeout_s, 0, nullptr, info);
 }
