@@ -77,6 +77,10 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
   auto last_progress = Clock::now();
   const auto timeout = std::chrono::milliseconds(comm_->cfg.timeout_ms);
   unsigned idle_rounds = 0;
+  // A peer found exited is only declared gone after one more pass finds
+  // nothing new: it may have published its last chunks just before exiting,
+  // between our last look at its ring and the liveness check.
+  int exited_suspect = -1;
 
   auto sendsPending = [&] {
     for (int d = 0; d < R; d++)
@@ -146,6 +150,7 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
     if (progress) {
       last_progress = Clock::now();
       idle_rounds = 0;
+      exited_suspect = -1;
       continue;
     }
     // Idle: give the core away (ranks often outnumber cores), watch for abort,
@@ -164,6 +169,11 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
         if (r == me) continue;
         bool waiting_on_r = (r == recv_cursor) || (sent[r] < sends[r].records);
         if (waiting_on_r && !peerAlive(r)) {
+          if (exited_suspect != r) {  // look at the rings once more first
+            exited_suspect = r;
+            idle_rounds = 63;  // the next idle round checks again
+            break;
+          }
           comm_->broken.store(epRemoteError);
           return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what,
                           (unsigned long long)call_seq, r, comm_->peers[r].pid);
