@@ -228,6 +228,7 @@ class Root {
         return;
       }
       Pending p;
+      memset(&p.hello, 0, sizeof(p.hello));  // filled as the bytes arrive
       p.fd = std::move(fd);
       p.peer = peer;
       p.since = Clock::now();
