@@ -49,8 +49,8 @@ size_t combineRecordBytes(const Config& c) {
 }
 
 // acc[j] += row[j] for a row of type t: one loop per type so that the
-// compiler vectorises it (combine's inner loop).
-void addRowAsFloat(const void* row, epDataType_t t, int n, float* acc) {
+// compiler vectorises it (combine's inner loop; -O2 alone does not).
+__attribute__((optimize("O3"))) void addRowAsFloat(const void* row, epDataType_t t, int n, float* acc) {
   if (t == epBfloat16) {
     const uint16_t* r = static_cast<const uint16_t*>(row);
     for (int j = 0; j < n; j++) {
@@ -67,11 +67,18 @@ void addRowAsFloat(const void* row, epDataType_t t, int n, float* acc) {
   }
 }
 
-// row[j] = round(values[j]) in type t.
-void storeRowFromFloat(const float* values, epDataType_t t, int n, void* row) {
+// row[j] = round(values[j]) in type t (BF16: floatToBf16 written without a
+// branch, the same bits, so that the loop vectorises).
+__attribute__((optimize("O3"))) void storeRowFromFloat(const float* values, epDataType_t t, int n, void* row) {
   if (t == epBfloat16) {
     uint16_t* r = static_cast<uint16_t*>(row);
-    for (int j = 0; j < n; j++) r[j] = floatToBf16(values[j]);
+    for (int j = 0; j < n; j++) {
+      uint32_t bits;
+      memcpy(&bits, &values[j], 4);
+      const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+      const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+      r[j] = uint16_t(((bits & 0x7fffffffu) > 0x7f800000u) ? quiet_nan : rounded);
+    }
   } else if (t == epFloat32) {
     memcpy(row, values, size_t(n) * 4);
   } else {
@@ -120,6 +127,7 @@ class HostBackend : public Backend {
   std::vector<void*> segments_;  // [R] mapped segments, own included
   std::vector<void*> conns_;     // [R] transport connections (nullptr for self)
   std::unique_ptr<Exchanger> exchanger_;
+  std::vector<float> acc_, acc_w_;  // combine's sums, reused between calls
 };
 
 HostBackend::~HostBackend() {
@@ -337,8 +345,12 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
   const size_t rec_bytes = combineRecordBytes(cfg);
   const int T = rt.num_tokens;
 
-  std::vector<float> acc(size_t(T) * H, 0.0f);
-  std::vector<float> acc_w(size_t(T) * (K > 0 ? K : 0), 0.0f);
+  // The float32 sums live in buffers kept across calls: a fresh allocation of
+  // T x H floats every call costs more in page faults than the sums themselves.
+  std::vector<float>& acc = acc_;
+  std::vector<float>& acc_w = acc_w_;
+  acc.assign(size_t(T) * H, 0.0f);
+  acc_w.assign(size_t(T) * (K > 0 ? K : 0), 0.0f);
   std::vector<StreamSpec> sends(R), recvs(R);
   for (int s = 0; s < R; s++) {  // rows received from s go back to s, in order
     sends[s].records = rt.recv_count[s];
