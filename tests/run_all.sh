@@ -57,6 +57,8 @@ if command -v mpirun >/dev/null 2>&1; then
   port=$((20000 + RANDOM % 20000))
   run "mp_dispatch mpirun 3 ranks EP_COMM_ID" timeout 300 env EP_COMM_ID=127.0.0.1:$port \
     "${MPIRUN[@]}" 3 "$BUILD/tests/mp_dispatch" --case 6
+  run "moeep_info --comm under mpirun (4 ranks as 2 nodes)" bash -c \
+    "EP_NODE_SIZE=2 ${MPIRUN[*]} 4 -x EP_NODE_SIZE $BUILD/bin/moeep_info --comm | grep 'rail+fwd via rank 2'"
   run "ep_bench mpirun 2 ranks --check" timeout 300 "${MPIRUN[@]}" 2 "$BUILD/bin/ep_bench" --check \
     --iters 1 --warmup 0 --shape 2560:6:64:100
 else

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/launch.h"
 #include "common/launcher_env.h"
 #include "common/numeric.h"
 #include "moeep.h"
@@ -44,7 +45,8 @@ void usage(FILE* f) {
           "  --plan            dry run: the plan of a job of --nodes M nodes of --ranks-per-node N\n"
           "                    ranks on machines like this one (local rank i drives GPU i)\n"
           "  --comm            make a communicator of every GPU here (or --ranks N host ranks without\n"
-          "                    GPUs) and print each rank's plan: the path to every peer\n"
+          "                    GPUs) and print each rank's plan: the path to every peer; under\n"
+          "                    mpirun, the job's own communicator (one rank per process)\n"
           "  -h  this message\n");
 }
 
@@ -311,6 +313,31 @@ int commPlans(int host_ranks) {
   return rc;
 }
 
+// Under mpirun: one communicator across the launched processes (one rank
+// each, GPU = local rank when there are GPUs); every rank prints its plan.
+int jobPlan() {
+  LaunchInfo li;
+  if (launchRanks(0, 0, &li) != 0) return 1;
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = 64 * li.nranks;
+  cfg.hidden = 1024;
+  cfg.max_tokens_per_rank = 8;
+  cfg.max_topk = 8;
+  cfg.timeout_ms = 30000;
+  const char* local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (local != nullptr) cfg.device = atoi(local);
+  epComm_t comm = nullptr;
+  epResult_t res = epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg);
+  if (res != epSuccess) {
+    printf("# --comm: rank %d: epCommInitRank failed: %s\n", li.rank, apiError("epCommInitRank", res, nullptr).c_str());
+    return 1;
+  }
+  printf("# rank %d of the job (%d ranks)\n", li.rank, li.nranks);
+  int rc = printReport("epCommPlanReport", [&](char* buf, size_t* bytes) { return epCommPlanReport(comm, buf, bytes); });
+  epCommDestroy(comm);
+  return rc;
+}
+
 int visibleGpus() {
   // moeep_info links only libmoeep: count GPUs through sysfs' NVIDIA driver entries.
   int n = 0;
@@ -371,6 +398,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int launcher_rank = tools::launcherRank();
+  // --comm under mpirun: the running job's communicator, every rank takes part.
+  if (comm_plan && launcher_rank >= 0) return jobPlan();
   if (launcher_rank > 0 && !all_ranks) return 0;
   if (launcher_rank >= 0 && all_ranks) printf("# rank %d (of the launcher)\n", launcher_rank);
   // No section chosen: everything except the self-test and the plans.

@@ -44,8 +44,13 @@ int shareIdByFile(LaunchInfo* info) {
     rename(tmp.c_str(), path.c_str());
     return 0;
   }
+  // A file left by an earlier job with the same job id is older than this
+  // process: only a file written after this rank started (give or take the
+  // launch skew) is this job's.
+  const time_t started = time(nullptr) - 10;
   for (int i = 0; i < 6000; i++) {  // up to 60 s
-    FILE* f = fopen(path.c_str(), "rb");
+    struct stat st;
+    FILE* f = (stat(path.c_str(), &st) == 0 && st.st_mtime >= started) ? fopen(path.c_str(), "rb") : nullptr;
     if (f != nullptr) {
       size_t n = fread(&info->id, sizeof(info->id), 1, f);
       fclose(f);
