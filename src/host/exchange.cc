@@ -186,5 +186,27 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
   return epSuccess;
 }
 
+epResult_t Exchanger::exchangeCounts(uint64_t call_seq, Routing* routing, const char* what) {
+  const int R = comm_->nranks;
+  std::vector<int> recv_count(R, 0);
+  std::vector<StreamSpec> sends(R), recvs(R);
+  for (int r = 0; r < R; r++) {  // one 8-byte record to every rank, one from every rank
+    sends[r].records = 1;
+    sends[r].pack = [routing, r](int, int, uint8_t* out) {
+      int64_t n = routing->sendCount(r);
+      memcpy(out, &n, 8);
+    };
+    recvs[r].records = 1;
+    recvs[r].unpack = [&recv_count, r](int, int, const uint8_t* in) {
+      int64_t n;
+      memcpy(&n, in, 8);
+      recv_count[r] = int(n);
+    };
+  }
+  epResult_t res = run(kChunkCounts, call_seq, sends, recvs, what);
+  if (res == epSuccess) buildRecvSide(recv_count, routing);
+  return res;
+}
+
 }  // namespace host
 }  // namespace ep

@@ -30,6 +30,10 @@ class Exchanger {
   // `what` names the step in error messages ("dispatch counts").
   epResult_t run(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
                  std::vector<StreamSpec>& recvs, const char* what);
+  // The count exchange of a dispatch: tells every rank how many tokens this
+  // one sends it (r's send side), and fills r's receive side from what every
+  // rank says it sends here.
+  epResult_t exchangeCounts(uint64_t call_seq, Routing* r, const char* what);
 
  private:
   bool peerAlive(int rank) const;

@@ -210,28 +210,10 @@ epResult_t HostBackend::layout(const epLayoutArgs_t& a, epStream_t) {
 }
 
 epResult_t HostBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream_t) {
-  const int R = comm_->nranks;
   Routing routing;
   buildSendSide(placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, &routing);
 
-  // Count exchange: one 8-byte record to every rank, one from every rank.
-  std::vector<int> recv_count(R, 0);
-  std::vector<StreamSpec> sends(R), recvs(R);
-  for (int r = 0; r < R; r++) {
-    sends[r].records = 1;
-    sends[r].pack = [&routing, r](int, int, uint8_t* out) {
-      int64_t n = routing.sendCount(r);
-      memcpy(out, &n, 8);
-    };
-    recvs[r].records = 1;
-    recvs[r].unpack = [&recv_count, r](int, int, const uint8_t* in) {
-      int64_t n;
-      memcpy(&n, in, 8);
-      recv_count[r] = int(n);
-    };
-  }
-  EPCHECK(exchanger_->run(host::kChunkCounts, ++comm_->call_seq, sends, recvs, "dispatch counts"));
-  buildRecvSide(recv_count, &routing);
+  EPCHECK(exchanger_->exchangeCounts(++comm_->call_seq, &routing, "dispatch counts"));
   h->routing = std::move(routing);
   h->counts_known = true;
   return epSuccess;
@@ -239,7 +221,7 @@ epResult_t HostBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
 
 epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStream_t) {
   const Config& cfg = comm_->cfg;
-  const int R = comm_->nranks, me = comm_->rank, K = a.num_topk;
+  const int R = comm_->nranks, K = a.num_topk;
   const Routing& rt = h->routing;
   const DispatchRecord rec = dispatchRecord(cfg);
   const size_t elem = dataTypeSize(cfg.dispatch_type);
@@ -330,7 +312,6 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
       a.recv_tokens_per_expert[e] = e < int(counts.size()) ? alignUp(counts[e], a.expert_alignment) : 0;
   }
   if (a.num_recv) *a.num_recv = rt.num_recv;
-  (void)me;
   return epSuccess;
 }
 

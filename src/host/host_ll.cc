@@ -147,25 +147,7 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
 
   // Counts first (each rank learns how many tokens each source sends), then
   // the tokens, each once per destination rank.
-  std::vector<int> recv_count(R, 0);
-  {
-    std::vector<StreamSpec> sends(R), recvs(R);
-    for (int r = 0; r < R; r++) {
-      sends[r].records = 1;
-      sends[r].pack = [&st, r](int, int, uint8_t* out) {
-        int64_t n = st->routing.sendCount(r);
-        memcpy(out, &n, 8);
-      };
-      recvs[r].records = 1;
-      recvs[r].unpack = [&recv_count, r](int, int, const uint8_t* in) {
-        int64_t n;
-        memcpy(&n, in, 8);
-        recv_count[r] = int(n);
-      };
-    }
-    EPCHECK(ex.run(kChunkCounts, ++comm->call_seq, sends, recvs, "low-latency dispatch counts"));
-  }
-  buildRecvSide(recv_count, &st->routing);
+  EPCHECK(ex.exchangeCounts(++comm->call_seq, &st->routing, "low-latency dispatch counts"));
 
   // Each token is quantised once, whatever the number of destinations.
   std::vector<uint8_t> wire(size_t(a.num_tokens) * rec.tokenOffset());
