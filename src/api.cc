@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "api_guard.h"
 #include "backend.h"
 #include "bootstrap.h"
 #include "checks.h"
@@ -18,35 +19,6 @@
 using namespace ep;
 
 namespace {
-
-// Counts a call in flight and refuses dead, aborted or failed communicators.
-class CallGuard {
- public:
-  explicit CallGuard(epComm* comm) : comm_(comm) {}
-  ~CallGuard() {
-    if (counted_) comm_->active_calls.fetch_sub(1);
-  }
-  epResult_t enter(const char* fn) {
-    clearThreadError();
-    if (comm_ == nullptr) return setError(nullptr, epInvalidArgument, "%s: comm is NULL", fn);
-    if (comm_->magic != kCommMagic)
-      return setError(nullptr, epInvalidArgument, "%s: comm is not a live communicator", fn);
-    comm_->active_calls.fetch_add(1);
-    counted_ = true;
-    if (comm_->abort_flag.load()) return setError(comm_, epAborted, "%s: communicator was aborted", fn);
-    int broken = comm_->broken.load();
-    if (broken != epSuccess)
-      return setError(comm_, epRemoteError,
-                      "%s: the communicator failed in an earlier call (%s) and cannot be used; "
-                      "destroy it and create a new one",
-                      fn, epGetErrorString(epResult_t(broken)));
-    return epSuccess;
-  }
-
- private:
-  epComm* comm_;
-  bool counted_ = false;
-};
 
 // Copies a caller's versioned struct of any known size into a full one.
 template <typename T>
@@ -85,8 +57,8 @@ epResult_t checkTopk(epComm* comm, const char* fn, const void* topk_idx, epDataT
     return setError(comm, epInvalidArgument, "%s: topk_idx_type must be epInt64 or epInt32", fn);
   if (num_tokens > 0 && topk_idx == nullptr)
     return setError(comm, epInvalidArgument, "%s: topk_idx is NULL with num_tokens = %d", fn, num_tokens);
-  // The host backend can read topk_idx here; the GPU backend checks in its kernels.
-  if (comm->backend && strcmp(comm->backend->name(), "host") == 0 && num_tokens > 0) {
+  // Host memory can be read here; device memory is checked by the kernels.
+  if (comm->backend && comm->backend->hostMemory() && num_tokens > 0) {
     size_t bad = 0;
     if (!topkValid(topk_idx, type, num_tokens, num_topk, comm->cfg.num_experts, &bad))
       return setError(comm, epInvalidArgument,

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 
+#include "api_guard.h"
 #include "backend.h"
 #include "checks.h"
 #include "comm.h"
@@ -16,23 +17,12 @@ namespace {
 constexpr size_t kLLDispatchV1 = offsetof(epLowLatencyDispatchArgs_t, recv_src) + sizeof(void*);
 constexpr size_t kLLCombineV1 = offsetof(epLowLatencyCombineArgs_t, out) + sizeof(void*);
 
-epResult_t enter(epComm* comm, const char* fn) {
-  clearThreadError();
-  if (comm == nullptr) return setError(nullptr, epInvalidArgument, "%s: comm is NULL", fn);
-  if (comm->magic != kCommMagic) return setError(nullptr, epInvalidArgument, "%s: comm is not a live communicator", fn);
-  if (comm->abort_flag.load()) return setError(comm, epAborted, "%s: communicator was aborted", fn);
-  if (comm->broken.load() != epSuccess)
-    return setError(comm, epRemoteError, "%s: the communicator failed in an earlier call and cannot be used", fn);
+// The low-latency calls need the buffers registered at init.
+epResult_t checkLowLatency(epComm* comm, const char* fn) {
   if (!comm->cfg.low_latency)
     return setError(comm, epInvalidUsage, "%s: the communicator was made with config.low_latency = 0", fn);
   return epSuccess;
 }
-
-struct ActiveCall {
-  epComm* comm;
-  explicit ActiveCall(epComm* c) : comm(c) { comm->active_calls.fetch_add(1); }
-  ~ActiveCall() { comm->active_calls.fetch_sub(1); }
-};
 
 bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; }
 
@@ -62,8 +52,9 @@ EP_API epResult_t epLowLatencyBufferBytes(const epConfig_t* config, int nranks, 
 EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatchArgs_t* user,
                                        epHandle_t* handle, epStream_t stream) {
   const char* fn = "epLowLatencyDispatch";
-  EPCHECK(enter(comm, fn));
-  ActiveCall active(comm);
+  CallGuard guard(comm);
+  EPCHECK(guard.enter(fn));
+  EPCHECK(checkLowLatency(comm, fn));
   if (user == nullptr) return setError(comm, epInvalidArgument, "%s: args is NULL", fn);
   if (user->magic != EP_LL_DISPATCH_ARGS_MAGIC || user->size < kLLDispatchV1)
     return setError(comm, epInvalidArgument,
@@ -96,7 +87,7 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
     return setError(comm, epInvalidArgument, "%s: recv_scales is NULL with an FP8 wire", fn);
   if (misaligned(a.x) || misaligned(a.recv_x))
     return setError(comm, epInvalidArgument, "%s: x and recv_x must be 16-byte aligned", fn);
-  if (strcmp(comm->backend->name(), "host") == 0 && a.num_tokens > 0) {
+  if (comm->backend->hostMemory() && a.num_tokens > 0) {
     size_t bad = 0;
     if (!topkValid(a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, c.num_experts, &bad))
       return setError(comm, epInvalidArgument, "%s: topk_idx[%zu][%zu] is not -1 or an expert id in [0, %d)", fn,
@@ -123,8 +114,9 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
 EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineArgs_t* user, epHandle_t handle,
                                       epStream_t stream) {
   const char* fn = "epLowLatencyCombine";
-  EPCHECK(enter(comm, fn));
-  ActiveCall active(comm);
+  CallGuard guard(comm);
+  EPCHECK(guard.enter(fn));
+  EPCHECK(checkLowLatency(comm, fn));
   if (user == nullptr) return setError(comm, epInvalidArgument, "%s: args is NULL", fn);
   if (user->magic != EP_LL_COMBINE_ARGS_MAGIC || user->size < kLLCombineV1)
     return setError(comm, epInvalidArgument,
@@ -151,8 +143,9 @@ EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineAr
 
 EP_API epResult_t epLowLatencyComplete(epComm_t comm, epHandle_t handle, epStream_t stream) {
   const char* fn = "epLowLatencyComplete";
-  EPCHECK(enter(comm, fn));
-  ActiveCall active(comm);
+  CallGuard guard(comm);
+  EPCHECK(guard.enter(fn));
+  EPCHECK(checkLowLatency(comm, fn));
   EPCHECK(checkLLHandle(comm, fn, handle));
   if (handle->pending == epHandle::Pending::kNone)
     return setError(comm, epInvalidUsage, "%s: the handle has no send-only call to finish", fn);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "api_guard.h"
 #include "checks.h"
 #include "comm.h"
 #include "plan.h"
@@ -40,13 +41,6 @@ epResult_t reportTo(const char* fn, char* buf, size_t* bytes, Print print) {
   return epSuccess;
 }
 
-epResult_t liveComm(epComm* comm, const char* fn) {
-  clearThreadError();
-  if (comm == nullptr || comm->magic != kCommMagic)
-    return setError(nullptr, epInvalidArgument, "%s: comm is not a live communicator", fn);
-  return epSuccess;
-}
-
 }  // namespace
 
 extern "C" {
@@ -63,7 +57,8 @@ EP_API epResult_t epTopologyReport(const char* xml_path, int ranks_per_node, int
 }
 
 EP_API epResult_t epCommPlanReport(epComm_t comm, char* buf, size_t* bytes) {
-  EPCHECK(liveComm(comm, "epCommPlanReport"));
+  CallGuard guard(comm);
+  EPCHECK(guard.enter("epCommPlanReport"));
   return reportTo("epCommPlanReport", buf, bytes, [&](FILE* f) {
     planPrint(f, comm->plan);
     return epSuccess;
@@ -71,7 +66,8 @@ EP_API epResult_t epCommPlanReport(epComm_t comm, char* buf, size_t* bytes) {
 }
 
 EP_API epResult_t epCommPeerPath(epComm_t comm, int peer, epPathKind_t* kind, int* via_rank) {
-  EPCHECK(liveComm(comm, "epCommPeerPath"));
+  CallGuard guard(comm);
+  EPCHECK(guard.enter("epCommPeerPath"));
   if (peer < 0 || peer >= comm->nranks)
     return setError(comm, epInvalidArgument, "epCommPeerPath: peer = %d is outside [0, %d)", peer, comm->nranks);
   if (kind == nullptr) return setError(comm, epInvalidArgument, "epCommPeerPath: kind is NULL");

@@ -14,6 +14,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // True when the caller's buffers are host memory the core may read (to check
+  // expert ids before any communication); device memory is checked by kernels.
+  virtual bool hostMemory() const { return false; }
   virtual size_t bufferBytes() const = 0;
   // Layout of this rank's tokens (local, no communication).
   virtual epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) = 0;

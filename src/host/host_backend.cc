@@ -93,6 +93,7 @@ class HostBackend : public Backend {
   epResult_t init();
 
   const char* name() const override { return "host"; }
+  bool hostMemory() const override { return true; }
   size_t bufferBytes() const override { return geo_.segmentBytes(); }
   epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) override;
   epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
