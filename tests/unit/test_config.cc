@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm.h"
+#include "child_cases.h"
 #include "common.h"
 
 namespace {
@@ -62,35 +63,10 @@ Config expectAccepted(const epConfig_t& c, int nranks, const char* file, int lin
 // with "--child NAME" and the variables set): the accessors cache their first
 // read, and a forked child would inherit the parent's cache. Each child body
 // returns 0 when it passed, else the number of the check that failed.
-struct ChildCase {
-  const char* name;
-  std::vector<std::pair<const char*, const char*>> env;
-  int (*body)();
-};
+using eptest::ChildCase;
 const std::vector<ChildCase>& childCases();
 
-void runInFreshProcess(const char* name) {
-  const ChildCase* found = nullptr;
-  for (const ChildCase& c : childCases())
-    if (strcmp(c.name, name) == 0) found = &c;
-  assert_non_null(found);
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    for (auto& kv : found->env) setenv(kv.first, kv.second, 1);
-    execl("/proc/self/exe", "test_config", "--child", name, (char*)nullptr);
-    _exit(127);
-  }
-  int status = 0;
-  assert_int_equal(waitpid(pid, &status, 0), pid);
-  assert_true(WIFEXITED(status));
-  if (WEXITSTATUS(status) != 0)
-    print_error("child case %s failed at check %d: %s\n", name, WEXITSTATUS(status),
-                WEXITSTATUS(status) == 127 ? "could not re-run this program" : "see the case");
-  assert_int_equal(WEXITSTATUS(status), 0);
-}
+void runInFreshProcess(const char* name) { eptest::runInFreshProcess(childCases(), name); }
 
 int groupSetup(void**) {
   eptest::unsetAllParams();
@@ -507,11 +483,8 @@ void node_map_rejects_node_size_not_dividing_ranks(void**) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && strcmp(argv[1], "--child") == 0) {
-    for (const ChildCase& c : childCases())
-      if (strcmp(c.name, argv[2]) == 0) return c.body();
-    return 126;
-  }
+  int child_rc = 0;
+  if (eptest::runChildCase(argc, argv, childCases(), &child_rc)) return child_rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(initializer_is_valid_cxx_and_fills_header),
       cmocka_unit_test(magic_numbers_are_distinct),

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "comm.h"
+#include "child_cases.h"
 #include "common.h"
+#include "fixtures.h"
 #include "plan.h"
 #include "routing.h"
 
@@ -23,38 +25,9 @@ using ep::PathKind;
 using ep::Plan;
 using ep::Topology;
 
-// ---- Fixtures (the same few helpers as test_topo.cc) -------------------------------------
-
-std::string fixturePath(const char* name) {
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    std::string dir(exe, size_t(n));
-    std::string path = dir.substr(0, dir.rfind('/')) + "/../../tests/data/" + name;
-    if (access(path.c_str(), R_OK) == 0) return path;
-  }
-  return std::string("tests/data/") + name;
-}
-
-void loadFixture(const char* name, Topology* t) {
-#ifndef EP_WITH_HWLOC
-  print_message("SKIPPED: libmoeep was built without hwloc\n");
-  skip();
-#endif
-  assert_ok(ep::topoLoad(fixturePath(name).c_str(), t));
-  assert_true(t->available);
-}
-
-std::string printed(const std::function<void(FILE*)>& fn) {
-  char* buf = nullptr;
-  size_t len = 0;
-  FILE* f = open_memstream(&buf, &len);
-  fn(f);
-  fclose(f);
-  std::string s(buf, len);
-  free(buf);
-  return s;
-}
+using eptest::fixturePath;
+using eptest::loadFixture;
+using eptest::printed;
 
 ep::PeerAccess allNvlink(const char*, const char*) { return ep::PeerAccess::kNvlink; }
 ep::PeerAccess noAccess(const char*, const char*) { return ep::PeerAccess::kNone; }
@@ -393,11 +366,7 @@ void ib_older_config_gets_defaults(void**) {
 }
 
 // Child cases: EP_IB_* variables set before the library first reads them.
-struct ChildCase {
-  const char* name;
-  std::vector<std::pair<const char*, const char*>> env;
-  int (*body)();
-};
+using eptest::ChildCase;
 
 const std::vector<ChildCase>& childCases() {
   static const std::vector<ChildCase> cases = {
@@ -444,26 +413,7 @@ const std::vector<ChildCase>& childCases() {
   return cases;
 }
 
-void runInFreshProcess(const char* name) {
-  const ChildCase* found = nullptr;
-  for (const ChildCase& c : childCases())
-    if (strcmp(c.name, name) == 0) found = &c;
-  assert_non_null(found);
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    for (auto& kv : found->env) setenv(kv.first, kv.second, 1);
-    execl("/proc/self/exe", "test_plan", "--child", name, (char*)nullptr);
-    _exit(127);
-  }
-  int status = 0;
-  assert_int_equal(waitpid(pid, &status, 0), pid);
-  assert_true(WIFEXITED(status));
-  if (WEXITSTATUS(status) != 0) print_error("child case %s failed at check %d\n", name, WEXITSTATUS(status));
-  assert_int_equal(WEXITSTATUS(status), 0);
-}
+void runInFreshProcess(const char* name) { eptest::runInFreshProcess(childCases(), name); }
 
 void ib_env_fills_unset_fields(void**) { runInFreshProcess("env-fills-unset-fields"); }
 void ib_env_out_of_range(void**) { runInFreshProcess("env-out-of-range-names-variable"); }
@@ -477,11 +427,8 @@ int groupSetup(void**) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && strcmp(argv[1], "--child") == 0) {
-    for (const ChildCase& c : childCases())
-      if (strcmp(c.name, argv[2]) == 0) return c.body();
-    return 126;
-  }
+  int child_rc = 0;
+  if (eptest::runChildCase(argc, argv, childCases(), &child_rc)) return child_rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(dgx_two_and_four_nodes),
       cmocka_unit_test(dgx_uneven_nodes_wrap_the_rail),

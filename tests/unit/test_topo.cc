@@ -11,48 +11,15 @@
 #include <vector>
 
 #include "common.h"
+#include "fixtures.h"
 #include "topo/topo.h"
 
 namespace {
 
-// ---- Fixtures (the same few helpers as test_plan.cc) ------------------------------------
-
-// tests/data/NAME, found from this program (build/tests/test_topo) or the working directory.
-std::string fixturePath(const char* name) {
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    std::string dir(exe, size_t(n));
-    std::string path = dir.substr(0, dir.rfind('/')) + "/../../tests/data/" + name;
-    if (access(path.c_str(), R_OK) == 0) return path;
-  }
-  return std::string("tests/data/") + name;
-}
-
-void requireHwloc() {
-#ifndef EP_WITH_HWLOC
-  print_message("SKIPPED: libmoeep was built without hwloc\n");
-  skip();
-#endif
-}
-
-void loadFixture(const char* name, ep::Topology* t) {
-  requireHwloc();
-  assert_ok(ep::topoLoad(fixturePath(name).c_str(), t));
-  assert_true(t->available);
-}
-
-// What fn writes to a FILE*, as a string.
-std::string printed(const std::function<void(FILE*)>& fn) {
-  char* buf = nullptr;
-  size_t len = 0;
-  FILE* f = open_memstream(&buf, &len);
-  fn(f);
-  fclose(f);
-  std::string s(buf, len);
-  free(buf);
-  return s;
-}
+using eptest::fixturePath;
+using eptest::loadFixture;
+using eptest::printed;
+using eptest::requireHwloc;
 
 using ep::PciDist;
 using ep::Topology;
