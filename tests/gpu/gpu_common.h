@@ -1,15 +1,19 @@
-// Helpers shared by the GPU test and benchmark: random inputs, the host
-// reference run, thread-per-rank execution.
+// Helpers shared by the GPU tests and benchmark: random inputs, the host
+// reference run, thread-per-rank execution; and, in namespace ht, the
+// high-throughput cases of gpu_test (ranks as threads) and gpu_mp_test (ranks
+// as processes), one rank's part per function.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -86,3 +90,368 @@ inline void randomTopk(std::mt19937_64& g, int T, int K, int E, double neg, std:
     }
   }
 }
+
+// ---- High-throughput cases: every output of the CUDA backend against the host
+// backend on the same random inputs, bit for bit.
+namespace ht {
+
+struct Case {
+  std::string name;
+  int R, H, K, E;
+  std::vector<int> T;  // tokens per rank
+  epDataType_t dt = epBfloat16, ct = epBfloat16;
+  int align = 0;
+  double neg = 0;
+  bool idx32 = false, weights = true, bias = false, transposed_scales = false;
+  int num_sms = 0;
+};
+
+struct RankIn {
+  std::vector<uint8_t> x, x2, bias, y;
+  std::vector<float> scales, w;
+  std::vector<int64_t> topk;
+  std::vector<int32_t> topk32;
+};
+
+struct RankOut {
+  int64_t num_recv = -1;
+  std::vector<uint8_t> recv_x, recv_x2, out;
+  std::vector<float> scales, w, out_w;
+  std::vector<int64_t> idx;
+  std::vector<int> tpe;
+  std::vector<int> tpr, tpn, tpexp;
+  std::vector<uint8_t> in_rank;
+};
+
+struct Geometry {
+  int maxT, cap, nb, EL;
+  size_t drow, crow, s_tok, s_blk;
+};
+
+inline Geometry geometryOf(const Case& c) {
+  Geometry g;
+  g.maxT = *std::max_element(c.T.begin(), c.T.end());
+  g.cap = g.maxT * c.R;
+  g.nb = c.dt == epFloat8E4M3 ? (c.H + 127) / 128 : 0;
+  g.EL = c.E / c.R;
+  g.drow = size_t(c.H) * typeSize(c.dt);
+  g.crow = size_t(c.H) * typeSize(c.ct);
+  g.s_tok = c.transposed_scales ? 1 : size_t(g.nb);
+  g.s_blk = c.transposed_scales ? size_t(g.maxT) : 1;
+  return g;
+}
+
+inline epConfig_t configOf(const Case& c, epBackend_t b) {
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = c.E;
+  cfg.hidden = c.H;
+  cfg.max_tokens_per_rank = geometryOf(c).maxT;
+  cfg.max_topk = c.K;
+  cfg.dispatch_type = c.dt;
+  cfg.combine_type = c.ct;
+  cfg.backend = b;
+  cfg.timeout_ms = 20000;
+  cfg.num_sms = c.num_sms;
+  return cfg;
+}
+
+// Rank r's inputs of case c: a function of (seed, r) alone, so that a rank
+// that is a process of its own makes its inputs without the other ranks'.
+inline void makeRankInput(const Case& c, uint64_t seed, int r, RankIn* rank_in) {
+  const Geometry g = geometryOf(c);
+  std::mt19937_64 gen(seed * 1000 + r);
+  RankIn& in = *rank_in;
+  const int T = c.T[r];
+  in.x.resize(std::max<size_t>(1, T * g.drow));
+  in.x2.resize(in.x.size());
+  fillRandomRow(gen, c.dt, in.x.data(), size_t(T) * c.H);
+  fillRandomRow(gen, c.dt, in.x2.data(), size_t(T) * c.H);
+  in.scales.assign(std::max<size_t>(1, size_t(g.maxT) * std::max(g.nb, 1)), 0.f);
+  std::uniform_real_distribution<float> u(0.001f, 4.0f);
+  for (auto& s : in.scales) s = u(gen);
+  randomTopk(gen, T, c.K, c.E, c.neg, &in.topk);
+  in.topk32.assign(in.topk.begin(), in.topk.end());
+  in.w.resize(std::max<size_t>(1, size_t(T) * c.K));
+  for (auto& w : in.w) w = u(gen);
+  in.bias.resize(std::max<size_t>(1, T * g.crow));
+  fillRandomRow(gen, c.ct, in.bias.data(), size_t(T) * c.H);
+  in.y.resize(size_t(g.cap) * g.crow);
+  fillRandomRow(gen, c.ct, in.y.data(), size_t(g.cap) * c.H);
+}
+
+inline void makeInputs(const Case& c, uint64_t seed, std::vector<RankIn>* ins) {
+  ins->resize(c.R);
+  for (int r = 0; r < c.R; r++) makeRankInput(c, seed, r, &(*ins)[r]);
+}
+
+inline epDispatchArgs_t dispatchArgs(const Case& c, const RankIn& in, int r, const void* x, const float* scales,
+                              const void* topk, const float* w) {
+  const Geometry g = geometryOf(c);
+  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+  a.x = x;
+  a.x_type = c.dt;
+  a.x_scales = g.nb ? scales : nullptr;
+  a.scales_token_stride = g.s_tok;
+  a.scales_block_stride = g.s_blk;
+  a.topk_idx = topk;
+  a.topk_idx_type = c.idx32 ? epInt32 : epInt64;
+  a.topk_weights = c.weights ? w : nullptr;
+  a.num_tokens = c.T[r];
+  a.num_topk = c.K;
+  a.expert_alignment = c.align;
+  a.recv_capacity = g.cap;
+  (void)in;
+  return a;
+}
+
+// Rank r's part of the reference run on comm (the host backend): layout,
+// dispatch, combine and a cached re-dispatch of x2. Collective: every rank
+// of comm calls it, each from its own thread or process.
+inline void hostRank(const Case& c, epComm_t comm, const RankIn& in, int r, RankOut* out) {
+  const Geometry g = geometryOf(c);
+  RankOut& o = *out;
+  const void* topk = c.idx32 ? (const void*)in.topk32.data() : (const void*)in.topk.data();
+  o.tpr.assign(c.R, 0);
+  o.tpn.assign(c.R, 0);
+  o.tpexp.assign(c.E, 0);
+  o.in_rank.assign(std::max<size_t>(1, size_t(c.T[r]) * c.R), 0);
+  epLayoutArgs_t la = EP_LAYOUT_ARGS_INITIALIZER;
+  la.topk_idx = topk;
+  la.topk_idx_type = c.idx32 ? epInt32 : epInt64;
+  la.num_tokens = c.T[r];
+  la.num_topk = c.K;
+  la.tokens_per_rank = o.tpr.data();
+  la.tokens_per_node = o.tpn.data();
+  la.tokens_per_expert = o.tpexp.data();
+  la.is_token_in_rank = o.in_rank.data();
+  EK(comm, epLayout(comm, &la, nullptr));
+  o.recv_x.assign(size_t(g.cap) * g.drow, 0);
+  o.recv_x2.assign(size_t(g.cap) * g.drow, 0);
+  o.scales.assign(std::max<size_t>(1, size_t(g.cap) * g.nb), 0);
+  o.idx.assign(size_t(g.cap) * c.K, 0);
+  o.w.assign(size_t(g.cap) * c.K, 0);
+  o.tpe.assign(g.EL, 0);
+  o.out.assign(std::max<size_t>(1, c.T[r] * g.crow), 0);
+  o.out_w.assign(std::max<size_t>(1, size_t(c.T[r]) * c.K), 0);
+  epDispatchArgs_t a = dispatchArgs(c, in, r, in.x.data(), in.scales.data(), topk, in.w.data());
+  a.recv_x = o.recv_x.data();
+  a.recv_scales = g.nb ? o.scales.data() : nullptr;
+  a.recv_topk_idx = o.idx.data();
+  a.recv_topk_weights = c.weights ? o.w.data() : nullptr;
+  a.recv_tokens_per_expert = o.tpe.data();
+  a.num_recv = &o.num_recv;
+  epHandle_t h = nullptr;
+  EK(comm, epDispatch(comm, &a, &h, nullptr));
+  epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+  ca.y = in.y.data();
+  ca.y_type = c.ct;
+  ca.recv_topk_weights = c.weights ? o.w.data() : nullptr;
+  ca.num_topk = c.K;
+  ca.bias = c.bias ? in.bias.data() : nullptr;
+  ca.out = o.out.data();
+  ca.out_topk_weights = c.weights ? o.out_w.data() : nullptr;
+  EK(comm, epCombine(comm, &ca, h, nullptr));
+  a.x = in.x2.data();
+  a.recv_x = o.recv_x2.data();
+  EK(comm, epDispatch(comm, &a, &h, nullptr));
+  epHandleDestroy(h);
+}
+
+inline int g_failures = 0;
+
+inline bool same(const char* what, const std::string& cname, int r, const void* gpu, const void* host, size_t bytes,
+          size_t elem) {
+  if (bytes == 0 || memcmp(gpu, host, bytes) == 0) return true;
+  const uint8_t* a = static_cast<const uint8_t*>(gpu);
+  const uint8_t* b = static_cast<const uint8_t*>(host);
+  size_t i = 0;
+  while (a[i] == b[i]) i++;
+  size_t n = 0;
+  for (size_t j = 0; j < bytes; j++) n += a[j] != b[j];
+  printf("  FAIL %s rank %d %s: %zu bytes differ, first at element %zu (gpu 0x", cname.c_str(), r, what, n, i / elem);
+  for (size_t k = 0; k < elem; k++) printf("%02x", a[i / elem * elem + elem - 1 - k]);
+  printf(" host 0x");
+  for (size_t k = 0; k < elem; k++) printf("%02x", b[i / elem * elem + elem - 1 - k]);
+  printf(")\n");
+  g_failures++;
+  return false;
+}
+
+struct DevBufs {
+  void *x, *x2, *topk, *recv_x, *recv_x2, *y, *bias, *out, *in_rank;
+  float *scales, *w, *recv_scales, *recv_w, *out_w;
+  int64_t *recv_idx, *num_recv;
+  int *tpe, *tpr, *tpn, *tpexp;
+};
+
+inline void allocDev(const Case& c, const RankIn& in, int r, DevBufs* d) {
+  const Geometry g = geometryOf(c);
+  const int T = c.T[r];
+  auto m = [](void** p, size_t n) { CK(cudaMalloc(p, std::max<size_t>(n, 16))); };
+  m(&d->x, in.x.size());
+  m(&d->x2, in.x2.size());
+  m((void**)&d->scales, in.scales.size() * 4);
+  m(&d->topk, in.topk.size() * 8);
+  m((void**)&d->w, in.w.size() * 4);
+  m(&d->recv_x, size_t(g.cap) * g.drow);
+  m(&d->recv_x2, size_t(g.cap) * g.drow);
+  m((void**)&d->recv_scales, size_t(g.cap) * g.nb * 4);
+  m((void**)&d->recv_idx, size_t(g.cap) * c.K * 8);
+  m((void**)&d->recv_w, size_t(g.cap) * c.K * 4);
+  m((void**)&d->tpe, size_t(g.EL) * 4);
+  m((void**)&d->num_recv, 8);
+  m(&d->y, in.y.size());
+  m(&d->bias, in.bias.size());
+  m(&d->out, size_t(T) * g.crow);
+  m((void**)&d->out_w, size_t(T) * c.K * 4);
+  m((void**)&d->tpr, c.R * 4);
+  m((void**)&d->tpn, c.R * 4);
+  m((void**)&d->tpexp, c.E * 4);
+  m(&d->in_rank, size_t(T) * c.R);
+}
+
+inline void uploadInputs(const Case& c, const RankIn& in, DevBufs* d, cudaStream_t s) {
+  CK(cudaMemcpyAsync(d->x, in.x.data(), in.x.size(), cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(d->x2, in.x2.data(), in.x2.size(), cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(d->scales, in.scales.data(), in.scales.size() * 4, cudaMemcpyHostToDevice, s));
+  if (c.idx32) CK(cudaMemcpyAsync(d->topk, in.topk32.data(), in.topk32.size() * 4, cudaMemcpyHostToDevice, s));
+  else CK(cudaMemcpyAsync(d->topk, in.topk.data(), in.topk.size() * 8, cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(d->w, in.w.data(), in.w.size() * 4, cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(d->y, in.y.data(), in.y.size(), cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(d->bias, in.bias.data(), in.bias.size(), cudaMemcpyHostToDevice, s));
+}
+
+inline void poison(const Case& c, int r, DevBufs* d, cudaStream_t s) {
+  const Geometry g = geometryOf(c);
+  const int T = c.T[r];
+  CK(cudaMemsetAsync(d->recv_x, 0xa5, size_t(g.cap) * g.drow, s));
+  CK(cudaMemsetAsync(d->recv_x2, 0xa5, size_t(g.cap) * g.drow, s));
+  CK(cudaMemsetAsync(d->recv_scales, 0xa5, size_t(g.cap) * g.nb * 4, s));
+  CK(cudaMemsetAsync(d->recv_idx, 0xa5, size_t(g.cap) * c.K * 8, s));
+  CK(cudaMemsetAsync(d->recv_w, 0xa5, size_t(g.cap) * c.K * 4, s));
+  CK(cudaMemsetAsync(d->tpe, 0xa5, size_t(g.EL) * 4, s));
+  CK(cudaMemsetAsync(d->num_recv, 0xa5, 8, s));
+  CK(cudaMemsetAsync(d->out, 0xa5, size_t(T) * g.crow, s));
+  CK(cudaMemsetAsync(d->out_w, 0xa5, size_t(T) * c.K * 4, s));
+  CK(cudaMemsetAsync(d->tpr, 0xa5, c.R * 4, s));
+  CK(cudaMemsetAsync(d->tpn, 0xa5, c.R * 4, s));
+  CK(cudaMemsetAsync(d->tpexp, 0xa5, c.E * 4, s));
+  CK(cudaMemsetAsync(d->in_rank, 0xa5, size_t(T) * c.R, s));
+}
+
+inline void freeDev(DevBufs* d) {
+  void* all[] = {d->x, d->x2, d->topk, d->recv_x, d->recv_x2, d->y, d->bias, d->out, d->in_rank, d->scales,
+                 d->w, d->recv_scales, d->recv_w, d->out_w, d->recv_idx, d->num_recv, d->tpe, d->tpr,
+                 d->tpn, d->tpexp};
+  for (void* p : all) cudaFree(p);
+}
+
+template <typename T>
+inline std::vector<T> download(const void* p, size_t n) {
+  std::vector<T> v(std::max<size_t>(n, 1));
+  CK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// Rank r's part of the same run on comm (the CUDA backend, device r), exact
+// or capacity sizing, outputs downloaded into *out. Collective.
+inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool capacity, RankOut* out) {
+  const Geometry g = geometryOf(c);
+  CK(cudaSetDevice(r));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DevBufs d;
+  allocDev(c, in, r, &d);
+  uploadInputs(c, in, &d, s);
+  poison(c, r, &d, s);
+  epLayoutArgs_t la = EP_LAYOUT_ARGS_INITIALIZER;
+  la.topk_idx = d.topk;
+  la.topk_idx_type = c.idx32 ? epInt32 : epInt64;
+  la.num_tokens = c.T[r];
+  la.num_topk = c.K;
+  la.tokens_per_rank = d.tpr;
+  la.tokens_per_node = d.tpn;
+  la.tokens_per_expert = d.tpexp;
+  la.is_token_in_rank = (uint8_t*)d.in_rank;
+  EK(comm, epLayout(comm, &la, s));
+  epDispatchArgs_t a = dispatchArgs(c, in, r, d.x, d.scales, d.topk, d.w);
+  a.recv_x = d.recv_x;
+  a.recv_scales = g.nb ? d.recv_scales : nullptr;
+  a.recv_topk_idx = d.recv_idx;
+  a.recv_topk_weights = c.weights ? d.recv_w : nullptr;
+  a.recv_tokens_per_expert = d.tpe;
+  int64_t host_num_recv = -1;
+  if (capacity) {
+    a.flags = EP_DISPATCH_NO_HOST_SYNC;
+    a.num_recv = d.num_recv;
+  } else {
+    a.num_recv = &host_num_recv;
+  }
+  epHandle_t h = nullptr;
+  EK(comm, epDispatch(comm, &a, &h, s));
+  epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+  ca.y = d.y;
+  ca.y_type = c.ct;
+  ca.recv_topk_weights = c.weights ? d.recv_w : nullptr;
+  ca.num_topk = c.K;
+  ca.bias = c.bias ? d.bias : nullptr;
+  ca.out = d.out;
+  ca.out_topk_weights = c.weights ? d.out_w : nullptr;
+  EK(comm, epCombine(comm, &ca, h, s));
+  a.x = d.x2;
+  a.recv_x = d.recv_x2;
+  EK(comm, epDispatch(comm, &a, &h, s));
+  CK(cudaStreamSynchronize(s));
+  RankOut& o = *out;
+  o.num_recv = capacity ? download<int64_t>(d.num_recv, 1)[0] : host_num_recv;
+  const int T = c.T[r];
+  o.recv_x = download<uint8_t>(d.recv_x, size_t(g.cap) * g.drow);
+  o.recv_x2 = download<uint8_t>(d.recv_x2, size_t(g.cap) * g.drow);
+  o.scales = download<float>(d.recv_scales, size_t(g.cap) * g.nb);
+  o.idx = download<int64_t>(d.recv_idx, size_t(g.cap) * c.K);
+  o.w = download<float>(d.recv_w, size_t(g.cap) * c.K);
+  o.tpe = download<int>(d.tpe, g.EL);
+  o.out = download<uint8_t>(d.out, size_t(T) * g.crow);
+  o.out_w = download<float>(d.out_w, size_t(T) * c.K);
+  o.tpr = download<int>(d.tpr, c.R);
+  o.tpn = download<int>(d.tpn, c.R);
+  o.tpexp = download<int>(d.tpexp, c.E);
+  o.in_rank = download<uint8_t>(d.in_rank, size_t(T) * c.R);
+  EK(comm, epHandleDestroy(h));
+  freeDev(&d);
+  CK(cudaStreamDestroy(s));
+}
+
+// Every output of rank r's GPU run (o) against the reference (e), bit for bit;
+// each difference printed and counted in g_failures.
+inline void compareRank(const Case& c, const std::string& cname, int r, const RankOut& o, const RankOut& e,
+                        bool capacity) {
+  const Geometry g = geometryOf(c);
+  const int T = c.T[r];
+  if (o.num_recv != e.num_recv) {
+    printf("  FAIL %s rank %d num_recv gpu %lld host %lld\n", cname.c_str(), r, (long long)o.num_recv,
+           (long long)e.num_recv);
+    g_failures++;
+    return;
+  }
+  const size_t n = size_t(e.num_recv);
+  int nnodes = 1;  // one node
+  same("layout tokens_per_rank", cname, r, o.tpr.data(), e.tpr.data(), c.R * 4, 4);
+  same("layout tokens_per_node", cname, r, o.tpn.data(), e.tpn.data(), nnodes * 4, 4);
+  same("layout tokens_per_expert", cname, r, o.tpexp.data(), e.tpexp.data(), c.E * 4, 4);
+  same("layout is_token_in_rank", cname, r, o.in_rank.data(), e.in_rank.data(), size_t(T) * c.R, 1);
+  same("recv_x", cname, r, o.recv_x.data(), e.recv_x.data(), n * g.drow, std::min<size_t>(typeSize(c.dt), 4));
+  same("recv_scales", cname, r, o.scales.data(), e.scales.data(), n * g.nb * 4, 4);
+  same("recv_topk_idx", cname, r, o.idx.data(), e.idx.data(), n * c.K * 8, 8);
+  if (c.weights) same("recv_topk_weights", cname, r, o.w.data(), e.w.data(), n * c.K * 4, 4);
+  same("recv_tokens_per_expert", cname, r, o.tpe.data(), e.tpe.data(), g.EL * 4, 4);
+  same("combine out", cname, r, o.out.data(), e.out.data(), T * g.crow, typeSize(c.ct));
+  if (c.weights) same("combine out_topk_weights", cname, r, o.out_w.data(), e.out_w.data(), size_t(T) * c.K * 4, 4);
+  same("cached recv_x", cname, r, o.recv_x2.data(), e.recv_x2.data(), n * g.drow, std::min<size_t>(typeSize(c.dt), 4));
+  if (capacity) {
+    std::vector<int64_t> minus(size_t(g.cap - n) * c.K, -1);
+    same("unused rows recv_topk_idx = -1", cname, r, o.idx.data() + n * c.K, minus.data(), minus.size() * 8, 8);
+  }
+}
+
+}  // namespace ht

@@ -1,11 +1,13 @@
 #!/bin/bash
 # GPU level of the tests (`make gpu-test`): builds the library with CUDA, the
-# GPU test and the GPU benchmark, runs the test, a small case under
+# GPU tests and the GPU benchmark, runs the tests, a small case under
 # compute-sanitizer (memcheck, racecheck) and the benchmark.
 # Fails when no GPU is visible. Logs go to $OUT (if set) or $BUILD/gpu-logs.
 #   EP_GPU_BENCH=0   skip the benchmark
 #   EP_GPU_SANITIZER=0  skip the sanitizer runs
 #   EP_GPU_LL=0      skip the low-latency test and its benchmark (gpu_ll_test)
+#   EP_GPU_MP=0      skip the test with ranks as processes (gpu_mp_test: cross-process
+#                    CUDA IPC against the host backend; SKIPPED with fewer than 2 GPUs)
 #   EP_GPU_BENCH_ARGS  arguments of gpu_bench (see its main)
 #   EP_GPU_TEST_TIMEOUT, EP_GPU_SANITIZER_TIMEOUT, EP_GPU_BENCH_TIMEOUT: seconds
 set -uo pipefail
@@ -19,6 +21,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 make -j16 CUDA=1 lib >"$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; echo "gpu-test: FAILED to build"; exit 1; }
 g++ -std=c++17 -O2 -g -Wall -Iinclude -isystem "$CUDA_HOME/include" tests/gpu/gpu_test.cc -o "$BUILD/tests/gpu_test" \
   -L"$BUILD/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread -Wl,-rpath,"$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_test"; exit 1; }
+MP=${EP_GPU_MP:-1}
+if [ "$MP" != 0 ]; then
+g++ -std=c++17 -O2 -g -Wall -Iinclude -Itools -isystem "$CUDA_HOME/include" tests/gpu/gpu_mp_test.cc tools/common/launch.cc -o "$BUILD/tests/gpu_mp_test" \
+  -L"$BUILD/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread -Wl,-rpath,"$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_mp_test"; exit 1; }
+fi
 "$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_bench.cc -o "$BUILD/tests/gpu_bench" \
   -L"$BUILD/lib" -lmoeep -ldl -Xlinker -rpath -Xlinker "$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_bench"; exit 1; }
 
@@ -37,6 +44,10 @@ timeout ${EP_GPU_TEST_TIMEOUT:-540} "$BUILD/tests/gpu_test" 2>&1 | tee "$LOGS/gp
 rc=${PIPESTATUS[0]}
 if grep -q "^SKIPPED gpu_test: no GPU" "$LOGS/gpu_test.log"; then echo "gpu-test: FAILED: no GPU visible"; exit 1; fi
 [ "$rc" -eq 0 ] || { echo "gpu_test: exit $rc"; status=1; }
+if [ "$MP" != 0 ]; then
+timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" 2>&1 | tee "$LOGS/gpu_mp_test.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test: FAILED"; status=1; }
+fi
 
 if [ "${EP_GPU_SANITIZER:-1}" != 0 ] && [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then
   for tool in memcheck racecheck; do

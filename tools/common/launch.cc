@@ -143,6 +143,67 @@ void stopIdServer(IdServer* server) {
   server->pid = -1;
 }
 
+// Makes the ids, forks the ranks and, in the parent, waits for them (killing
+// those still running after timeout_s). In rank r: *rank = r, returns 0. In the
+// parent: *rank = -1, codes[r] = rank r's exit status (128 + signal when one
+// ended it), *worst = the status launchRanksWithIds exits with, returns 0.
+int forkAndWait(int nranks, int timeout_s, int num_ids, epUniqueId* ids, int* rank, std::vector<int>* codes,
+                int* worst_out, bool* timed_out) {
+  IdServer server;
+  if (startIdServer(num_ids, ids, &server) != 0) return 1;
+  fflush(stdout);
+  fflush(stderr);
+  std::vector<pid_t> pids(nranks, -1);
+  for (int r = 0; r < nranks; r++) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      perror("launch: fork");
+      for (int q = 0; q < r; q++) kill(pids[q], SIGKILL);
+      stopIdServer(&server);
+      return 1;
+    }
+    if (pid == 0) {
+      close(server.hold);  // only the launcher keeps the server alive
+      *rank = r;
+      return 0;
+    }
+    pids[r] = pid;
+  }
+  // Parent: wait for every rank; kill stragglers after the timeout.
+  *rank = -1;
+  codes->assign(nranks, -1);
+  *timed_out = false;
+  int worst = 0, alive = nranks;
+  time_t deadline = timeout_s > 0 ? time(nullptr) + timeout_s : 0;
+  while (alive > 0) {
+    int status = 0;
+    pid_t done = waitpid(-1, &status, WNOHANG);
+    if (done > 0) {
+      int r = 0;
+      while (r < nranks && pids[r] != done) r++;
+      if (r == nranks) continue;  // not a rank (the id server)
+      alive--;
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+      (*codes)[r] = code;
+      if (code != 0) fprintf(stderr, "launch: rank %d exited with status %d\n", r, code);
+      if (code > worst) worst = code;
+      continue;
+    }
+    if (deadline != 0 && time(nullptr) > deadline) {
+      fprintf(stderr, "launch: ranks still running after %d s: killed\n", timeout_s);
+      for (pid_t p : pids) kill(p, SIGKILL);
+      deadline = 0;
+      *timed_out = true;
+      if (worst == 0) worst = 124;
+    }
+    struct timespec nap = {0, 5 * 1000 * 1000};
+    nanosleep(&nap, nullptr);
+  }
+  stopIdServer(&server);
+  *worst_out = worst;
+  return 0;
+}
+
 }  // namespace
 
 int launchRanksWithIds(int nranks, int timeout_s, int num_ids, epUniqueId* ids, LaunchInfo* info) {
@@ -175,54 +236,28 @@ int launchRanksWithIds(int nranks, int timeout_s, int num_ids, epUniqueId* ids, 
     ids = own.data();
     num_ids = 1;
   }
-  IdServer server;
-  if (startIdServer(num_ids, ids, &server) != 0) return 1;
-  info->id = ids[0];
-  fflush(stdout);
-  fflush(stderr);
-  std::vector<pid_t> pids(nranks, -1);
-  for (int r = 0; r < nranks; r++) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      perror("launch: fork");
-      for (int q = 0; q < r; q++) kill(pids[q], SIGKILL);
-      stopIdServer(&server);
-      return 1;
-    }
-    if (pid == 0) {
-      close(server.hold);  // only the launcher keeps the server alive
-      info->rank = r;
-      return 0;
-    }
-    pids[r] = pid;
+  int rank = -1, worst = 0;
+  bool timed_out = false;
+  std::vector<int> codes;
+  if (forkAndWait(nranks, timeout_s, num_ids, ids, &rank, &codes, &worst, &timed_out) != 0) return 1;
+  if (rank >= 0) {
+    info->id = ids[0];
+    info->rank = rank;
+    return 0;
   }
-  // Parent: wait for every rank; kill stragglers after the timeout.
-  int worst = 0, alive = nranks;
-  time_t deadline = timeout_s > 0 ? time(nullptr) + timeout_s : 0;
-  while (alive > 0) {
-    int status = 0;
-    pid_t done = waitpid(-1, &status, WNOHANG);
-    if (done > 0) {
-      int r = 0;
-      while (r < nranks && pids[r] != done) r++;
-      if (r == nranks) continue;  // not a rank (the id server)
-      alive--;
-      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-      if (code != 0) fprintf(stderr, "launch: rank %d exited with status %d\n", r, code);
-      if (code > worst) worst = code;
-      continue;
-    }
-    if (deadline != 0 && time(nullptr) > deadline) {
-      fprintf(stderr, "launch: ranks still running after %d s: killed\n", timeout_s);
-      for (pid_t p : pids) kill(p, SIGKILL);
-      deadline = 0;
-      if (worst == 0) worst = 124;
-    }
-    struct timespec nap = {0, 5 * 1000 * 1000};
-    nanosleep(&nap, nullptr);
-  }
-  stopIdServer(&server);
   exit(worst);
+}
+
+int forkRanksWithIds(int nranks, int timeout_s, int num_ids, epUniqueId* ids, int* rank,
+                     std::vector<int>* exit_codes, bool* timed_out) {
+  if (nranks < 1 || num_ids < 1 || ids == nullptr || rank == nullptr || exit_codes == nullptr ||
+      timed_out == nullptr) {
+    fprintf(stderr, "launch: forkRanksWithIds: nranks = %d and num_ids = %d must be at least 1, pointers non-NULL\n",
+            nranks, num_ids);
+    return 1;
+  }
+  int worst = 0;
+  return forkAndWait(nranks, timeout_s, num_ids, ids, rank, exit_codes, &worst, timed_out);
 }
 
 int launchRanks(int nranks, int timeout_s, LaunchInfo* info) {

@@ -9,6 +9,8 @@
 // parent stays single-threaded until it forks (see launchRanksWithIds).
 #pragma once
 
+#include <vector>
+
 #include "moeep.h"
 
 struct LaunchInfo {
@@ -28,3 +30,15 @@ int launchRanks(int nranks, int timeout_s, LaunchInfo* info);
 // one forks its ranks without threads (the ids' bootstrap roots are threads).
 // Under an MPI launcher only ids[0] is filled (one id per launch).
 int launchRanksWithIds(int nranks, int timeout_s, int num_ids, epUniqueId* ids, LaunchInfo* info);
+
+// Forks nranks ranks with num_ids unique ids made before the fork (as
+// launchRanksWithIds, without looking for an MPI launcher), and returns in the
+// parent too, for programs that report on their ranks. In rank r: *rank = r.
+// In the parent, once every rank ended (those still running after timeout_s
+// are killed, 0: never): *rank = -1, (*exit_codes)[r] = rank r's exit status
+// (128 + the signal when one ended it), *timed_out = whether ranks were killed.
+// Returns 0 in both; prints a message and returns non-zero when it cannot fork.
+// The caller must be single-threaded (and, on GPUs, should not have
+// initialised CUDA: the children inherit none of it).
+int forkRanksWithIds(int nranks, int timeout_s, int num_ids, epUniqueId* ids, int* rank,
+                     std::vector<int>* exit_codes, bool* timed_out);
