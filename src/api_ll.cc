@@ -45,7 +45,7 @@ EP_API epResult_t epLowLatencyBufferBytes(const epConfig_t* config, int nranks, 
   if (nranks < 1) return setError(nullptr, epInvalidArgument, "epLowLatencyBufferBytes: nranks = %d", nranks);
   Config c;
   EPCHECK(configResolve(config, nranks, &c, nullptr));
-  *bytes = llBufferBytes(nranks, c.max_tokens_per_rank, c.hidden, c.max_topk);
+  *bytes = llBufferBytes(nranks, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
   return epSuccess;
 }
 

@@ -6,7 +6,9 @@
 //                     K weights, K slots filled on arrival), the token row (BF16,
 //                     the larger wire type) and its FP8 scales
 //   combine landing   R * M rows of float32 partial sums
-//   signals           one 64-byte line per (source rank, set)
+//   counts            [R][E / R] int32: rows each source sends to each local
+//                     expert (the receiver's slot bases)
+// before the two sets: a 4096-byte control area of signal words.
 #pragma once
 
 #include <cstddef>
@@ -26,14 +28,21 @@ inline size_t llCombineRowBytes(int hidden) { return llAlign(size_t(hidden) * 4,
 
 constexpr size_t kLLCtrlBytes = 4096;  // the signal words, before the two sets
 
-inline size_t llSetBytes(int nranks, int max_tokens, int hidden, int max_topk) {
-  const size_t rows = size_t(nranks) * size_t(max_tokens);
-  return llAlign(rows * llDispatchRecordBytes(hidden, max_topk), 4096) +
-         llAlign(rows * llCombineRowBytes(hidden), 4096);
+// Offsets inside one set.
+inline size_t llCombineOffset(int nranks, int max_tokens, int hidden, int max_topk) {
+  return llAlign(size_t(nranks) * size_t(max_tokens) * llDispatchRecordBytes(hidden, max_topk), 4096);
+}
+inline size_t llCountsOffset(int nranks, int max_tokens, int hidden, int max_topk) {
+  return llCombineOffset(nranks, max_tokens, hidden, max_topk) +
+         llAlign(size_t(nranks) * size_t(max_tokens) * llCombineRowBytes(hidden), 4096);
 }
 
-inline size_t llBufferBytes(int nranks, int max_tokens, int hidden, int max_topk) {
-  return kLLCtrlBytes + 2 * llSetBytes(nranks, max_tokens, hidden, max_topk);
+inline size_t llSetBytes(int nranks, int max_tokens, int hidden, int max_topk, int num_experts) {
+  return llCountsOffset(nranks, max_tokens, hidden, max_topk) + llAlign(size_t(num_experts) * 4, 4096);
+}
+
+inline size_t llBufferBytes(int nranks, int max_tokens, int hidden, int max_topk, int num_experts) {
+  return kLLCtrlBytes + 2 * llSetBytes(nranks, max_tokens, hidden, max_topk, num_experts);
 }
 
 }  // namespace ep

@@ -3,29 +3,44 @@
 //
 // Each rank registers one LL buffer (size: src/ll_layout.h), mapped by all
 // peers of the node:
-//   LLCtrl                     signal words, written by peers
-//   set 0, set 1               dispatch landing [R][M] records, combine landing [R][M] rows
+//   LLCtrl                     signal counters, written by peers
+//   set 0, set 1               dispatch landing [R][M] records, combine landing
+//                              [R][M] rows, counts [R][local experts]
 // A dispatch and its combine form a "pair" p (device counter, bumped by the
-// dispatch send kernel); pair p uses set p & 1 and tags its signals p + 1.
+// dispatch send kernel); pair p uses set p & 1. Every LL kernel runs G blocks
+// (G agreed by all ranks at init), and every block of a sending kernel adds 1
+// to a counter in every rank's LLCtrl with a release reduction once its
+// stores are issued: after pair p a counter of set p & 1 has reached
+// (p / 2 + 1) * G. A receiver waits for that value; no block waits for the
+// others of its own grid before signalling.
 //
 // Who writes what, and what orders it:
-//   dispatch send (rank s)   writes token t's record into landing[s][t] of every
-//                            destination, then (fence, last block) ddone[set][s]
-//                            = tag | T_s in every rank's LLCtrl
-//   dispatch recv (rank d)   waits ddone of all sources, expands records into the
-//                            caller's expert-major outputs, writes each record's
-//                            slots (own memory)
+//   dispatch send (rank s)   writes token t's record (header: ids, weights; row)
+//                            into landing[s][t] of every destination; numbers,
+//                            for every expert e, the (token, k) pairs that chose
+//                            it in token order and writes each number into the
+//                            record's slot field, and the count into
+//                            counts[s][local e] of e's rank; block 0 writes
+//                            ntok[set][s] = T_s; then dsig[set][s] += 1 per block
+//   dispatch recv (rank d)   waits dsig of all sources; per record and local
+//                            expert, slot = counts of the earlier sources + the
+//                            number; copies the row to every slot and rewrites
+//                            the slot field with the absolute slot (own memory)
 //   combine send (rank d)    for every record that arrived, the weighted sum of
 //                            its local experts' rows of y -> float32 row in the
-//                            home rank's combine landing[d][t]; then cdone[set][d]
-//                            in every rank, and dfree[set][d] (d no longer reads
-//                            its dispatch landing set) in every rank
+//                            home rank's combine landing[d][t]; then
+//                            cdone[set][d] += 1 per block in every rank (also
+//                            "d no longer reads its dispatch landing set")
 //   combine recv (rank s)    waits cdone of all ranks, sums the rows of the ranks
 //                            its token went to in ascending order -> BF16; then
-//                            cfree[set][s] in every rank
-// A dispatch send of pair p waits dfree[set][r] >= p - 1 of every peer r (pair
-// p - 2 no longer read), a combine send waits cfree likewise: two pairs can be in
-// flight, a third waits for the first.
+//                            cfree[set][s] += 1 per block in every rank
+// A dispatch send of pair p waits cdone[set][r] of pair p - 2 from every peer
+// r before its first store, a combine send waits cfree likewise: two pairs
+// can be in flight, a third waits for the first.
+//
+// Every kernel spreads its work over all blocks in (row, 16-byte piece) units
+// and issues the loads a step needs before it stores anything, so that a call
+// of one token costs a few memory round trips, not one per piece of a row.
 #pragma once
 
 #include <cstddef>
@@ -37,16 +52,16 @@ namespace ep {
 namespace cuda {
 
 struct LLCtrl {
-  uint64_t ddone[2][kMaxRanks];  // [set][source] = tag << 32 | tokens of the source
-  uint64_t cdone[2][kMaxRanks];  // [set][rank] = tag << 32
-  uint64_t dfree[2][kMaxRanks];  // [set][peer] = last tag whose dispatch landing the peer released
-  uint64_t cfree[2][kMaxRanks];  // [set][peer] = last tag whose combine landing the peer released
+  uint64_t dsig[2][kMaxRanks];   // [set][source]: blocks of the source's dispatch sends
+  uint64_t cdone[2][kMaxRanks];  // [set][rank]: blocks of the rank's combine sends
+  uint64_t cfree[2][kMaxRanks];  // [set][rank]: blocks of the rank's combine receives
+  uint32_t ntok[2][kMaxRanks];   // [set][source]: tokens of the source's latest dispatch
 };
 
 // Rank-private device counters.
 struct LLLocal {
   uint32_t pairs;           // dispatch sends issued
-  uint32_t blocks_done[4];  // last-block detection, one per kernel kind
+  uint32_t blocks_done;     // last block of a dispatch send (bumps pairs)
   int err_claim;
   int timed_out;
 };
@@ -55,7 +70,8 @@ struct LLLocal {
 struct LLHandleDev {
   uint32_t pair;
   int num_tokens;
-  uint8_t mask[1];  // [max_tokens]: destination ranks of each token (bit r)
+  int src_base[kMaxRanks + 1];  // records that arrived here: source s owns [src_base[s], src_base[s + 1])
+  uint8_t mask[1];              // [max_tokens]: destination ranks of each token (bit r)
 };
 
 struct LLView {
@@ -63,12 +79,14 @@ struct LLView {
   char* bufs[kMaxRanks];   // every rank's LL buffer as mapped here
   size_t set_bytes;        // one set
   size_t comb_off;         // combine landing within a set
+  size_t cnt_off;          // counts [R][local_experts] within a set
   size_t rec_bytes;        // dispatch record
   size_t hdr_bytes;        // record header (row follows)
   size_t crow_bytes;       // combine row
   LLLocal* local;
   ErrorInfo* err;
   unsigned long long timeout_ns;
+  int pdl;                 // launched with programmatic dependent launch: wait for the previous grid first
 };
 
 // Offsets inside a record header.
@@ -102,6 +120,10 @@ struct LLCombineParams {
   uint16_t* out;
   int num_topk;
 };
+
+// Every LL kernel runs one block per SM of the budget (all resident: the fused
+// kernels wait inside for blocks of the same grid).
+inline int llGrid(int sms) { return sms < 1 ? 1 : sms; }
 
 int launchLLDispatchSend(const LLDispatchParams& p, int sms, void* stream);
 int launchLLDispatch(const LLDispatchParams& p, int sms, void* stream);  // both halves, one kernel

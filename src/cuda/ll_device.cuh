@@ -1,5 +1,5 @@
 // Device helpers of the low-latency kernels: record addressing, bounded waits,
-// error reporting, last-block detection.
+// error reporting, last-block detection, work split between blocks.
 #pragma once
 
 #include "device.cuh"
@@ -26,6 +26,44 @@ __device__ __forceinline__ float* llCombineRow(const LLView& v, int r, int set, 
   return reinterpret_cast<float*>(llSet(v, r, set) + v.comb_off + (size_t(src) * v.max_tokens + t) * v.crow_bytes);
 }
 
+// Record header fields (the row follows at v.hdr_bytes).
+__device__ __forceinline__ int32_t* llIds(const LLView&, char* rec) { return reinterpret_cast<int32_t*>(rec + 16); }
+__device__ __forceinline__ float* llWeights(const LLView& v, char* rec) {
+  return reinterpret_cast<float*>(rec + 16 + 4 * size_t(v.max_topk));
+}
+__device__ __forceinline__ int32_t* llSlots(const LLView& v, char* rec) {
+  return reinterpret_cast<int32_t*>(rec + 16 + 8 * size_t(v.max_topk));
+}
+
+// counts[src][local expert] of rank r's set.
+__device__ __forceinline__ int32_t* llCounts(const LLView& v, int r, int set) {
+  return reinterpret_cast<int32_t*>(llSet(v, r, set) + v.cnt_off);
+}
+
+// This block's share [lo, hi) of n items, contiguous and balanced.
+__device__ __forceinline__ void llBlockRange(int n, int& lo, int& hi) {
+  lo = int((long long)n * blockIdx.x / gridDim.x);
+  hi = int((long long)n * (blockIdx.x + 1) / gridDim.x);
+}
+
+// base[0..R]: prefix sums of the token counts that threads < R hold in `n`.
+__device__ __forceinline__ void llPrefix(int* base, int R, int n) {
+  if (threadIdx.x < R) base[threadIdx.x + 1] = n;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    base[0] = 0;
+    for (int s = 0; s < R; s++) base[s + 1] += base[s];
+  }
+  __syncthreads();
+}
+
+// Source rank of flat record index c (records of source s are [base[s], base[s+1])).
+__device__ __forceinline__ int llSourceOf(const int* base, int c) {
+  int s = 0;
+  while (c >= base[s + 1]) s++;
+  return s;
+}
+
 __device__ __forceinline__ void llReport(const LLView& v, int code, int what, int peer, long long a, long long b) {
   if (code == 8) atomicExch(&v.local->timed_out, 1);
   if (atomicCAS(&v.local->err_claim, 0, 1) != 0) return;
@@ -39,38 +77,85 @@ __device__ __forceinline__ void llReport(const LLView& v, int code, int what, in
   __threadfence_system();
 }
 
-// Spins until the tag of *p equals tag (exact) or, with at_least, reaches it.
-// Returns the low word, or -1 after the timeout (reported).
-__device__ __forceinline__ long long llWait(const LLView& v, const uint64_t* p, uint32_t tag, bool at_least,
-                                            int what, int peer) {
+// Spins until the counter *p reaches target. Returns false after the timeout (reported).
+__device__ __forceinline__ bool llWait(const LLView& v, const uint64_t* p, uint64_t target, int what, int peer) {
   unsigned long long deadline = 0;
   for (uint32_t spins = 0;; spins++) {
-    uint64_t word = ldAcquireSys(p);
-    uint32_t got = uint32_t(word >> 32);
-    if (at_least ? int32_t(got - tag) >= 0 : got == tag) return (long long)uint32_t(word);
+    const uint64_t got = ldAcquireSys(p);
+    if (got >= target) return true;
     if ((spins & 63) == 63) {
       unsigned long long now = globalTimer();
       if (deadline == 0) deadline = now + v.timeout_ns;
       else if (now > deadline) {
-        llReport(v, 8 /* epTimeout */, what, peer, (long long)tag, (long long)got);
-        return -1;
+        llReport(v, 8 /* epTimeout */, what, peer, (long long)target, (long long)got);
+        return false;
       }
-      if (*reinterpret_cast<volatile int*>(&v.local->timed_out)) return -1;
+      if (*reinterpret_cast<volatile int*>(&v.local->timed_out)) return false;
     }
   }
 }
 
-// True in the last block of the grid to get here (counter `which` is reset).
-__device__ __forceinline__ bool llLastBlock(const LLView& v, int which) {
-  __threadfence_system();
+// Counter target of pair p: the blocks of all pairs of its set so far.
+__device__ __forceinline__ uint64_t llTarget(uint32_t pair) { return uint64_t(pair / 2 + 1) * gridDim.x; }
+
+// The signal counters of LLCtrl, by kind.
+enum LLCounter { kLLDispatchSent = 0, kLLCombineSent = 1, kLLCombineRead = 2 };
+__device__ __forceinline__ uint64_t* llCounter(const LLView& v, int r, LLCounter kind, int set, int src) {
+  static_assert(offsetof(LLCtrl, cdone) == sizeof(uint64_t) * 2 * kMaxRanks, "LLCtrl counters are contiguous");
+  static_assert(offsetof(LLCtrl, cfree) == 2 * sizeof(uint64_t) * 2 * kMaxRanks, "LLCtrl counters are contiguous");
+  return reinterpret_cast<uint64_t*>(llCtrl(v, r)) + (int(kind) * 2 + set) * kMaxRanks + src;
+}
+
+// This block's stores are issued: add 1 to counter [kind][set][me] in every
+// rank. The CTA barrier orders every thread's stores before the release
+// reduction of threads < R (release is cumulative).
+__device__ __forceinline__ void llSignal(const LLView& v, LLCounter kind, int set) {
   __syncthreads();
+  if (threadIdx.x < v.nranks) {
+    uint64_t* c = llCounter(v, threadIdx.x, kind, set, v.rank);
+    asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+  }
+}
+
+// Threads < R wait until counter [kind][set][r] of this rank reached target;
+// the caller syncs the block.
+__device__ __forceinline__ void llWaitAll(const LLView& v, LLCounter kind, int set, uint64_t target, int what) {
+  if (threadIdx.x < v.nranks) llWait(v, llCounter(v, v.rank, kind, set, threadIdx.x), target, what, threadIdx.x);
+}
+
+// First instruction of every LL kernel: with programmatic dependent launch the
+// grid may start before the previous one on the stream finished; wait for it
+// (its outputs and our own state, e.g. LLLocal::pairs, are read next).
+__device__ __forceinline__ void llEnter(const LLView& v) {
+  if (v.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// Launches an LL kernel with llGrid(sms) blocks, with programmatic dependent
+// launch when v.pdl is set.
+template <typename Params>
+inline int llLaunch(void (*kernel)(Params), const Params& p, int threads, int sms, void* stream) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.gridDim = dim3(llGrid(sms));
+  cfg.blockDim = dim3(threads);
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cfg.attrs = attr;
+  cfg.numAttrs = p.v.pdl ? 1 : 0;
+  return int(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
+// True in the last block of the grid to get here (the counter is reset).
+// No fence: it only orders this GPU's next kernels, which follow in stream order.
+__device__ __forceinline__ bool llLastBlock(const LLView& v) {
   __shared__ int last;
+  __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(&v.local->blocks_done[which], 1u) == gridDim.x - 1;
-    if (last) v.local->blocks_done[which] = 0;
+    last = atomicAdd(&v.local->blocks_done, 1u) == gridDim.x - 1;
+    if (last) v.local->blocks_done = 0;
   }
   __syncthreads();
-  if (last) __threadfence_system();
   return last != 0;
 }
 

@@ -1,15 +1,18 @@
 // Low-latency dispatch kernels (see ll_common.h for who writes what).
 //
-// Send: one block per token (latency: a row spread over 256 threads with
-// several loads in flight each). Warp 0 reads the token's expert ids, works
-// out its destination ranks and writes the record headers (ids, weights); all
-// threads quantise the row once (FP8: a scale per 128 values, each 16-lane
-// half-warp owning one block) and store it into landing[me][t] of every
-// destination — one crossing per destination rank, however many of its
-// experts live there.
-// Receive: one block per local expert scans the arrived records in (source,
-// token) order, numbers the ones that chose the expert, copies their rows into
-// the expert-major outputs and notes each slot in the record for combine.
+// Send, in every block:
+//   1. its share of the tokens: warp per token reads the expert ids, works out
+//      the destination ranks and writes the record headers; then the rows, as
+//      16-byte pieces spread over all threads with kInFlight loads in flight
+//      each, quantised once (FP8: a scale per 128 values, each 16-lane half-warp
+//      owning one block) and stored into landing[me][t] of every destination —
+//      one crossing per destination rank, however many of its experts live there;
+//   2. its share of the experts: warp per expert numbers the (token, k) pairs
+//      that chose it, in token order, from ids staged in shared memory, and
+//      writes the numbers into the records and the count into the expert's rank.
+// Receive: every block takes a contiguous share of the arrived records, works
+// out each record's slots (counts of the earlier sources + the number) and
+// copies the row to all of them, again in 16-byte pieces over all threads.
 #include <cuda_fp8.h>
 
 #include "ll_device.cuh"
@@ -18,6 +21,14 @@ namespace ep {
 namespace cuda {
 
 namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kInFlight = 8;            // 16-byte loads in flight per thread
+constexpr int kTokGroup = 32;           // tokens a sending block describes in shared memory at once
+constexpr int kIdStage = 2048;          // expert ids staged per round for the numbering
+constexpr int kBlockExperts = 64;       // experts a block numbers per batch
+constexpr int kRecGroup = 32;           // records a receiving block describes in shared memory at once
 
 __device__ __forceinline__ float roundScalePow2(float s) {
   uint32_t bits = __float_as_uint(s);
@@ -31,8 +42,207 @@ __device__ __forceinline__ uint32_t packFp8x4(float a, float b, float c, float d
   return uint32_t(lo) | (uint32_t(hi) << 16);
 }
 
-constexpr int kSendThreads = 256;  // one block per token: its row is spread over 256 threads
-constexpr int kChunks = 4;         // 16-byte loads in flight per thread (8 values each)
+constexpr int kHdrPerWarp = kTokGroup / kWarps;  // tokens (or records) a warp describes per group
+constexpr int kIdRegs = kIdStage / kThreads;       // staged ids per thread per round
+constexpr int kStagedBases = 4096;                 // slot bases a receiving block keeps in shared memory
+
+// ---- send ----
+
+// The first loads of a token group, issued before anything is stored: the
+// expert ids and weights (warp per token) and the first kInFlight pieces per
+// thread of the rows.
+struct TokenLoads {
+  long long id[kHdrPerWarp];
+  float w[kHdrPerWarp];
+  int4 raw[kInFlight];
+};
+
+__device__ __forceinline__ int rowPieces(const LLDispatchParams& p) { return p.v.hidden / 8; }
+// FP8 pads every token to whole 16-piece scale blocks (a half-warp per block).
+__device__ __forceinline__ int piecesPerToken(const LLDispatchParams& p) {
+  return p.fp8 ? (rowPieces(p) + 15) / 16 * 16 : rowPieces(p);
+}
+
+__device__ __forceinline__ void loadRowPieces(const LLDispatchParams& p, int t0, int n, int base, int4 (&raw)[kInFlight]) {
+  const int pieces = rowPieces(p), per_token = piecesPerToken(p), total = n * per_token;
+#pragma unroll
+  for (int u = 0; u < kInFlight; u++) {
+    const int unit = base + u * kThreads + threadIdx.x;
+    const int i = unit / per_token, j = unit - i * per_token;
+    if (unit < total && j < pieces) raw[u] = ldNc(reinterpret_cast<const int4*>(p.x + size_t(t0 + i) * p.v.hidden) + j);
+  }
+}
+
+__device__ __forceinline__ void loadTokens(const LLDispatchParams& p, int t0, int n, TokenLoads& tl) {
+  const int K = p.num_topk, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < kHdrPerWarp; m++) {
+    const int i = warp + m * kWarps;
+    tl.id[m] = -1;
+    tl.w[m] = 0.0f;
+    if (i < n && lane < K) {
+      tl.id[m] = topkLoad(p.topk, p.idx64, size_t(t0 + i) * K + lane);
+      tl.w[m] = p.weights ? p.weights[size_t(t0 + i) * K + lane] : 1.0f;
+    }
+  }
+  loadRowPieces(p, t0, n, 0, tl.raw);
+}
+
+// Headers of tokens [t0, t0 + n); s_mask[i] = destination ranks of token t0 + i.
+__device__ __forceinline__ void writeHeaders(const LLDispatchParams& p, int set, uint32_t tag, int t0, int n,
+                                             const TokenLoads& tl, unsigned* s_mask) {
+  const LLView& v = p.v;
+  const int K = p.num_topk, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < kHdrPerWarp; m++) {
+    const int i = warp + m * kWarps;
+    if (i >= n) break;
+    const int t = t0 + i;
+    const long long e = tl.id[m];
+    if (lane < K && (e < -1 || e >= v.num_experts)) llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
+    const int id = (e < 0 || e >= v.num_experts) ? -1 : int(e);
+    const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
+    if (lane == 0) {
+      p.hd->mask[t] = uint8_t(mask);
+      s_mask[i] = mask;
+    }
+    for (unsigned bits = mask; bits; bits &= bits - 1) {
+      char* rec = llRecord(v, __ffs(bits) - 1, set, v.rank, t);
+      if (lane < K) {
+        llIds(v, rec)[lane] = id;
+        llWeights(v, rec)[lane] = tl.w[m];
+      }
+      if (lane == 0) {
+        LLRecordHeader* h = reinterpret_cast<LLRecordHeader*>(rec);
+        h->token = t;
+        h->pad[0] = uint32_t(K);
+        h->tag = tag;  // read only after the dispatch signal, which orders it
+      }
+    }
+  }
+}
+
+// Stores the pieces of rows [t0, t0 + n) loaded for `base` (quantised for FP8).
+__device__ __forceinline__ void storeRowPieces(const LLDispatchParams& p, int set, int t0, int n, int base,
+                                               const int4 (&raw)[kInFlight], const unsigned* s_mask) {
+  const LLView& v = p.v;
+  const int H = v.hidden, me = v.rank, lane = threadIdx.x & 31;
+  const int pieces = rowPieces(p), per_token = piecesPerToken(p), total = n * per_token;
+#pragma unroll
+  for (int u = 0; u < kInFlight; u++) {
+    const int unit = base + u * kThreads + threadIdx.x;
+    const int i = unit / per_token, j = unit - i * per_token;
+    const bool active = unit < total && j < pieces;
+    if (!p.fp8) {
+      if (active)
+        for (unsigned bits = s_mask[i]; bits; bits &= bits - 1)
+          reinterpret_cast<int4*>(llRecord(v, __ffs(bits) - 1, set, me, t0 + i) + v.hdr_bytes)[j] = raw[u];
+      continue;
+    }
+    // FP8: the shuffles need every lane (a half-warp is all in or all out of range).
+    float f[8];
+    float amax = 0.0f;
+    if (active) {
+      const uint32_t words[4] = {uint32_t(raw[u].x), uint32_t(raw[u].y), uint32_t(raw[u].z), uint32_t(raw[u].w)};
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        f[2 * q] = bf16ToFloat(words[q] & 0xffffu);
+        f[2 * q + 1] = bf16ToFloat(words[q] >> 16);
+      }
+#pragma unroll
+      for (int q = 0; q < 8; q++) amax = fmaxf(amax, fabsf(f[q]));
+    }
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    float scale = fmaxf(amax, 1e-4f) / 448.0f;
+    if (p.pow2) scale = roundScalePow2(scale);
+    const float inv = 1.0f / scale;
+    if (!active) continue;
+    const uint2 q = make_uint2(packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv),
+                               packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv));
+    for (unsigned bits = s_mask[i]; bits; bits &= bits - 1) {
+      char* row = llRecord(v, __ffs(bits) - 1, set, me, t0 + i) + v.hdr_bytes;
+      reinterpret_cast<uint2*>(row)[j] = q;
+      if ((lane & 15) == 0) reinterpret_cast<float*>(row + size_t(H) * 2)[j / 16] = scale;
+    }
+  }
+}
+
+// Expert ids of one numbering round (tokens [t0, t0 + nt)), kIdRegs per thread;
+// -1 where the id is not a valid expert.
+__device__ __forceinline__ void loadIdRound(const LLDispatchParams& p, int t0, int nt, long long (&ids)[kIdRegs]) {
+  const size_t first = size_t(t0) * p.num_topk;
+  const int n = nt * p.num_topk;
+#pragma unroll
+  for (int q = 0; q < kIdRegs; q++) {
+    const int i = q * kThreads + threadIdx.x;
+    ids[q] = i < n ? topkLoad(p.topk, p.idx64, first + i) : -1;
+  }
+}
+
+// For experts e = blockIdx.x + b * gridDim.x, numbers the (token, k) pairs
+// that chose e in (token, k) order — the receiver's slot order within a
+// source, as the host backend — and sends the count to e's rank. `first_ids`
+// holds the first round's ids (loaded before the caller's stores).
+__device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, const long long (&first_ids)[kIdRegs]) {
+  const LLView& v = p.v;
+  const int K = p.num_topk, T = p.num_tokens, E = v.num_experts, L = v.local_experts, G = gridDim.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ int s_ids[kIdStage];
+  __shared__ int s_run[kBlockExperts];
+  const int tok_per_round = kIdStage / K;
+  for (int first = blockIdx.x; first < E; first += G * kBlockExperts) {
+    const int nbe = min(kBlockExperts, (E - first + G - 1) / G);
+    __syncthreads();  // s_run / s_ids of the previous batch are no longer read
+    if (threadIdx.x < nbe) s_run[threadIdx.x] = 0;
+    for (int t0 = 0; t0 < T; t0 += tok_per_round) {
+      const int nt = min(tok_per_round, T - t0);
+      long long ids[kIdRegs];
+      if (first == int(blockIdx.x) && t0 == 0) {
+#pragma unroll
+        for (int q = 0; q < kIdRegs; q++) ids[q] = first_ids[q];
+      } else {
+        loadIdRound(p, t0, nt, ids);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int q = 0; q < kIdRegs; q++) {
+        const int i = q * kThreads + threadIdx.x;
+        if (i < nt * K) s_ids[i] = (ids[q] < 0 || ids[q] >= E) ? -1 : int(ids[q]);
+      }
+      __syncthreads();
+      for (int b = warp; b < nbe; b += kWarps) {
+        const int e = first + b * G, r = e / L;
+        int run = s_run[b];
+        for (int c = 0; c < nt; c += 32) {
+          const int tl = c + lane;
+          int n = 0;
+          if (tl < nt)
+            for (int k = 0; k < K; k++) n += s_ids[tl * K + k] == e;
+          int incl = n;
+#pragma unroll
+          for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += y;
+          }
+          if (n) {
+            int number = run + incl - n;
+            int32_t* slots = llSlots(v, llRecord(v, r, set, v.rank, t0 + tl));
+            for (int k = 0; k < K; k++)
+              if (s_ids[tl * K + k] == e) slots[k] = number++;
+          }
+          run += __shfl_sync(0xffffffffu, incl, 31);
+        }
+        if (lane == 0) s_run[b] = run;
+      }
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < nbe; b += kThreads) {
+      const int e = first + b * G;
+      llCounts(v, e / L, set)[v.rank * L + e % L] = s_run[b];
+    }
+  }
+}
 
 // The send half; `pair` was read from v.local->pairs at kernel start (it is
 // bumped by the last block to finish this phase, after every block read it).
@@ -40,214 +250,211 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
   const LLView& v = p.v;
   const int set = int(pair & 1u);
   const uint32_t tag = pair + 1;
-  const int R = v.nranks, me = v.rank, K = p.num_topk, H = v.hidden;
-  if (pair >= 2 && threadIdx.x < R)  // pair - 2 used this set: every peer must have released it
-    llWait(v, &llCtrl(v, me)->dfree[set][threadIdx.x], tag - 2, true, kLLWhatFree, threadIdx.x);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    p.hd->pair = pair;
-    p.hd->num_tokens = p.num_tokens;
-  }
-  __shared__ unsigned s_mask;
-  const int lane = threadIdx.x & 31;
-  for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
-    __syncthreads();  // s_mask of the previous token is no longer read
-    if (threadIdx.x < 32) {  // warp 0: destinations and the record headers
-      int id = -1;
-      float w = 0.0f;
-      if (lane < K) {
-        long long e = topkLoad(p.topk, p.idx64, size_t(t) * K + lane);
-        if (e < -1 || e >= v.num_experts) {
-          llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
-          e = -1;
-        }
-        id = int(e);
-        w = p.weights ? p.weights[size_t(t) * K + lane] : 1.0f;
-      }
-      const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
-      if (lane == 0) {
-        p.hd->mask[t] = uint8_t(mask);
-        s_mask = mask;
-      }
-      for (unsigned bits = mask; bits; bits &= bits - 1) {
-        char* rec = llRecord(v, __ffs(bits) - 1, set, me, t);
-        if (lane < K) {
-          reinterpret_cast<int32_t*>(rec + 16)[lane] = id;
-          reinterpret_cast<float*>(rec + 16 + 4 * v.max_topk)[lane] = w;
-        }
-        if (lane == 0) {
-          LLRecordHeader* h = reinterpret_cast<LLRecordHeader*>(rec);
-          h->token = t;
-          h->pad[0] = uint32_t(K);
-          h->tag = tag;  // read only after ddone, which the fences order after this
-        }
-      }
+  int lo, hi;
+  llBlockRange(p.num_tokens, lo, hi);
+  // Loads first: the first token group and the first numbering round.
+  TokenLoads tl;
+  loadTokens(p, lo, min(kTokGroup, hi - lo), tl);
+  long long first_ids[kIdRegs];
+  loadIdRound(p, 0, min(kIdStage / p.num_topk, p.num_tokens), first_ids);
+  // Pair - 2 used this set: every peer must have finished its combine send of it.
+  if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
+  if (blockIdx.x == 0) {
+    if (threadIdx.x < v.nranks) llCtrl(v, threadIdx.x)->ntok[set][v.rank] = uint32_t(p.num_tokens);
+    if (threadIdx.x == 0) {
+      p.hd->pair = pair;
+      p.hd->num_tokens = p.num_tokens;
     }
+  }
+  __shared__ unsigned s_mask[kTokGroup];
+  for (int t0 = lo; t0 < hi; t0 += kTokGroup) {
+    const int n = min(kTokGroup, hi - t0);
+    __syncthreads();  // the wait above; s_mask of the previous group is no longer read
+    if (t0 != lo) loadTokens(p, t0, n, tl);
+    writeHeaders(p, set, tag, t0, n, tl, s_mask);
     __syncthreads();
-    const unsigned mask = s_mask;
-    if (mask == 0) continue;
-    const uint16_t* xr = p.x + size_t(t) * H;
-    // All loads of a group first, then the stores: kChunks round trips in flight.
-    for (int base = 0; base < H; base += kSendThreads * 8 * kChunks) {
-      int4 raw[kChunks];
-#pragma unroll
-      for (int u = 0; u < kChunks; u++) {
-        const int j = base + (u * kSendThreads + threadIdx.x) * 8;
-        if (j < H) raw[u] = ldNc(reinterpret_cast<const int4*>(xr + j));
-      }
-#pragma unroll
-      for (int u = 0; u < kChunks; u++) {
-        const int j = base + (u * kSendThreads + threadIdx.x) * 8;
-        if (!p.fp8) {
-          if (j < H)
-            for (unsigned bits = mask; bits; bits &= bits - 1)
-              *reinterpret_cast<int4*>(llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes + size_t(j) * 2) = raw[u];
-          continue;
-        }
-        // FP8: each half-warp owns one block of 128 values (the shuffles need every lane).
-        const bool active = j < H;
-        float f[8];
-        float amax = 0.0f;
-        if (active) {
-          const uint32_t words[4] = {uint32_t(raw[u].x), uint32_t(raw[u].y), uint32_t(raw[u].z), uint32_t(raw[u].w)};
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            f[2 * i] = bf16ToFloat(words[i] & 0xffffu);
-            f[2 * i + 1] = bf16ToFloat(words[i] >> 16);
-          }
-#pragma unroll
-          for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
-        }
-#pragma unroll
-        for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        float scale = fmaxf(amax, 1e-4f) / 448.0f;
-        if (p.pow2) scale = roundScalePow2(scale);
-        const float inv = 1.0f / scale;
-        if (!active) continue;
-        const uint2 q = make_uint2(packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv),
-                                   packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv));
-        for (unsigned bits = mask; bits; bits &= bits - 1) {
-          char* row = llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes;
-          *reinterpret_cast<uint2*>(row + j) = q;
-          if ((lane & 15) == 0) reinterpret_cast<float*>(row + size_t(H) * 2)[j / 128] = scale;
-        }
-      }
+    storeRowPieces(p, set, t0, n, 0, tl.raw, s_mask);
+    for (int base = kThreads * kInFlight; base < n * piecesPerToken(p); base += kThreads * kInFlight) {
+      int4 raw[kInFlight];
+      loadRowPieces(p, t0, n, base, raw);
+      storeRowPieces(p, set, t0, n, base, raw, s_mask);
     }
   }
-  if (llLastBlock(v, 0)) {
-    if (threadIdx.x < R) stReleaseSys(&llCtrl(v, threadIdx.x)->ddone[set][me], tagged(tag, uint32_t(p.num_tokens)));
-    if (threadIdx.x == 0) v.local->pairs = pair + 1;
+  numberPairs(p, set, first_ids);
+  llSignal(v, kLLDispatchSent, set);
+  if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
+}
+
+// ---- receive ----
+
+// The first loads of a record group: header fields (warp per record) and the
+// first kInFlight pieces per thread of the rows (whether or not the record
+// came this pair: the memory is there either way).
+struct RecordLoads {
+  uint32_t tag[kHdrPerWarp];
+  int k[kHdrPerWarp], id[kHdrPerWarp], number[kHdrPerWarp];
+  int4 raw[kInFlight];
+};
+
+__device__ __forceinline__ char* recordAt(const LLView& v, int set, const int* src_base, int c) {
+  const int s = llSourceOf(src_base, c);
+  return llRecord(v, v.rank, set, s, c - src_base[s]);
+}
+
+__device__ __forceinline__ void loadRecordRows(const LLDispatchParams& p, int set, const int* src_base, int c0, int n,
+                                               int base, int4 (&raw)[kInFlight]) {
+  const int pieces = (p.fp8 ? p.v.hidden : p.v.hidden * 2) / 16, total = n * pieces;
+#pragma unroll
+  for (int u = 0; u < kInFlight; u++) {
+    const int unit = base + u * kThreads + threadIdx.x;
+    const int i = unit / pieces, j = unit - i * pieces;
+    if (unit < total)
+      raw[u] = ldStaged(reinterpret_cast<const int4*>(recordAt(p.v, set, src_base, c0 + i) + p.v.hdr_bytes) + j);
   }
 }
 
-constexpr int kRecvThreads = kSendThreads;  // the fused kernel runs both phases in one block
+__device__ __forceinline__ void loadRecords(const LLDispatchParams& p, int set, const int* src_base, int c0, int n,
+                                            RecordLoads& rl) {
+  const LLView& v = p.v;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < kHdrPerWarp; m++) {
+    const int i = warp + m * kWarps;
+    rl.tag[m] = 0;
+    if (i < n) {
+      char* rec = recordAt(v, set, src_base, c0 + i);
+      const LLRecordHeader* h = reinterpret_cast<const LLRecordHeader*>(rec);
+      rl.tag[m] = h->tag;
+      rl.k[m] = int(h->pad[0]);
+      if (lane < v.max_topk) {
+        rl.id[m] = llIds(v, rec)[lane];
+        rl.number[m] = llSlots(v, rec)[lane];
+      }
+    }
+  }
+  loadRecordRows(p, set, src_base, c0, n, 0, rl.raw);
+}
+
+// s_base[s * L + e] = rows of local expert e from sources before s (when
+// R * L <= kStagedBases); recv_count of the experts this block owns.
+__device__ __forceinline__ void stageBases(const LLDispatchParams& p, int set, int* s_base) {
+  const LLView& v = p.v;
+  const int R = v.nranks, L = v.local_experts;
+  const int32_t* counts = llCounts(v, v.rank, set);
+  const bool staged = R * L <= kStagedBases;
+  for (int e = threadIdx.x; e < L; e += kThreads) {
+    if (!staged && e % gridDim.x != blockIdx.x) continue;
+    int c[kMaxRanks];
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; s++) c[s] = s < R ? counts[s * L + e] : 0;
+    int run = 0;
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; s++) {
+      if (s < R && staged) s_base[s * L + e] = run;
+      run += c[s];
+    }
+    if (e % gridDim.x == blockIdx.x) p.recv_count[e] = run;
+  }
+}
 
 // The receive half of pair `pair`.
 __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uint32_t pair) {
   const LLView& v = p.v;
-  const int R = v.nranks, me = v.rank, M = v.max_tokens, H = v.hidden;
+  const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts;
   const int set = int(pair & 1u);
   const uint32_t tag = pair + 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ int src_base[kMaxRanks + 1];
-  __shared__ int warp_count[kRecvThreads / 32];
-  __shared__ int match_c[kRecvThreads], match_slot[kRecvThreads];
-  if (threadIdx.x < R) {
-    long long n = llWait(v, &llCtrl(v, me)->ddone[set][threadIdx.x], tag, false, kLLWhatDispatch, threadIdx.x);
-    src_base[threadIdx.x + 1] = n < 0 ? 0 : int(n);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    src_base[0] = 0;
-    for (int s = 0; s < R; s++) src_base[s + 1] += src_base[s];
-  }
-  __syncthreads();
-  const int total = src_base[R];
-  const size_t cap = size_t(R) * M;
+  __shared__ int s_base[kStagedBases];
+  llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
+  llPrefix(src_base, R, threadIdx.x < R ? int(llCtrl(v, v.rank)->ntok[set][threadIdx.x]) : 0);
+  if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
+  const bool staged = R * L <= kStagedBases;
+  const int32_t* counts = llCounts(v, v.rank, set);
+  const int cap = R * M;
   const int nb = (H + 127) / 128;
   const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = kRecvThreads / 32;
-
-  for (int e = blockIdx.x; e < v.local_experts; e += gridDim.x) {
-    const int eg = v.first_expert + e;
-    int count = 0;  // slots given so far, the same in every thread
-    for (int c0 = 0; c0 < total; c0 += kRecvThreads) {
-      const int c = c0 + threadIdx.x;
-      int k_match = -1, s = 0, t = 0;
-      char* rec = nullptr;
-      if (c < total) {
-        while (c >= src_base[s + 1]) s++;
-        t = c - src_base[s];
-        rec = llRecord(v, me, set, s, t);
-        const LLRecordHeader* h = reinterpret_cast<const LLRecordHeader*>(rec);
-        if (h->tag == tag) {
-          const int K = int(h->pad[0]);
-          const int32_t* ids = reinterpret_cast<const int32_t*>(rec + 16);
-          for (int k = 0; k < K; k++)
-            if (ids[k] == eg) {
-              k_match = k;
-              break;
-            }
-        }
-      }
-      const unsigned ballot = __ballot_sync(0xffffffffu, k_match >= 0);
-      if (lane == 0) warp_count[warp] = __popc(ballot);
-      __syncthreads();
-      int before = 0, chunk_total = 0;
-      for (int w = 0; w < nwarps; w++) {
-        before += w < warp ? warp_count[w] : 0;
-        chunk_total += warp_count[w];
-      }
-      if (k_match >= 0) {
-        const int idx = before + __popc(ballot & ((1u << lane) - 1u));
-        const int slot = count + idx;
-        reinterpret_cast<int32_t*>(rec + 16 + 8 * v.max_topk)[k_match] = slot;  // for combine
-        if (p.recv_src) p.recv_src[size_t(e) * cap + slot] = s * M + t;
-        match_c[idx] = c;
-        match_slot[idx] = slot;
-      }
-      __syncthreads();
-      for (int i = warp; i < chunk_total; i += nwarps) {  // one warp per row
-        const int cc = match_c[i], slot = match_slot[i];
-        int ss = 0;
-        while (cc >= src_base[ss + 1]) ss++;
-        const char* src_rec = llRecord(v, me, set, ss, cc - src_base[ss]);
-        const int4* from = reinterpret_cast<const int4*>(src_rec + v.hdr_bytes);
-        int4* to = reinterpret_cast<int4*>(p.recv_x + (size_t(e) * cap + slot) * row_bytes);
-        const int n16 = int(row_bytes / 16);
-        for (int q0 = 0; q0 < n16; q0 += 32 * 8) {  // 8 loads in flight per lane
-          int4 buf[8];
+  const int pieces = int(row_bytes / 16);
+  __shared__ int s_n[kRecGroup];
+  __shared__ int s_dst[kRecGroup][32];  // local expert * cap + slot
+  int lo, hi;
+  llBlockRange(src_base[R], lo, hi);
+  RecordLoads rl;
+  loadRecords(p, set, src_base, lo, min(kRecGroup, hi - lo), rl);
+  stageBases(p, set, s_base);
+  for (int c0 = lo; c0 < hi; c0 += kRecGroup) {
+    const int n = min(kRecGroup, hi - c0);
+    __syncthreads();  // s_base; the previous group's descriptions are no longer read
+    if (c0 != lo) loadRecords(p, set, src_base, c0, n, rl);
 #pragma unroll
-          for (int u = 0; u < 8; u++)
-            if (q0 + u * 32 + lane < n16) buf[u] = ldStaged(from + q0 + u * 32 + lane);
-#pragma unroll
-          for (int u = 0; u < 8; u++)
-            if (q0 + u * 32 + lane < n16) to[q0 + u * 32 + lane] = buf[u];
-        }
-        if (p.fp8) {
-          const float* scales = reinterpret_cast<const float*>(src_rec + v.hdr_bytes + size_t(H) * 2);
-          for (int b = lane; b < nb; b += 32) p.recv_scales[(size_t(e) * nb + b) * cap + slot] = scales[b];
+    for (int m = 0; m < kHdrPerWarp; m++) {  // warp per record: its local experts and slots
+      const int i = warp + m * kWarps;
+      if (i >= n) break;
+      const int c = c0 + i, s = llSourceOf(src_base, c), t = c - src_base[s];
+      int le = -1, slot = 0;
+      if (rl.tag[m] == tag && lane < rl.k[m]) {
+        le = rl.id[m] - v.first_expert;
+        if (le >= 0 && le < L) {
+          slot = rl.number[m];
+          if (staged) {
+            slot += s_base[s * L + le];
+          } else {
+            for (int q = 0; q < s; q++) slot += counts[q * L + le];
+          }
+          llSlots(v, llRecord(v, v.rank, set, s, t))[lane] = slot;  // absolute, for combine
+          if (p.recv_src) p.recv_src[size_t(le) * cap + slot] = s * M + t;
+        } else {
+          le = -1;
         }
       }
-      count += chunk_total;
-      __syncthreads();
+      const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
+      if (le >= 0) s_dst[i][__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
+      if (lane == 0) s_n[i] = __popc(local);
     }
-    if (threadIdx.x == 0) p.recv_count[e] = count;
+    __syncthreads();
+    const int total = n * pieces;
+    for (int base = 0; base < total; base += kThreads * kInFlight) {
+      if (base != 0) loadRecordRows(p, set, src_base, c0, n, base, rl.raw);
+#pragma unroll
+      for (int u = 0; u < kInFlight; u++) {
+        const int unit = base + u * kThreads + threadIdx.x;
+        if (unit >= total) continue;
+        const int i = unit / pieces, j = unit - i * pieces;
+        for (int d = 0; d < s_n[i]; d++)
+          reinterpret_cast<int4*>(p.recv_x + size_t(s_dst[i][d]) * row_bytes)[j] = rl.raw[u];
+      }
+    }
+    if (p.fp8) {
+      for (int unit = threadIdx.x; unit < n * nb; unit += kThreads) {
+        const int i = unit / nb, b = unit - i * nb;
+        if (s_n[i] == 0) continue;
+        const float scale =
+            reinterpret_cast<const float*>(recordAt(v, set, src_base, c0 + i) + v.hdr_bytes + size_t(H) * 2)[b];
+        for (int d = 0; d < s_n[i]; d++) {
+          const int le = s_dst[i][d] / cap, slot = s_dst[i][d] - le * cap;
+          p.recv_scales[(size_t(le) * nb + b) * cap + slot] = scale;
+        }
+      }
+    }
   }
 }
 
-
-__global__ void __launch_bounds__(kSendThreads) llDispatchSendKernel(LLDispatchParams p) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(LLDispatchParams p) {
+  llEnter(p.v);
   dispatchSendPhase(p, p.v.local->pairs);
 }
 
-__global__ void __launch_bounds__(kRecvThreads) llDispatchRecvKernel(LLDispatchParams p) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(LLDispatchParams p) {
+  llEnter(p.v);
   dispatchRecvPhase(p, p.hd->pair);
 }
 
 // Both halves in one launch (a call that is not split): every block sends its
-// tokens, then receives. The grid is at most one block per SM so that all
+// share, then receives. The grid is at most one block per SM so that all
 // blocks are resident: blocks waiting in the receive half never keep a
 // sending block from running.
-__global__ void __launch_bounds__(kSendThreads) llDispatchKernel(LLDispatchParams p) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LLDispatchParams p) {
+  llEnter(p.v);
   const uint32_t pair = p.v.local->pairs;
   dispatchSendPhase(p, pair);
   dispatchRecvPhase(p, pair);
@@ -256,22 +463,15 @@ __global__ void __launch_bounds__(kSendThreads) llDispatchKernel(LLDispatchParam
 }  // namespace
 
 int launchLLDispatchSend(const LLDispatchParams& p, int sms, void* stream) {
-  int blocks = p.num_tokens < 4 * sms ? p.num_tokens : 4 * sms;
-  llDispatchSendKernel<<<blocks < 1 ? 1 : blocks, kSendThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  return int(cudaGetLastError());
+  return llLaunch(llDispatchSendKernel, p, kThreads, sms, stream);
 }
 
 int launchLLDispatch(const LLDispatchParams& p, int sms, void* stream) {
-  int blocks = p.num_tokens > p.v.local_experts ? p.num_tokens : p.v.local_experts;
-  blocks = blocks < 1 ? 1 : (blocks > sms ? sms : blocks);
-  llDispatchKernel<<<blocks, kSendThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  return int(cudaGetLastError());
+  return llLaunch(llDispatchKernel, p, kThreads, sms, stream);
 }
 
 int launchLLDispatchRecv(const LLDispatchParams& p, int sms, void* stream) {
-  int blocks = p.v.local_experts < sms ? p.v.local_experts : sms;
-  llDispatchRecvKernel<<<blocks < 1 ? 1 : blocks, kRecvThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  return int(cudaGetLastError());
+  return llLaunch(llDispatchRecvKernel, p, kThreads, sms, stream);
 }
 
 }  // namespace cuda

@@ -1,10 +1,12 @@
 #include "ll_engine.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "../bootstrap.h"
 #include "../checks.h"
 #include "../ll_layout.h"
+#include "../params.h"
 
 #define LLCUDACHECK(call)                                                                          \
   do {                                                                                             \
@@ -43,7 +45,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   const Config& c = comm_->cfg;
   const int R = comm_->nranks, me = comm_->rank;
   ipc_ = ipc;
-  bytes_ = llBufferBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
+  bytes_ = llBufferBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
   if (c.buffer_bytes_cap > 0 && bytes_ > c.buffer_bytes_cap)
     return setError(comm_, epInvalidArgument,
                     "config.buffer_bytes_cap = %zu is too small for the low-latency buffers (%zu bytes)",
@@ -76,12 +78,21 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.local_experts = comm_->num_local_experts;
   view_.first_expert = comm_->first_expert;
   view_.num_experts = c.num_experts;
-  view_.set_bytes = llSetBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
+  view_.set_bytes = llSetBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
   view_.rec_bytes = llDispatchRecordBytes(c.hidden, c.max_topk);
   view_.hdr_bytes = llRecordHeaderBytes(c.max_topk);
   view_.crow_bytes = llCombineRowBytes(c.hidden);
-  view_.comb_off = llAlign(size_t(R) * c.max_tokens_per_rank * view_.rec_bytes, 4096);
+  view_.comb_off = llCombineOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
+  view_.cnt_off = llCountsOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.timeout_ns = (unsigned long long)c.timeout_ms * 1000000ull;
+  view_.pdl = param::CUDA_LL_PDL() != 0;
+
+  // One grid size on every rank: a receiver counts the sender's blocks. At most
+  // one block per SM of the smallest GPU, so a fused kernel's blocks are all resident.
+  std::vector<int> sms(R, 0);
+  sms[me] = sms_;
+  EPCHECK(bootstrapAllGather(comm_->bootstrap, sms.data(), sizeof(int)));
+  for (int s : sms) sms_ = std::min(sms_, s);
 
   void* mem = nullptr;
   LLCUDACHECK(cudaMalloc(&mem, sizeof(LLLocal)));

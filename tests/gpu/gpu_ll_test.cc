@@ -293,6 +293,7 @@ void bench(int R, int tokens, bool split) {
   randomInputs(s, R, 99, in);
   const int layers = 100;
   std::vector<std::vector<float>> t_disp(R), t_comb(R), t_send(R), t_recv(R);
+  std::vector<float> t_layer(R);
   runRanks(R, [&](int r) {
     CK(cudaSetDevice(r));
     g[r].comm = comms[r];
@@ -318,28 +319,54 @@ void bench(int R, int tokens, bool split) {
       epHandleDestroy(h);
       h = nullptr;
     }
-    cudaGraph_t graph_def;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(g[r].stream, cudaStreamCaptureModeThreadLocal));
-    for (int l = 0; l < layers; l++) {
-      epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-      a.flags = split ? EP_LL_SEND_ONLY : 0u;
-      a.x = g[r].x; a.topk_idx = g[r].topk; a.topk_weights = g[r].w;
-      a.num_tokens = tokens; a.num_topk = 8; a.wire_type = epFloat8E4M3;
-      a.recv_x = g[r].recv_x; a.recv_scales = g[r].recv_scales; a.recv_count = g[r].recv_count; a.recv_src = g[r].recv_src;
-      CK(cudaEventRecordWithFlags(ev[4 * l], g[r].stream, cudaEventRecordExternal));
-      EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
-      CK(cudaEventRecordWithFlags(ev[4 * l + 1], g[r].stream, cudaEventRecordExternal));
-      if (split) EK(comms[r], epLowLatencyComplete(comms[r], hs[l], g[r].stream));
-      CK(cudaEventRecordWithFlags(ev[4 * l + 2], g[r].stream, cudaEventRecordExternal));
-      epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-      c.y = g[r].y; c.out = g[r].out;
-      EK(comms[r], epLowLatencyCombine(comms[r], &c, hs[l], g[r].stream));
-      CK(cudaEventRecordWithFlags(ev[4 * l + 3], g[r].stream, cudaEventRecordExternal));
+    // Two graphs of `layers` layers: one with an event around every call (per-call
+    // latency, event nodes included), one without (replay time / layers).
+    auto capture = [&](bool events) {
+      cudaGraph_t graph_def;
+      cudaGraphExec_t exec;
+      auto mark = [&](int i) {
+        if (events) CK(cudaEventRecordWithFlags(ev[i], g[r].stream, cudaEventRecordExternal));
+      };
+      CK(cudaStreamBeginCapture(g[r].stream, cudaStreamCaptureModeThreadLocal));
+      for (int l = 0; l < layers; l++) {
+        epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+        a.flags = split ? EP_LL_SEND_ONLY : 0u;
+        a.x = g[r].x; a.topk_idx = g[r].topk; a.topk_weights = g[r].w;
+        a.num_tokens = tokens; a.num_topk = 8; a.wire_type = epFloat8E4M3;
+        a.recv_x = g[r].recv_x; a.recv_scales = g[r].recv_scales; a.recv_count = g[r].recv_count; a.recv_src = g[r].recv_src;
+        mark(4 * l);
+        EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
+        mark(4 * l + 1);
+        if (split) EK(comms[r], epLowLatencyComplete(comms[r], hs[l], g[r].stream));
+        mark(4 * l + 2);
+        epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+        c.y = g[r].y; c.out = g[r].out;
+        EK(comms[r], epLowLatencyCombine(comms[r], &c, hs[l], g[r].stream));
+        mark(4 * l + 3);
+      }
+      mark(4 * layers);
+      CK(cudaStreamEndCapture(g[r].stream, &graph_def));
+      CK(cudaGraphInstantiate(&exec, graph_def, 0));
+      CK(cudaGraphDestroy(graph_def));
+      return exec;
+    };
+    cudaGraphExec_t plain = capture(false);
+    cudaEvent_t t0, t1;
+    CK(cudaEventCreate(&t0));
+    CK(cudaEventCreate(&t1));
+    for (int rep = 0; rep < 4; rep++) {  // the first replays warm up; the last is timed
+      CK(cudaEventRecord(t0, g[r].stream));
+      CK(cudaGraphLaunch(plain, g[r].stream));
+      CK(cudaEventRecord(t1, g[r].stream));
+      CK(cudaStreamSynchronize(g[r].stream));
     }
-    CK(cudaEventRecordWithFlags(ev[4 * layers], g[r].stream, cudaEventRecordExternal));
-    CK(cudaStreamEndCapture(g[r].stream, &graph_def));
-    CK(cudaGraphInstantiate(&exec, graph_def, 0));
+    float graph_ms = 0;
+    CK(cudaEventElapsedTime(&graph_ms, t0, t1));
+    t_layer[r] = graph_ms * 1000 / layers;
+    CK(cudaGraphExecDestroy(plain));
+    for (auto h : hs) epHandleDestroy(h);
+    for (auto& h : hs) h = nullptr;
+    cudaGraphExec_t exec = capture(true);
     for (int rep = 0; rep < 3; rep++) {  // the first replays warm up
       CK(cudaGraphLaunch(exec, g[r].stream));
       CK(cudaStreamSynchronize(g[r].stream));
@@ -358,7 +385,6 @@ void bench(int R, int tokens, bool split) {
       t_comb[r].push_back(ms * 1000);
     }
     CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(graph_def));
     for (auto h : hs) epHandleDestroy(h);
     freeRank(g[r]);
   });
@@ -372,7 +398,7 @@ void bench(int R, int tokens, bool split) {
            R, r, tokens, split ? " split" : "", d, percentile(t_disp[r], 0.99), disp_bytes / d / 1e3, c,
            percentile(t_comb[r], 0.99), comb_bytes / c / 1e3);
     if (split) printf(" | send half %.1f us, receive half %.1f us", percentile(t_send[r], 0.5), percentile(t_recv[r], 0.5));
-    printf("\n");
+    printf(" | graph without events: %.1f us per layer (dispatch + combine)\n", t_layer[r]);
   }
 }
 
