@@ -207,17 +207,28 @@ __device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p) {
 
 __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombineParams p) {
   llEnter(p.v);
+  const uint32_t pair = p.hd->pair;
+  llTimeStart(p.v, pair, kLLKindCombine);
   combineSendPhase(p);
+  llTimeEnd(p.v, pair, kLLKindCombine);
 }
+
 __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombineParams p) {
   llEnter(p.v);
+  const uint32_t pair = p.hd->pair;
+  llTimeStart(p.v, pair, kLLKindCombineRecv);
   combineRecvPhase(p);
+  llTimeEnd(p.v, pair, kLLKindCombineRecv);
 }
+
 // Both halves in one launch; at most one block per SM (see llDispatchKernel).
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p) {
   llEnter(p.v);
+  const uint32_t pair = p.hd->pair;
+  llTimeStart(p.v, pair, kLLKindCombine);
   combineSendPhase(p);
   combineRecvPhase(p);
+  llTimeEnd(p.v, pair, kLLKindCombine);
 }
 
 }  // namespace

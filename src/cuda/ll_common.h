@@ -66,6 +66,16 @@ struct LLLocal {
   int timed_out;
 };
 
+// Kernel times (EP_CUDA_LL_TIMING): per pair slot and kernel kind, the
+// earliest block start and the latest block end (globaltimer, ns).
+enum LLKernelKind { kLLKindDispatch = 0, kLLKindDispatchRecv = 1, kLLKindCombine = 2, kLLKindCombineRecv = 3 };
+constexpr int kLLKinds = 4;
+constexpr int kLLTimingSlots = 256;
+struct LLTiming {
+  unsigned long long start[kLLTimingSlots][kLLKinds];
+  unsigned long long end[kLLTimingSlots][kLLKinds];
+};
+
 // Device state of one LL handle.
 struct LLHandleDev {
   uint32_t pair;
@@ -87,6 +97,7 @@ struct LLView {
   ErrorInfo* err;
   unsigned long long timeout_ns;
   int pdl;                 // launched with programmatic dependent launch: wait for the previous grid first
+  LLTiming* timing;        // null unless EP_CUDA_LL_TIMING
 };
 
 // Offsets inside a record header.

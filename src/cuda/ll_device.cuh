@@ -130,6 +130,17 @@ __device__ __forceinline__ void llEnter(const LLView& v) {
   if (v.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
+// Kernel timing (v.timing set): the earliest start and latest end over the blocks.
+__device__ __forceinline__ void llTimeStart(const LLView& v, uint32_t pair, LLKernelKind kind) {
+  if (v.timing != nullptr && threadIdx.x == 0)
+    atomicMin(&v.timing->start[pair % kLLTimingSlots][kind], globalTimer());
+}
+__device__ __forceinline__ void llTimeEnd(const LLView& v, uint32_t pair, LLKernelKind kind) {
+  if (v.timing == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMax(&v.timing->end[pair % kLLTimingSlots][kind], globalTimer());
+}
+
 // Launches an LL kernel with llGrid(sms) blocks, with programmatic dependent
 // launch when v.pdl is set.
 template <typename Params>

@@ -6,6 +6,7 @@
 #include "../bootstrap.h"
 #include "../checks.h"
 #include "../ll_layout.h"
+#include "../debug.h"
 #include "../params.h"
 
 #define LLCUDACHECK(call)                                                                          \
@@ -27,9 +28,34 @@ struct LLEngine::HandleState {
   LLCombineParams combine{};
 };
 
+// EP_CUDA_LL_TIMING: the median and mean kernel time of each kernel kind over
+// the last kLLTimingSlots pairs, in the log.
+void LLEngine::logTimes() {
+  LLTiming t;
+  if (cudaMemcpy(&t, timing_, sizeof(t), cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  const char* names[kLLKinds] = {"dispatch (fused or send half)", "dispatch receive half", "combine (fused or send half)",
+                                 "combine receive half"};
+  for (int k = 0; k < kLLKinds; k++) {
+    std::vector<double> us;
+    for (int i = 0; i < kLLTimingSlots; i++)
+      if (t.end[i][k] > t.start[i][k] && t.start[i][k] != ~0ull) us.push_back(double(t.end[i][k] - t.start[i][k]) / 1000);
+    if (us.empty()) continue;
+    std::sort(us.begin(), us.end());
+    double sum = 0;
+    for (double x : us) sum += x;
+    EP_INFO(kSubsysCuda, "rank %d low-latency kernel time, %s: median %.2f us, mean %.2f us, p99 %.2f us over %zu calls",
+            comm_->rank, names[k], us[us.size() / 2], sum / us.size(), us[std::min(us.size() - 1, us.size() * 99 / 100)],
+            us.size());
+  }
+}
+
 LLEngine::~LLEngine() {
   cudaSetDevice(dev_);
   cudaDeviceSynchronize();
+  if (timing_) {
+    logTimes();
+    cudaFree(timing_);
+  }
   if (ipc_ != nullptr) {
     for (void* c : conns_)
       if (c) ipc_->table->close(ipc_->ctx, c);
@@ -86,6 +112,14 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.cnt_off = llCountsOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.timeout_ns = (unsigned long long)c.timeout_ms * 1000000ull;
   view_.pdl = param::CUDA_LL_PDL() != 0;
+  if (param::CUDA_LL_TIMING() != 0) {
+    void* tp = nullptr;
+    LLCUDACHECK(cudaMalloc(&tp, sizeof(LLTiming)));
+    LLCUDACHECK(cudaMemset(tp, 0xff, offsetof(LLTiming, end)));
+    LLCUDACHECK(cudaMemset(static_cast<char*>(tp) + offsetof(LLTiming, end), 0, sizeof(LLTiming) - offsetof(LLTiming, end)));
+    timing_ = static_cast<LLTiming*>(tp);
+    view_.timing = timing_;
+  }
 
   // One grid size on every rank: a receiver counts the sender's blocks. At most
   // one block per SM of the smallest GPU, so a fused kernel's blocks are all resident.

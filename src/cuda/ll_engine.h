@@ -34,6 +34,7 @@ class LLEngine {
  private:
   struct HandleState;
   epResult_t checkErrors(const char* fn);
+  void logTimes();
   epResult_t acquireSlot(LLHandleDev** out);
 
   epComm* comm_;
@@ -49,6 +50,7 @@ class LLEngine {
   std::mutex slots_mu_;
   std::vector<LLHandleDev*> free_slots_, all_slots_;
   size_t slot_bytes_ = 0;
+  LLTiming* timing_ = nullptr;  // EP_CUDA_LL_TIMING
 };
 
 }  // namespace cuda
