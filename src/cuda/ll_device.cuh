@@ -131,9 +131,18 @@ __device__ __forceinline__ void llEnter(const LLView& v) {
 }
 
 // Kernel timing (v.timing set): the earliest start and latest end over the blocks.
+// Slots are reused every kLLTimingSlots pairs: the dispatch of pair p clears
+// the slot of pair p + kLLTimingSlots / 2, long before that pair runs.
 __device__ __forceinline__ void llTimeStart(const LLView& v, uint32_t pair, LLKernelKind kind) {
-  if (v.timing != nullptr && threadIdx.x == 0)
-    atomicMin(&v.timing->start[pair % kLLTimingSlots][kind], globalTimer());
+  if (v.timing == nullptr || threadIdx.x != 0) return;
+  atomicMin(&v.timing->start[pair % kLLTimingSlots][kind], globalTimer());
+  if (kind == kLLKindDispatch && blockIdx.x == 0) {
+    const uint32_t ahead = (pair + kLLTimingSlots / 2) % kLLTimingSlots;
+    for (int k = 0; k < kLLKinds; k++) {
+      v.timing->start[ahead][k] = ~0ull;
+      v.timing->end[ahead][k] = 0;
+    }
+  }
 }
 __device__ __forceinline__ void llTimeEnd(const LLView& v, uint32_t pair, LLKernelKind kind) {
   if (v.timing == nullptr) return;
