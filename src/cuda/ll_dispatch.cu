@@ -290,18 +290,11 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
 // The first loads of a record group: header fields (warp per record) and the
 // first kInFlight pieces per thread of the rows (whether or not the record
 // came this pair: the memory is there either way).
-constexpr int kScaleRegs = 8;  // FP8 scales of a group loaded with the rows, per thread
-
 struct RecordLoads {
   uint32_t tag[kHdrPerWarp];
   int k[kHdrPerWarp], id[kHdrPerWarp], number[kHdrPerWarp];
   int4 raw[kInFlight];
-  float scale[kScaleRegs];
 };
-
-__device__ __forceinline__ const float* recordScales(const LLView& v, char* rec) {
-  return reinterpret_cast<const float*>(rec + v.hdr_bytes + size_t(v.hidden) * 2);
-}
 
 __device__ __forceinline__ char* recordAt(const LLView& v, int set, const int* src_base, int c) {
   const int s = llSourceOf(src_base, c);
@@ -340,14 +333,6 @@ __device__ __forceinline__ void loadRecords(const LLDispatchParams& p, int set, 
     }
   }
   loadRecordRows(p, set, src_base, c0, n, 0, rl.raw);
-  if (p.fp8) {
-    const int nb = (v.hidden + 127) / 128;
-#pragma unroll
-    for (int q = 0; q < kScaleRegs; q++) {
-      const int unit = q * kThreads + threadIdx.x;
-      if (unit < n * nb) rl.scale[q] = recordScales(v, recordAt(v, set, src_base, c0 + unit / nb))[unit % nb];
-    }
-  }
 }
 
 // s_base[s * L + e] = rows of local expert e from sources before s (when
@@ -440,20 +425,16 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
       }
     }
     if (p.fp8) {
-      auto put = [&](int unit, float scale) {
+      for (int unit = threadIdx.x; unit < n * nb; unit += kThreads) {
         const int i = unit / nb, b = unit - i * nb;
+        if (s_n[i] == 0) continue;
+        const float scale =
+            reinterpret_cast<const float*>(recordAt(v, set, src_base, c0 + i) + v.hdr_bytes + size_t(H) * 2)[b];
         for (int d = 0; d < s_n[i]; d++) {
           const int le = s_dst[i][d] / cap, slot = s_dst[i][d] - le * cap;
           p.recv_scales[(size_t(le) * nb + b) * cap + slot] = scale;
         }
-      };
-#pragma unroll
-      for (int q = 0; q < kScaleRegs; q++) {  // loaded with the rows
-        const int unit = q * kThreads + threadIdx.x;
-        if (unit < n * nb) put(unit, rl.scale[q]);
       }
-      for (int unit = kScaleRegs * kThreads + threadIdx.x; unit < n * nb; unit += kThreads)
-        put(unit, recordScales(v, recordAt(v, set, src_base, c0 + unit / nb))[unit % nb]);
     }
   }
 }
