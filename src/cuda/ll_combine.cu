@@ -25,15 +25,9 @@ constexpr int kHdrPerWarp = kRecGroup / kWarps;
 
 // Header fields of a record group (warp per record), loaded together.
 struct RecordLoads {
-  uint32_t tag[kHdrPerWarp];
-  int k[kHdrPerWarp], id[kHdrPerWarp], slot[kHdrPerWarp];
+  LLHeader h[kHdrPerWarp];  // slot field: the absolute slot the dispatch receive wrote
   float w[kHdrPerWarp];
 };
-
-__device__ __forceinline__ char* recordAt(const LLView& v, int set, const int* src_base, int c) {
-  const int s = llSourceOf(src_base, c);
-  return llRecord(v, v.rank, set, s, c - src_base[s]);
-}
 
 __device__ __forceinline__ void loadRecords(const LLView& v, int set, const int* src_base, int c0, int n,
                                             RecordLoads& rl) {
@@ -41,18 +35,8 @@ __device__ __forceinline__ void loadRecords(const LLView& v, int set, const int*
 #pragma unroll
   for (int m = 0; m < kHdrPerWarp; m++) {
     const int i = warp + m * kWarps;
-    rl.tag[m] = 0;
-    if (i < n) {
-      char* rec = recordAt(v, set, src_base, c0 + i);
-      const LLRecordHeader* h = reinterpret_cast<const LLRecordHeader*>(rec);
-      rl.tag[m] = h->tag;
-      rl.k[m] = int(h->pad[0]);
-      if (lane < v.max_topk) {
-        rl.id[m] = llIds(v, rec)[lane];
-        rl.slot[m] = llSlots(v, rec)[lane];
-        rl.w[m] = llWeights(v, rec)[lane];
-      }
-    }
+    rl.h[m].tag = 0;
+    if (i < n) llLoadHeader(v, llRecordAt(v, set, src_base, c0 + i), lane, rl.h[m], &rl.w[m]);
   }
 }
 
@@ -90,14 +74,14 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
       const int i = warp + m * kWarps;
       if (i >= n) break;
       int le = -1;
-      if (rl.tag[m] == tag && lane < rl.k[m]) {
-        le = rl.id[m] - v.first_expert;
+      if (rl.h[m].tag == tag && lane < rl.h[m].k) {
+        le = rl.h[m].id - v.first_expert;
         if (le >= L) le = -1;
       }
       const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
       if (le >= 0) {
         const int idx = __popc(local & ((1u << lane) - 1u));
-        s_row[i][idx] = int(le * cap) + rl.slot[m];
+        s_row[i][idx] = int(le * cap) + rl.h[m].slot;
         s_w[i][idx] = rl.w[m];
       }
       if (lane == 0) {

@@ -64,6 +64,29 @@ __device__ __forceinline__ int llSourceOf(const int* base, int c) {
   return s;
 }
 
+// Record c of this rank's landing in flat (source, token) order.
+__device__ __forceinline__ char* llRecordAt(const LLView& v, int set, const int* src_base, int c) {
+  const int s = llSourceOf(src_base, c);
+  return llRecord(v, v.rank, set, s, c - src_base[s]);
+}
+
+// What a warp reads of a record header: the tag and K (every lane), and the
+// expert id, slot field and (w not null) weight of k = lane.
+struct LLHeader {
+  uint32_t tag;
+  int k, id, slot;
+};
+__device__ __forceinline__ void llLoadHeader(const LLView& v, char* rec, int lane, LLHeader& h, float* w = nullptr) {
+  const LLRecordHeader* rh = reinterpret_cast<const LLRecordHeader*>(rec);
+  h.tag = rh->tag;
+  h.k = int(rh->pad[0]);
+  if (lane < v.max_topk) {
+    h.id = llIds(v, rec)[lane];
+    h.slot = llSlots(v, rec)[lane];
+    if (w != nullptr) *w = llWeights(v, rec)[lane];
+  }
+}
+
 __device__ __forceinline__ void llReport(const LLView& v, int code, int what, int peer, long long a, long long b) {
   if (code == 8) atomicExch(&v.local->timed_out, 1);
   if (atomicCAS(&v.local->err_claim, 0, 1) != 0) return;

@@ -291,15 +291,9 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
 // first kInFlight pieces per thread of the rows (whether or not the record
 // came this pair: the memory is there either way).
 struct RecordLoads {
-  uint32_t tag[kHdrPerWarp];
-  int k[kHdrPerWarp], id[kHdrPerWarp], number[kHdrPerWarp];
+  LLHeader h[kHdrPerWarp];  // slot field: the sender's number
   int4 raw[kInFlight];
 };
-
-__device__ __forceinline__ char* recordAt(const LLView& v, int set, const int* src_base, int c) {
-  const int s = llSourceOf(src_base, c);
-  return llRecord(v, v.rank, set, s, c - src_base[s]);
-}
 
 __device__ __forceinline__ void loadRecordRows(const LLDispatchParams& p, int set, const int* src_base, int c0, int n,
                                                int base, int4 (&raw)[kInFlight]) {
@@ -309,7 +303,7 @@ __device__ __forceinline__ void loadRecordRows(const LLDispatchParams& p, int se
     const int unit = base + u * kThreads + threadIdx.x;
     const int i = unit / pieces, j = unit - i * pieces;
     if (unit < total)
-      raw[u] = ldStaged(reinterpret_cast<const int4*>(recordAt(p.v, set, src_base, c0 + i) + p.v.hdr_bytes) + j);
+      raw[u] = ldStaged(reinterpret_cast<const int4*>(llRecordAt(p.v, set, src_base, c0 + i) + p.v.hdr_bytes) + j);
   }
 }
 
@@ -320,17 +314,8 @@ __device__ __forceinline__ void loadRecords(const LLDispatchParams& p, int set, 
 #pragma unroll
   for (int m = 0; m < kHdrPerWarp; m++) {
     const int i = warp + m * kWarps;
-    rl.tag[m] = 0;
-    if (i < n) {
-      char* rec = recordAt(v, set, src_base, c0 + i);
-      const LLRecordHeader* h = reinterpret_cast<const LLRecordHeader*>(rec);
-      rl.tag[m] = h->tag;
-      rl.k[m] = int(h->pad[0]);
-      if (lane < v.max_topk) {
-        rl.id[m] = llIds(v, rec)[lane];
-        rl.number[m] = llSlots(v, rec)[lane];
-      }
-    }
+    rl.h[m].tag = 0;
+    if (i < n) llLoadHeader(v, llRecordAt(v, set, src_base, c0 + i), lane, rl.h[m]);
   }
   loadRecordRows(p, set, src_base, c0, n, 0, rl.raw);
 }
@@ -392,10 +377,10 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
       if (i >= n) break;
       const int c = c0 + i, s = llSourceOf(src_base, c), t = c - src_base[s];
       int le = -1, slot = 0;
-      if (rl.tag[m] == tag && lane < rl.k[m]) {
-        le = rl.id[m] - v.first_expert;
+      if (rl.h[m].tag == tag && lane < rl.h[m].k) {
+        le = rl.h[m].id - v.first_expert;
         if (le >= 0 && le < L) {
-          slot = rl.number[m];
+          slot = rl.h[m].slot;
           if (staged) {
             slot += s_base[s * L + le];
           } else {
@@ -429,7 +414,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
         const int i = unit / nb, b = unit - i * nb;
         if (s_n[i] == 0) continue;
         const float scale =
-            reinterpret_cast<const float*>(recordAt(v, set, src_base, c0 + i) + v.hdr_bytes + size_t(H) * 2)[b];
+            reinterpret_cast<const float*>(llRecordAt(v, set, src_base, c0 + i) + v.hdr_bytes + size_t(H) * 2)[b];
         for (int d = 0; d < s_n[i]; d++) {
           const int le = s_dst[i][d] / cap, slot = s_dst[i][d] - le * cap;
           p.recv_scales[(size_t(le) * nb + b) * cap + slot] = scale;
