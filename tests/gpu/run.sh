@@ -64,6 +64,11 @@ if [ "${EP_GPU_BENCH:-1}" != 0 ]; then
   if [ "$LL" != 0 ]; then
     timeout 300 "$BUILD/tests/gpu_ll_test" --bench 2>&1 | tee "$LOGS/gpu_ll_bench.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    # Kernel time (the kernels time themselves; the communicator logs medians at destroy).
+    EP_CUDA_LL_TIMING=1 EP_DEBUG=INFO EP_DEBUG_SUBSYS=CUDA timeout 300 "$BUILD/tests/gpu_ll_test" --bench 2>&1 |
+      grep "kernel time" | tee "$LOGS/gpu_ll_kernel_time.log"
+    "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 tests/gpu/ll_floor.cu -o "$BUILD/tests/ll_floor" &&
+      timeout 120 "$BUILD/tests/ll_floor" 2>&1 | tee "$LOGS/ll_floor.log"
   fi
   NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
   [ -n "$NCCL_DIR" ] && [ -f "$NCCL_DIR/libnccl.so.2" ] && export EP_BENCH_NCCL_LIB="$NCCL_DIR/libnccl.so.2"
