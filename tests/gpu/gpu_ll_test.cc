@@ -14,37 +14,16 @@
 
 namespace {
 
-struct Shape {
-  int hidden, topk, experts, max_tokens;
-  std::vector<int> tokens;  // per rank
-  bool fp8, pow2, split;
-};
-
-struct RankData {
-  std::vector<uint16_t> x;
-  std::vector<int64_t> topk;
-  std::vector<float> w;
-  std::vector<uint16_t> y;  // [L, R*M, H]
-};
-
-struct Outputs {
-  std::vector<uint8_t> recv_x;
-  std::vector<float> recv_scales;
-  std::vector<int> recv_count, recv_src;
-  std::vector<uint16_t> out;
-};
-
-epConfig_t configFor(const Shape& s, epBackend_t backend) {
-  epConfig_t c = EP_CONFIG_INITIALIZER;
-  c.num_experts = s.experts;
-  c.hidden = s.hidden;
-  c.max_tokens_per_rank = s.max_tokens;
-  c.max_topk = s.topk;
-  c.backend = backend;
-  c.low_latency = 1;
-  c.timeout_ms = 20000;
-  return c;
-}
+// Shapes, inputs, one rank's host / GPU run and its comparison (gpu_common.h).
+using ll::compare;
+using ll::configFor;
+using ll::freeRank;
+using ll::GpuRank;
+using ll::Outputs;
+using ll::poison;
+using ll::RankData;
+using ll::Shape;
+using ll::upload;
 
 __global__ void busyKernel(float* p, int n) {  // "other work" between the halves
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = p[i] * 0.5f + 1.0f;
@@ -55,166 +34,22 @@ void runHost(const Shape& s, int R, std::vector<RankData>& in, std::vector<Outpu
   std::vector<epComm_t> comms(R);
   epConfig_t cfg = configFor(s, epBackendHost);
   EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
-  const int L = s.experts / R, H = s.hidden, nb = (H + 127) / 128;
-  const size_t cap = size_t(R) * s.max_tokens, row = s.fp8 ? H : 2 * H;
-  runRanks(R, [&](int r) {
-    Outputs& o = ref[r];
-    o.recv_x.assign(L * cap * row, 0);
-    o.recv_scales.assign(L * nb * cap, 0);
-    o.recv_count.assign(L, 0);
-    o.recv_src.assign(L * cap, -1);
-    o.out.assign(size_t(std::max(s.tokens[r], 1)) * H, 0);
-    epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-    a.flags = s.pow2 ? EP_LL_ROUND_SCALE_POW2 : 0;
-    a.x = in[r].x.data();
-    a.topk_idx = in[r].topk.data();
-    a.topk_weights = in[r].w.data();
-    a.num_tokens = s.tokens[r];
-    a.num_topk = s.topk;
-    a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
-    a.recv_x = o.recv_x.data();
-    a.recv_scales = o.recv_scales.data();
-    a.recv_count = o.recv_count.data();
-    a.recv_src = o.recv_src.data();
-    epHandle_t h = nullptr;
-    EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, nullptr));
-    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-    c.y = in[r].y.data();
-    c.out = o.out.data();
-    EK(comms[r], epLowLatencyCombine(comms[r], &c, h, nullptr));
-    epHandleDestroy(h);
-  });
+  runRanks(R, [&](int r) { ll::runHost(s, R, r, comms[r], in[r], &ref[r]); });
   for (auto c : comms) epCommDestroy(c);
 }
 
 void randomInputs(const Shape& s, int R, uint64_t seed, std::vector<RankData>& in) {
-  const int L = s.experts / R;
-  const size_t cap = size_t(R) * s.max_tokens;
-  for (int r = 0; r < R; r++) {
-    std::mt19937_64 g(seed * 131 + r);
-    RankData& d = in[r];
-    d.x.resize(size_t(std::max(s.tokens[r], 1)) * s.hidden);
-    fillRandomRow(g, epBfloat16, d.x.data(), d.x.size());
-    for (size_t i = 0; i < d.x.size(); i += 97) d.x[i] = toBf16Bits(float(int(g() % 2001) - 1000));  // outliers
-    randomTopk(g, s.tokens[r], s.topk, s.experts, 0.05, &d.topk);
-    d.w.resize(size_t(s.tokens[r]) * s.topk);
-    std::uniform_real_distribution<float> u(0, 1);
-    for (float& f : d.w) f = u(g);
-    d.y.resize(size_t(L) * cap * s.hidden);
-    fillRandomRow(g, epBfloat16, d.y.data(), d.y.size());
-  }
+  for (int r = 0; r < R; r++) ll::randomInputs(s, R, seed, r, &in[r]);
 }
-
-struct GpuRank {
-  epComm_t comm;
-  cudaStream_t stream;
-  uint16_t *x, *y, *out;
-  int64_t* topk;
-  float *w, *recv_scales, *scratch;
-  uint8_t* recv_x;
-  int *recv_count, *recv_src;
-};
 
 void allocRank(const Shape& s, int R, int r, GpuRank& g) {
-  const int L = s.experts / R, H = s.hidden, nb = (H + 127) / 128, M = s.max_tokens;
-  const size_t cap = size_t(R) * M;
   CK(cudaSetDevice(r));
-  CK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
-  CK(cudaMalloc(&g.x, size_t(M) * H * 2 + 16));
-  CK(cudaMalloc(&g.topk, size_t(M) * s.topk * 8 + 8));
-  CK(cudaMalloc(&g.w, size_t(M) * s.topk * 4 + 4));
-  CK(cudaMalloc(&g.y, size_t(L) * cap * H * 2));
-  CK(cudaMalloc(&g.out, size_t(M) * H * 2 + 16));
-  CK(cudaMalloc(&g.recv_x, size_t(L) * cap * H * 2));
-  CK(cudaMalloc(&g.recv_scales, size_t(L) * nb * cap * 4));
-  CK(cudaMalloc(&g.recv_count, L * 4));
-  CK(cudaMalloc(&g.recv_src, size_t(L) * cap * 4));
-  CK(cudaMalloc(&g.scratch, 64 << 20));
-}
-
-void freeRank(GpuRank& g) {
-  for (void* p : {(void*)g.x, (void*)g.topk, (void*)g.w, (void*)g.y, (void*)g.out, (void*)g.recv_x,
-                  (void*)g.recv_scales, (void*)g.recv_count, (void*)g.recv_src, (void*)g.scratch})
-    cudaFree(p);
-  cudaStreamDestroy(g.stream);
-}
-
-void upload(const Shape& s, int r, const RankData& d, GpuRank& g) {
-  CK(cudaMemcpyAsync(g.x, d.x.data(), d.x.size() * 2, cudaMemcpyHostToDevice, g.stream));
-  if (!d.topk.empty()) {
-    CK(cudaMemcpyAsync(g.topk, d.topk.data(), d.topk.size() * 8, cudaMemcpyHostToDevice, g.stream));
-    CK(cudaMemcpyAsync(g.w, d.w.data(), d.w.size() * 4, cudaMemcpyHostToDevice, g.stream));
-  }
-  CK(cudaMemcpyAsync(g.y, d.y.data(), d.y.size() * 2, cudaMemcpyHostToDevice, g.stream));
-  (void)s;
-  (void)r;
+  ll::allocRank(s, R, g, 64 << 20);  // busyKernel's 16 << 20 floats
 }
 
 // Enqueues one dispatch + combine (halves split by other work when asked).
 void enqueueLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h) {
-  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-  a.flags = (s.pow2 ? EP_LL_ROUND_SCALE_POW2 : 0u) | (s.split ? EP_LL_SEND_ONLY : 0u);
-  a.x = g.x;
-  a.topk_idx = g.topk;
-  a.topk_weights = g.w;
-  a.num_tokens = s.tokens[r];
-  a.num_topk = s.topk;
-  a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
-  a.recv_x = g.recv_x;
-  a.recv_scales = g.recv_scales;
-  a.recv_count = g.recv_count;
-  a.recv_src = g.recv_src;
-  EK(g.comm, epLowLatencyDispatch(g.comm, &a, h, g.stream));
-  if (s.split) {
-    busyKernel<<<64, 256, 0, g.stream>>>(g.scratch, 16 << 20);
-    EK(g.comm, epLowLatencyComplete(g.comm, *h, g.stream));
-  }
-  epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-  c.flags = s.split ? EP_LL_SEND_ONLY : 0u;
-  c.y = g.y;
-  c.out = g.out;
-  EK(g.comm, epLowLatencyCombine(g.comm, &c, *h, g.stream));
-  if (s.split) {
-    busyKernel<<<64, 256, 0, g.stream>>>(g.scratch, 16 << 20);
-    EK(g.comm, epLowLatencyComplete(g.comm, *h, g.stream));
-  }
-}
-
-// Compares rank r's device outputs with the host reference; returns mismatches.
-long long compare(const Shape& s, int R, int r, GpuRank& g, const Outputs& ref, const char* what) {
-  const int L = s.experts / R, H = s.hidden, nb = (H + 127) / 128, M = s.max_tokens;
-  const size_t cap = size_t(R) * M, row = s.fp8 ? H : 2 * H;
-  std::vector<int> count(L), src(L * cap);
-  std::vector<uint8_t> rx(L * cap * row);
-  std::vector<float> sc(L * nb * cap);
-  std::vector<uint16_t> out(size_t(std::max(s.tokens[r], 1)) * H);
-  CK(cudaStreamSynchronize(g.stream));
-  CK(cudaMemcpy(count.data(), g.recv_count, L * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(src.data(), g.recv_src, src.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy2D(rx.data(), row, g.recv_x, row, row, L * cap, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(sc.data(), g.recv_scales, sc.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(out.data(), g.out, size_t(s.tokens[r]) * H * 2, cudaMemcpyDeviceToHost));
-  long long bad = 0;
-  for (int e = 0; e < L; e++) {
-    if (count[e] != ref.recv_count[e]) {
-      if (bad++ < 3) fprintf(stderr, "  %s rank %d expert %d: count %d, host %d\n", what, r, e, count[e], ref.recv_count[e]);
-      continue;
-    }
-    for (int i = 0; i < count[e]; i++) {
-      const size_t k = size_t(e) * cap + i;
-      if (src[k] != ref.recv_src[k] || memcmp(&rx[k * row], &ref.recv_x[k * row], row) != 0) {
-        if (bad++ < 3) fprintf(stderr, "  %s rank %d expert %d row %d: src %d (host %d) or data differ\n", what, r, e, i, src[k], ref.recv_src[k]);
-      }
-      if (s.fp8)
-        for (int b = 0; b < nb; b++)
-          if (sc[(size_t(e) * nb + b) * cap + i] != ref.recv_scales[(size_t(e) * nb + b) * cap + i] && bad++ < 3)
-            fprintf(stderr, "  %s rank %d expert %d row %d block %d: scale differs\n", what, r, e, i, b);
-    }
-  }
-  for (size_t i = 0; i < size_t(s.tokens[r]) * H; i++)
-    if (out[i] != ref.out[i] && bad++ < 3)
-      fprintf(stderr, "  %s rank %d combine out[%zu][%zu] = 0x%04x, host 0x%04x\n", what, r, i / H, i % H, out[i], ref.out[i]);
-  return bad;
+  ll::enqueueLayer(s, r, g, h, [&](int) { busyKernel<<<64, 256, 0, g.stream>>>(g.scratch, 16 << 20); });
 }
 
 int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
@@ -237,8 +72,7 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
     runRanks(R, [&](int r) {
       CK(cudaSetDevice(r));
       upload(s, r, in[r], g[r]);
-      CK(cudaMemsetAsync(g[r].out, 0xff, size_t(s.max_tokens) * s.hidden * 2, g[r].stream));
-      CK(cudaMemsetAsync(g[r].recv_x, 0xee, size_t(s.experts / R) * R * s.max_tokens * s.hidden * 2, g[r].stream));
+      poison(s, R, g[r]);
       if (!graph) {
         epHandle_t h = nullptr;
         enqueueLayer(s, r, g[r], &h);

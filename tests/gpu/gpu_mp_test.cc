@@ -14,11 +14,11 @@
 //     and with capacity sizing (num_recv, recv_x, recv_scales, recv_topk_idx /
 //     weights, recv_tokens_per_expert, unused rows), combine (out,
 //     out_topk_weights) and a cached re-dispatch; BF16 and FP8 + scales;
-//   low latency (config.low_latency = 1, the comparison of gpu_ll_test): per
-//     local expert the count, then for each valid row its source, its bytes and
-//     (FP8) its scales, and the combine output; FP8 and BF16 wires, split
-//     halves (EP_LL_SEND_ONLY + epLowLatencyComplete), two rounds per case (both
-//     buffer sets).
+//   low latency (config.low_latency = 1; gpu_common.h, namespace ll: the code
+//     of gpu_ll_test): per local expert the count, then for each valid row its
+//     source, its bytes and (FP8) its scales, and the combine output; FP8 and
+//     BF16 wires, split halves (EP_LL_SEND_ONLY + epLowLatencyComplete), two
+//     rounds per case (both buffer sets).
 // Shapes: hidden 7168, top-8 of 256 experts; and hidden 2056 / 2064, top-5 of
 // 8R experts, 100 + 37 r tokens on rank r (a 2056-element row is 2056 bytes in
 // FP8, not a multiple of 16, so the FP8 cases of that shape use 2064).
@@ -38,218 +38,24 @@
 
 namespace {
 
-// ---- Low latency: the inputs, runs and comparison of gpu_ll_test.cc, for one rank.
-namespace ll {
-
-struct Shape {
-  int hidden, topk, experts, max_tokens;
-  std::vector<int> tokens;  // per rank
-  bool fp8, pow2, split;
-};
-
-struct RankData {
-  std::vector<uint16_t> x;
-  std::vector<int64_t> topk;
-  std::vector<float> w;
-  std::vector<uint16_t> y;  // [L, R*M, H]
-};
-
-struct Outputs {
-  std::vector<uint8_t> recv_x;
-  std::vector<float> recv_scales;
-  std::vector<int> recv_count, recv_src;
-  std::vector<uint16_t> out;
-};
-
-epConfig_t configFor(const Shape& s, epBackend_t backend) {
-  epConfig_t c = EP_CONFIG_INITIALIZER;
-  c.num_experts = s.experts;
-  c.hidden = s.hidden;
-  c.max_tokens_per_rank = s.max_tokens;
-  c.max_topk = s.topk;
-  c.backend = backend;
-  c.low_latency = 1;
-  c.timeout_ms = 20000;
-  return c;
-}
-
-// Rank r's inputs, as gpu_ll_test's randomInputs makes them.
-void randomInputs(const Shape& s, int R, uint64_t seed, int r, RankData* d) {
-  const int L = s.experts / R;
-  const size_t cap = size_t(R) * s.max_tokens;
-  std::mt19937_64 g(seed * 131 + r);
-  d->x.resize(size_t(std::max(s.tokens[r], 1)) * s.hidden);
-  fillRandomRow(g, epBfloat16, d->x.data(), d->x.size());
-  for (size_t i = 0; i < d->x.size(); i += 97) d->x[i] = toBf16Bits(float(int(g() % 2001) - 1000));  // outliers
-  randomTopk(g, s.tokens[r], s.topk, s.experts, 0.05, &d->topk);
-  d->w.resize(size_t(s.tokens[r]) * s.topk);
-  std::uniform_real_distribution<float> u(0, 1);
-  for (float& f : d->w) f = u(g);
-  d->y.resize(size_t(L) * cap * s.hidden);
-  fillRandomRow(g, epBfloat16, d->y.data(), d->y.size());
-}
-
-// The reference: dispatch + combine on the host backend.
-void runHost(const Shape& s, int R, int r, epComm_t comm, const RankData& in, Outputs* o) {
-  const int L = s.experts / R, H = s.hidden, nb = (H + 127) / 128;
-  const size_t cap = size_t(R) * s.max_tokens, row = s.fp8 ? H : 2 * H;
-  o->recv_x.assign(L * cap * row, 0);
-  o->recv_scales.assign(L * nb * cap, 0);
-  o->recv_count.assign(L, 0);
-  o->recv_src.assign(L * cap, -1);
-  o->out.assign(size_t(std::max(s.tokens[r], 1)) * H, 0);
-  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-  a.flags = s.pow2 ? EP_LL_ROUND_SCALE_POW2 : 0;
-  a.x = in.x.data();
-  a.topk_idx = in.topk.data();
-  a.topk_weights = in.w.data();
-  a.num_tokens = s.tokens[r];
-  a.num_topk = s.topk;
-  a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
-  a.recv_x = o->recv_x.data();
-  a.recv_scales = o->recv_scales.data();
-  a.recv_count = o->recv_count.data();
-  a.recv_src = o->recv_src.data();
-  epHandle_t h = nullptr;
-  EK(comm, epLowLatencyDispatch(comm, &a, &h, nullptr));
-  epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-  c.y = in.y.data();
-  c.out = o->out.data();
-  EK(comm, epLowLatencyCombine(comm, &c, h, nullptr));
-  EK(comm, epHandleDestroy(h));
-}
-
-struct GpuRank {
-  epComm_t comm;
-  cudaStream_t stream;
-  uint16_t *x, *y, *out;
-  int64_t* topk;
-  float *w, *recv_scales;
-  uint8_t *recv_x, *scratch;
-  int *recv_count, *recv_src;
-};
+// ---- Low latency: the inputs, runs and comparison of gpu_ll_test.cc, for one
+// rank (gpu_common.h, namespace ll), with memsets as the other work between
+// split halves.
 
 const size_t kScratchBytes = 16 << 20;
 
-void allocRank(const Shape& s, int R, GpuRank& g) {
-  const int L = s.experts / R, H = s.hidden, nb = (H + 127) / 128, M = s.max_tokens;
-  const size_t cap = size_t(R) * M;
-  CK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
-  CK(cudaMalloc(&g.x, size_t(M) * H * 2 + 16));
-  CK(cudaMalloc(&g.topk, size_t(M) * s.topk * 8 + 8));
-  CK(cudaMalloc(&g.w, size_t(M) * s.topk * 4 + 4));
-  CK(cudaMalloc(&g.y, size_t(L) * cap * H * 2));
-  CK(cudaMalloc(&g.out, size_t(M) * H * 2 + 16));
-  CK(cudaMalloc(&g.recv_x, size_t(L) * cap * H * 2));
-  CK(cudaMalloc(&g.recv_scales, size_t(L) * nb * cap * 4));
-  CK(cudaMalloc(&g.recv_count, L * 4));
-  CK(cudaMalloc(&g.recv_src, size_t(L) * cap * 4));
-  CK(cudaMalloc(&g.scratch, kScratchBytes));
-}
-
-void freeRank(GpuRank& g) {
-  for (void* p : {(void*)g.x, (void*)g.topk, (void*)g.w, (void*)g.y, (void*)g.out, (void*)g.recv_x,
-                  (void*)g.recv_scales, (void*)g.recv_count, (void*)g.recv_src, (void*)g.scratch})
-    CK(cudaFree(p));
-  CK(cudaStreamDestroy(g.stream));
-}
-
 // Inputs up, outputs poisoned, one dispatch + combine (halves split by other
 // work on the stream when asked), then wait.
-void runGpu(const Shape& s, int R, int r, const RankData& d, GpuRank& g) {
-  CK(cudaMemcpyAsync(g.x, d.x.data(), d.x.size() * 2, cudaMemcpyHostToDevice, g.stream));
-  if (!d.topk.empty()) {
-    CK(cudaMemcpyAsync(g.topk, d.topk.data(), d.topk.size() * 8, cudaMemcpyHostToDevice, g.stream));
-    CK(cudaMemcpyAsync(g.w, d.w.data(), d.w.size() * 4, cudaMemcpyHostToDevice, g.stream));
-  }
-  CK(cudaMemcpyAsync(g.y, d.y.data(), d.y.size() * 2, cudaMemcpyHostToDevice, g.stream));
-  CK(cudaMemsetAsync(g.out, 0xff, size_t(s.max_tokens) * s.hidden * 2, g.stream));
-  CK(cudaMemsetAsync(g.recv_x, 0xee, size_t(s.experts / R) * R * s.max_tokens * s.hidden * 2, g.stream));
-  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-  a.flags = (s.pow2 ? EP_LL_ROUND_SCALE_POW2 : 0u) | (s.split ? EP_LL_SEND_ONLY : 0u);
-  a.x = g.x;
-  a.topk_idx = g.topk;
-  a.topk_weights = g.w;
-  a.num_tokens = s.tokens[r];
-  a.num_topk = s.topk;
-  a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
-  a.recv_x = g.recv_x;
-  a.recv_scales = g.recv_scales;
-  a.recv_count = g.recv_count;
-  a.recv_src = g.recv_src;
+void runLlGpu(const ll::Shape& s, int R, int r, const ll::RankData& d, ll::GpuRank& g) {
+  ll::upload(s, r, d, g);
+  ll::poison(s, R, g);
   epHandle_t h = nullptr;
-  EK(g.comm, epLowLatencyDispatch(g.comm, &a, &h, g.stream));
-  if (s.split) {
-    CK(cudaMemsetAsync(g.scratch, 0x11, kScratchBytes, g.stream));
-    EK(g.comm, epLowLatencyComplete(g.comm, h, g.stream));
-  }
-  epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-  c.flags = s.split ? EP_LL_SEND_ONLY : 0u;
-  c.y = g.y;
-  c.out = g.out;
-  EK(g.comm, epLowLatencyCombine(g.comm, &c, h, g.stream));
-  if (s.split) {
-    CK(cudaMemsetAsync(g.scratch, 0x22, kScratchBytes, g.stream));
-    EK(g.comm, epLowLatencyComplete(g.comm, h, g.stream));
-  }
+  ll::enqueueLayer(s, r, g, &h, [&](int half) {
+    CK(cudaMemsetAsync(g.scratch, half == 0 ? 0x11 : 0x22, kScratchBytes, g.stream));
+  });
   CK(cudaStreamSynchronize(g.stream));
   EK(g.comm, epHandleDestroy(h));
 }
-
-// gpu_ll_test's comparison (everything exact: counts; source, bytes and FP8
-// scales of each valid row; the combine output), with the first differing
-// element of a row named. Returns the mismatches; prints the first few.
-long long compare(const Shape& s, int R, int r, GpuRank& g, const Outputs& ref, const std::string& what) {
-  const int L = s.experts / R, H = s.hidden, nb = (H + 127) / 128, M = s.max_tokens;
-  const size_t cap = size_t(R) * M, row = s.fp8 ? H : 2 * H, esize = s.fp8 ? 1 : 2;
-  std::vector<int> count(L), src(L * cap);
-  std::vector<uint8_t> rx(L * cap * row);
-  std::vector<float> sc(L * nb * cap);
-  std::vector<uint16_t> out(size_t(std::max(s.tokens[r], 1)) * H);
-  CK(cudaMemcpy(count.data(), g.recv_count, L * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(src.data(), g.recv_src, src.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(rx.data(), g.recv_x, rx.size(), cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(sc.data(), g.recv_scales, sc.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(out.data(), g.out, size_t(s.tokens[r]) * H * 2, cudaMemcpyDeviceToHost));
-  const char* w = what.c_str();
-  long long bad = 0;
-  for (int e = 0; e < L; e++) {
-    if (count[e] != ref.recv_count[e]) {
-      if (bad++ < 3) printf("  FAIL %s rank %d recv_count[%d]: expected %d, got %d\n", w, r, e, ref.recv_count[e], count[e]);
-      continue;
-    }
-    for (int i = 0; i < count[e]; i++) {
-      const size_t k = size_t(e) * cap + i;
-      if (src[k] != ref.recv_src[k] && bad++ < 3)
-        printf("  FAIL %s rank %d recv_src[%d][%d]: expected %d, got %d\n", w, r, e, i, ref.recv_src[k], src[k]);
-      const uint8_t *a = &rx[k * row], *b = &ref.recv_x[k * row];
-      if (memcmp(a, b, row) != 0 && bad++ < 3) {
-        size_t j = 0;
-        while (a[j] == b[j]) j++;
-        j /= esize;
-        unsigned want = esize == 1 ? b[j] : unsigned(b[2 * j]) | unsigned(b[2 * j + 1]) << 8;
-        unsigned got = esize == 1 ? a[j] : unsigned(a[2 * j]) | unsigned(a[2 * j + 1]) << 8;
-        printf("  FAIL %s rank %d recv_x[%d][%d][%zu]: expected 0x%0*x, got 0x%0*x\n", w, r, e, i, j, int(2 * esize),
-               want, int(2 * esize), got);
-      }
-      if (s.fp8)
-        for (int b = 0; b < nb; b++) {
-          const size_t q = (size_t(e) * nb + b) * cap + i;
-          if (sc[q] != ref.recv_scales[q] && bad++ < 3)
-            printf("  FAIL %s rank %d recv_scales[%d][%d][%d]: expected %.9g, got %.9g\n", w, r, e, b, i,
-                   ref.recv_scales[q], sc[q]);
-        }
-    }
-  }
-  for (size_t i = 0; i < size_t(s.tokens[r]) * H; i++)
-    if (out[i] != ref.out[i] && bad++ < 3)
-      printf("  FAIL %s rank %d combine out[%zu][%zu]: expected 0x%04x, got 0x%04x\n", w, r, i / H, i % H, ref.out[i],
-             out[i]);
-  if (bad > 3) printf("  FAIL %s rank %d: %lld mismatches in all\n", w, r, bad);
-  return bad;
-}
-
-}  // namespace ll
 
 struct MpCase {
   std::string name;
@@ -354,13 +160,13 @@ bool runCase(const MpCase& mc, int R, int rank, const epUniqueId& gpu_id, const 
     const ll::Shape& s = mc.ll;
     ll::GpuRank g;
     g.comm = gpu;
-    ll::allocRank(s, R, g);
+    ll::allocRank(s, R, g, kScratchBytes);
     for (int round = 0; round < 2; round++) {  // two rounds: both buffer sets
       ll::RankData in;
       ll::randomInputs(s, R, 7 + round, rank, &in);
       ll::Outputs ref;
       ll::runHost(s, R, rank, host, in, &ref);
-      ll::runGpu(s, R, rank, in, g);
+      runLlGpu(s, R, rank, in, g);
       ok &= ll::compare(s, R, rank, g, ref, mc.name + " round " + std::to_string(round)) == 0;
     }
     ll::freeRank(g);
