@@ -11,6 +11,7 @@
 //                   ratio to the bidirectional SM-push ceiling measured here
 //                   with the same number of blocks
 //   NCCL all-to-all of the same bytes (dlopen of $EP_BENCH_NCCL_LIB), if found.
+// --mode ll: the low-latency benchmark of gpu_ll_test --bench (gpu_common.h).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -413,6 +414,13 @@ int main(int argc, char** argv) {
     printf("SKIPPED gpu_bench: needs 2 GPUs, %d visible\n", ndev);
     return 0;
   }
+  // --mode ll: the low-latency table instead (ll::benchStandard: 128 tokens,
+  // split halves, 1 token; on all GPUs of the machine, at most 8).
+  for (int i = 1; i + 1 < argc; i++)
+    if (std::string(argv[i]) == "--mode" && std::string(argv[i + 1]) == "ll") {
+      ll::benchStandard(std::min(ndev, 8));
+      return 0;
+    }
   // --quick: 32 SMs only; --tokens N; --sms A,B,..; --types bf16|fp8|both;
   // --no-nccl: skip the NCCL all-to-all reference.
   std::vector<int> sms_list = {24, 32, 64};

@@ -111,131 +111,6 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   return bad ? 1 : 0;
 }
 
-double percentile(std::vector<float> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
-}
-
-// Latency of dispatch and combine inside one CUDA graph of `layers` layers.
-void bench(int R, int tokens, bool split) {
-  Shape s{7168, 8, 288, 128, std::vector<int>(R, tokens), true, false, split};
-  std::vector<RankData> in(R);
-  std::vector<GpuRank> g(R);
-  std::vector<epComm_t> comms(R);
-  epConfig_t cfg = configFor(s, epBackendCuda);
-  EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
-  randomInputs(s, R, 99, in);
-  const int layers = 100;
-  std::vector<std::vector<float>> t_disp(R), t_comb(R), t_send(R), t_recv(R);
-  std::vector<float> t_layer(R);
-  runRanks(R, [&](int r) {
-    CK(cudaSetDevice(r));
-    g[r].comm = comms[r];
-    allocRank(s, R, r, g[r]);
-    upload(s, r, in[r], g[r]);
-    std::vector<cudaEvent_t> ev(4 * layers + 1);
-    for (auto& e : ev) CK(cudaEventCreate(&e));
-    std::vector<epHandle_t> hs(layers, nullptr);
-    // Eager warm-up with all handles alive at once: the handle pool grows to
-    // `layers` here, so the capture below allocates nothing.
-    for (int l = 0; l < layers; l++) {
-      epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-      a.x = g[r].x; a.topk_idx = g[r].topk; a.topk_weights = g[r].w;
-      a.num_tokens = tokens; a.num_topk = 8; a.wire_type = epFloat8E4M3;
-      a.recv_x = g[r].recv_x; a.recv_scales = g[r].recv_scales; a.recv_count = g[r].recv_count; a.recv_src = g[r].recv_src;
-      EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
-      epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-      c.y = g[r].y; c.out = g[r].out;
-      EK(comms[r], epLowLatencyCombine(comms[r], &c, hs[l], g[r].stream));
-    }
-    CK(cudaStreamSynchronize(g[r].stream));
-    for (auto& h : hs) {
-      epHandleDestroy(h);
-      h = nullptr;
-    }
-    // Two graphs of `layers` layers: one with an event around every call (per-call
-    // latency, event nodes included), one without (replay time / layers).
-    auto capture = [&](bool events) {
-      cudaGraph_t graph_def;
-      cudaGraphExec_t exec;
-      auto mark = [&](int i) {
-        if (events) CK(cudaEventRecordWithFlags(ev[i], g[r].stream, cudaEventRecordExternal));
-      };
-      CK(cudaStreamBeginCapture(g[r].stream, cudaStreamCaptureModeThreadLocal));
-      for (int l = 0; l < layers; l++) {
-        epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-        a.flags = split ? EP_LL_SEND_ONLY : 0u;
-        a.x = g[r].x; a.topk_idx = g[r].topk; a.topk_weights = g[r].w;
-        a.num_tokens = tokens; a.num_topk = 8; a.wire_type = epFloat8E4M3;
-        a.recv_x = g[r].recv_x; a.recv_scales = g[r].recv_scales; a.recv_count = g[r].recv_count; a.recv_src = g[r].recv_src;
-        mark(4 * l);
-        EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
-        mark(4 * l + 1);
-        if (split) EK(comms[r], epLowLatencyComplete(comms[r], hs[l], g[r].stream));
-        mark(4 * l + 2);
-        epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-        c.y = g[r].y; c.out = g[r].out;
-        EK(comms[r], epLowLatencyCombine(comms[r], &c, hs[l], g[r].stream));
-        mark(4 * l + 3);
-      }
-      mark(4 * layers);
-      CK(cudaStreamEndCapture(g[r].stream, &graph_def));
-      CK(cudaGraphInstantiate(&exec, graph_def, 0));
-      CK(cudaGraphDestroy(graph_def));
-      return exec;
-    };
-    cudaGraphExec_t plain = capture(false);
-    cudaEvent_t t0, t1;
-    CK(cudaEventCreate(&t0));
-    CK(cudaEventCreate(&t1));
-    for (int rep = 0; rep < 4; rep++) {  // the first replays warm up; the last is timed
-      CK(cudaEventRecord(t0, g[r].stream));
-      CK(cudaGraphLaunch(plain, g[r].stream));
-      CK(cudaEventRecord(t1, g[r].stream));
-      CK(cudaStreamSynchronize(g[r].stream));
-    }
-    float graph_ms = 0;
-    CK(cudaEventElapsedTime(&graph_ms, t0, t1));
-    t_layer[r] = graph_ms * 1000 / layers;
-    CK(cudaGraphExecDestroy(plain));
-    for (auto h : hs) epHandleDestroy(h);
-    for (auto& h : hs) h = nullptr;
-    cudaGraphExec_t exec = capture(true);
-    for (int rep = 0; rep < 3; rep++) {  // the first replays warm up
-      CK(cudaGraphLaunch(exec, g[r].stream));
-      CK(cudaStreamSynchronize(g[r].stream));
-    }
-    for (int l = 1; l < layers; l++) {
-      float ms;
-      CK(cudaEventElapsedTime(&ms, ev[4 * l], ev[4 * l + (split ? 1 : 2)]));
-      (split ? t_send[r] : t_disp[r]).push_back(ms * 1000);
-      if (split) {
-        CK(cudaEventElapsedTime(&ms, ev[4 * l + 1], ev[4 * l + 2]));
-        t_recv[r].push_back(ms * 1000);
-        CK(cudaEventElapsedTime(&ms, ev[4 * l], ev[4 * l + 2]));
-        t_disp[r].push_back(ms * 1000);
-      }
-      CK(cudaEventElapsedTime(&ms, ev[4 * l + 2], ev[4 * l + 3]));
-      t_comb[r].push_back(ms * 1000);
-    }
-    CK(cudaGraphExecDestroy(exec));
-    for (auto h : hs) epHandleDestroy(h);
-    freeRank(g[r]);
-  });
-  for (auto c : comms) epCommDestroy(c);
-  // DeepEP's accounting: bytes of (token, expert) pairs; FP8 rows + scales for dispatch, BF16 for combine.
-  const double pairs = double(tokens) * 8;
-  const double disp_bytes = pairs * (7168 + 56 * 4), comb_bytes = pairs * 7168 * 2;
-  for (int r = 0; r < R; r++) {
-    double d = percentile(t_disp[r], 0.5), c = percentile(t_comb[r], 0.5);
-    printf("LL EP%d rank %d tokens %d%s: dispatch fp8 median %.1f us p99 %.1f us (%.0f GB/s) | combine bf16 median %.1f us p99 %.1f us (%.0f GB/s)",
-           R, r, tokens, split ? " split" : "", d, percentile(t_disp[r], 0.99), disp_bytes / d / 1e3, c,
-           percentile(t_comb[r], 0.99), comb_bytes / c / 1e3);
-    if (split) printf(" | send half %.1f us, receive half %.1f us", percentile(t_send[r], 0.5), percentile(t_recv[r], 0.5));
-    printf(" | graph without events: %.1f us per layer (dispatch + combine)\n", t_layer[r]);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -247,9 +122,7 @@ int main(int argc, char** argv) {
   const bool do_bench = argc > 1 && std::string(argv[1]) == "--bench";
   const int Rmax = std::min(ndev, 8);
   if (do_bench) {
-    bench(Rmax, 128, false);
-    bench(Rmax, 128, true);
-    bench(Rmax, 1, false);
+    ll::benchStandard(Rmax);
     return 0;
   }
   int failed = 0, passed = 0;
