@@ -57,6 +57,14 @@ if [ "${EP_GPU_SANITIZER:-1}" != 0 ] && [ -x "$CUDA_HOME/bin/compute-sanitizer" 
     tail -3 "$LOGS/sanitizer_$tool.log"
     echo "compute-sanitizer $tool: exit $rc"
     [ "$rc" -eq 0 ] || status=1
+    if [ "$LL" != 0 ]; then
+      timeout ${EP_GPU_SANITIZER_TIMEOUT:-300} "$CUDA_HOME/bin/compute-sanitizer" --tool $tool --error-exitcode 9 "$BUILD/tests/gpu_ll_test" --small \
+        >"$LOGS/sanitizer_ll_$tool.log" 2>&1
+      rc=$?
+      tail -3 "$LOGS/sanitizer_ll_$tool.log"
+      echo "compute-sanitizer $tool (low latency): exit $rc"
+      [ "$rc" -eq 0 ] || status=1
+    fi
   done
 fi
 
