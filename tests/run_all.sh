@@ -45,6 +45,20 @@ run "mp_topo (4 ranks as 2 nodes of 2)" timeout 300 "$BUILD/tests/mp_topo"
 run "mp_errors" timeout 300 "$BUILD/tests/mp_errors"
 run "ep_bench 3 ranks --check" timeout 300 "$BUILD/bin/ep_bench" -n 3 --check --iters 1 --warmup 0 \
   --shape 520:5:24:200 --shape 2560:6:48:100
+# --mode ll: the low-latency calls, FP8 and BF16 wires, hidden not a multiple of 128
+# (2064 FP8, 2056 BF16: an FP8 row must be a multiple of 16 bytes), split halves,
+# power-of-two scales, a rank without tokens; more than one iteration, so that
+# both buffer sets are used
+LL_SHAPES=(--shape 7168:8:288:16 --shape 2064:5:12:37)
+LL_SHAPES_BF16=(--shape 7168:8:288:16 --shape 2056:5:12:37)
+run "ep_bench --mode ll 2 ranks --check (fp8)" timeout 300 "$BUILD/bin/ep_bench" -n 2 --mode ll --check \
+  --iters 2 --warmup 1 "${LL_SHAPES[@]}"
+run "ep_bench --mode ll 2 ranks --check (bf16, --split)" timeout 300 "$BUILD/bin/ep_bench" -n 2 --mode ll \
+  --type bf16 --split --check --iters 2 --warmup 1 "${LL_SHAPES_BF16[@]}"
+run "ep_bench --mode ll 3 ranks --check (fp8, --pow2-scales, --zero-rank0)" timeout 300 "$BUILD/bin/ep_bench" \
+  -n 3 --mode ll --pow2-scales --zero-rank0 --check --iters 2 --warmup 1 "${LL_SHAPES[@]}"
+run "ep_bench --mode ll 3 ranks --check (bf16)" timeout 300 "$BUILD/bin/ep_bench" -n 3 --mode ll --type bf16 \
+  --check --iters 2 --warmup 1 "${LL_SHAPES_BF16[@]}"
 
 # --- multi-process under Open MPI (id shared through a file, and through EP_COMM_ID)
 if command -v mpirun >/dev/null 2>&1; then

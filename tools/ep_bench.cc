@@ -2,7 +2,11 @@
 // of nccl-tests.
 //
 //   ep_bench [-n RANKS] [--shape H:K:E:T ...] [--type bf16|fp8|fp16|fp32] [--check] ...
+//   ep_bench --mode ll [-n RANKS] [--shape H:K:E:T ...] [--type fp8|bf16] [--split] [--check] ...
 //   mpirun -n RANKS ep_bench [options]
+//
+// --mode ht (the default, this file): epDispatch / epCombine. --mode ll: the
+// low-latency calls (common/bench_ll.h), timed and checked in the same way.
 //
 // Each shape runs on a communicator of its own (config from the shape), on the
 // backend of --backend (host only for now; see common/bench_device.h):
@@ -36,21 +40,21 @@
 //
 // Exit status: 0 when every shape ran and every checked element was right.
 #include <getopt.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <stdexcept>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
+#include "common/bench_common.h"
 #include "common/bench_device.h"
+#include "common/bench_ll.h"
 #include "common/control.h"
 #include "common/launch.h"
 #include "common/launcher_env.h"
@@ -61,56 +65,51 @@
 namespace {
 
 using tools::BenchDevice;
+using tools::BenchMode;
 using tools::ControlChannel;
+using tools::ControlFailure;
 using tools::DeviceBuffer;
-using tools::MismatchLog;
 using tools::ProblemSpec;
-using Clock = std::chrono::steady_clock;
+using Clock = tools::BenchClock;
+using Shape = tools::BenchShape;
+using Options = tools::BenchOptions;
 
 // ---- Options -------------------------------------------------------------
 
-struct Shape {
-  int hidden, topk, experts, tokens;
-};
-
-struct Options {
-  int nranks = 2;
-  std::vector<Shape> shapes;
-  // --hidden/--topk/--experts/--tokens override that field of every shape (-1: keep).
-  int hidden = -1, topk = -1, experts = -1, tokens = -1;
-  epDataType_t type = epBfloat16;
-  int warmup = 2, iters = 5;
-  bool check = false, json = false, exact = false, zero_rank0 = false;
-  uint64_t seed = 1;
-  int timeout_ms = 0;  // 0: the library's EP_TIMEOUT_MS
-  std::string backend = "host";
-};
-
 const Shape kDefaultShapes[] = {{7168, 8, 256, 4096}, {2560, 6, 64, 1000}};
+// --mode ll: DeepEP's low-latency test (128 tokens per rank, hidden 7168, top-8 of 288).
+const Shape kDefaultLowLatencyShapes[] = {{7168, 8, 288, 128}};
 
 void usage(FILE* f) {
-  fprintf(f,
-          "usage: ep_bench [options]           (ranks forked by ep_bench)\n"
-          "       mpirun -n R ep_bench [options] (one rank per process)\n"
-          "  -n, --nranks N        ranks to fork when not under mpirun (default 2)\n"
-          "      --shape H:K:E:T   hidden:topk:experts:tokens per rank; repeatable\n"
-          "                        (default: 7168:8:256:4096 and 2560:6:64:1000)\n"
-          "      --hidden H        override H of every shape (likewise --topk K,\n"
-          "      --experts E, --tokens T)\n"
-          "      --type T          dispatch type: bf16 (default), fp8, fp16, fp32; combine is bf16\n"
-          "      --warmup W        untimed iterations (default 2)\n"
-          "      --iters I         timed iterations (default 5)\n"
-          "      --check           check every element of dispatch, cached re-dispatch and combine\n"
-          "      --exact           size outputs with epDispatchPrepare + epHandleRecvCount\n"
-          "                        (default: recv_capacity = ranks * tokens, EP_DISPATCH_NO_HOST_SYNC)\n"
-          "      --zero-rank0      rank 0 has no tokens\n"
-          "      --seed S          seed of the generated inputs (default 1)\n"
-          "      --timeout-ms MS   config.timeout_ms (default: EP_TIMEOUT_MS)\n"
-          "      --backend B       host (default), or cuda: runs ep_bench_gpu with the other arguments\n"
-          "                        (EP2+ on the GPUs of this machine: --tokens N, --sms A,B, --types\n"
-          "                        bf16|fp8|both, --no-nccl, --quick)\n"
-          "      --json            one JSON object per result line on stdout, nothing else\n"
-          "  -h, --help            this message\n");
+  fprintf(
+      f,
+      "usage: ep_bench [options]           (ranks forked by ep_bench)\n"
+      "       mpirun -n R ep_bench [options] (one rank per process)\n"
+      "  -n, --nranks N        ranks to fork when not under mpirun (default 2)\n"
+      "      --mode M          ht (default): epDispatch / epCombine; ll: epLowLatencyDispatch /\n"
+      "                        epLowLatencyCombine (config.low_latency = 1, T = max_tokens_per_rank)\n"
+      "      --shape H:K:E:T   hidden:topk:experts:tokens per rank; repeatable\n"
+      "                        (default: 7168:8:256:4096 and 2560:6:64:1000; ll: 7168:8:288:128)\n"
+      "      --hidden H        override H of every shape (likewise --topk K,\n"
+      "      --experts E, --tokens T)\n"
+      "      --type T          dispatch type: bf16 (default), fp8, fp16, fp32; combine is bf16\n"
+      "                        (ll: the wire, fp8 (default; quantised by the library) or bf16)\n"
+      "      --pow2-scales     ll, fp8 wire: scales rounded up to powers of two (EP_LL_ROUND_SCALE_POW2)\n"
+      "      --split           ll: each call as EP_LL_SEND_ONLY + epLowLatencyComplete, halves timed too\n"
+      "      --warmup W        untimed iterations (default 2)\n"
+      "      --iters I         timed iterations (default 5)\n"
+      "      --check           check every element of dispatch, cached re-dispatch and combine\n"
+      "                        (ll: counts, sources and rows of every local expert, and combine)\n"
+      "      --exact           size outputs with epDispatchPrepare + epHandleRecvCount\n"
+      "                        (default: recv_capacity = ranks * tokens, EP_DISPATCH_NO_HOST_SYNC; ht only)\n"
+      "      --zero-rank0      rank 0 has no tokens\n"
+      "      --seed S          seed of the generated inputs (default 1)\n"
+      "      --timeout-ms MS   config.timeout_ms (default: EP_TIMEOUT_MS)\n"
+      "      --backend B       host (default), or cuda: runs ep_bench_gpu with the other arguments\n"
+      "                        (EP2+ on the GPUs of this machine: --tokens N, --sms A,B, --types\n"
+      "                        bf16|fp8|both, --no-nccl, --quick, --mode ll)\n"
+      "      --json            one JSON object per result line on stdout, nothing else\n"
+      "  -h, --help            this message\n");
 }
 
 bool parseLong(const char* text, long lo, long hi, long* out) {
@@ -156,6 +155,24 @@ bool parseType(const char* text, epDataType_t* t) {
 
 enum ParseResult { kParsed, kHelp, kBadOptions };
 
+// The options that belong to one mode, and --mode ll's default wire: FP8, as
+// DeepEP's low_latency_dispatch (use_fp8=True) and EP_LL_DISPATCH_ARGS_INITIALIZER.
+bool checkModeOptions(Options* opt, bool type_given, std::string* error) {
+  const bool ll = opt->mode == BenchMode::kLowLatency;
+  if (ll && !type_given) opt->type = epFloat8E4M3;
+  if (ll && opt->type != epFloat8E4M3 && opt->type != epBfloat16)
+    *error = std::string("--mode ll sends fp8 or bf16, not ") + tools::typeName(opt->type) + " (--type)";
+  else if (ll && opt->exact)
+    *error = "--exact is for --mode ht (low-latency outputs are sized by max_tokens_per_rank)";
+  else if (opt->pow2_scales && !(ll && opt->type == epFloat8E4M3))
+    *error = "--pow2-scales needs --mode ll with the fp8 wire";
+  else if (opt->split && !ll)
+    *error = "--split is for --mode ll";
+  else
+    return true;
+  return false;
+}
+
 // The option getopt_long just returned, named for a message: the unknown or
 // value-less argument as typed (c is '?' or ':'), else the option's long name.
 std::string optionName(int c, const option* table, char** argv) {
@@ -181,7 +198,10 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
     kExact,
     kTimeout,
     kZeroRank0,
-    kBackend
+    kBackend,
+    kMode,
+    kPow2Scales,
+    kSplit
   };
   static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
                                  {"shape", required_argument, nullptr, kShape},
@@ -199,11 +219,15 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
                                  {"timeout-ms", required_argument, nullptr, kTimeout},
                                  {"zero-rank0", no_argument, nullptr, kZeroRank0},
                                  {"backend", required_argument, nullptr, kBackend},
+                                 {"mode", required_argument, nullptr, kMode},
+                                 {"pow2-scales", no_argument, nullptr, kPow2Scales},
+                                 {"split", no_argument, nullptr, kSplit},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
   opterr = 0;  // we print our own message, once
   int c;
   long v = 0;
+  bool type_given = false;
   while ((c = getopt_long(argc, argv, ":n:h", kLong, nullptr)) != -1) {
     std::string name = optionName(c, kLong, argv);
     auto bad = [&](const char* what) {
@@ -239,6 +263,7 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
         break;
       case kType:
         if (!parseType(optarg, &opt->type)) return bad("bf16, fp8, fp16 or fp32");
+        type_given = true;
         break;
       case kWarmup:
         if (!parseLong(optarg, 0, 1000000, &v)) return bad("an integer >= 0");
@@ -277,6 +302,20 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
         if (!tools::benchBackendSupported(optarg, error)) return kBadOptions;
         opt->backend = optarg;
         break;
+      case kMode:
+        if (strcmp(optarg, "ht") == 0)
+          opt->mode = BenchMode::kHighThroughput;
+        else if (strcmp(optarg, "ll") == 0)
+          opt->mode = BenchMode::kLowLatency;
+        else
+          return bad("ht or ll");
+        break;
+      case kPow2Scales:
+        opt->pow2_scales = true;
+        break;
+      case kSplit:
+        opt->split = true;
+        break;
       case 'h':
         return kHelp;
       case ':':
@@ -291,7 +330,13 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
     *error = std::string("unexpected argument '") + argv[optind] + "'";
     return kBadOptions;
   }
-  if (opt->shapes.empty()) opt->shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
+  if (!checkModeOptions(opt, type_given, error)) return kBadOptions;
+  if (opt->shapes.empty()) {
+    if (opt->mode == BenchMode::kLowLatency)
+      opt->shapes.assign(std::begin(kDefaultLowLatencyShapes), std::end(kDefaultLowLatencyShapes));
+    else
+      opt->shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
+  }
   for (Shape& s : opt->shapes) {
     if (opt->hidden >= 0) s.hidden = opt->hidden;
     if (opt->topk >= 0) s.topk = opt->topk;
@@ -310,53 +355,22 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
 
 // ---- What each rank reports to rank 0 --------------------------------------
 
-struct RankReport {
-  int32_t error = 0;       // 1: a call failed on this rank (see error_text)
-  int32_t checked = 0;     // 1: outputs were checked
+struct RankReport : tools::RankStatus {
   int64_t recv_rows = -1;  // rows received in the first pass
-  int64_t mismatches = 0;  // wrong elements, all checks together
   double dispatch_bytes = 0, combine_bytes = 0;
   double dispatch_us = -1, combine_us = -1;  // medians; -1: not measured
-  char first_mismatch[420] = "";
-  char error_text[420] = "";
 };
-static_assert(sizeof(RankReport) <= ControlChannel::kPayloadBytes, "a report travels as one control row");
-
-// The control channel failing leaves the ranks unable to agree on anything: fatal.
-struct ControlFailure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void copyText(char* dst, size_t size, const std::string& src) { snprintf(dst, size, "%s", src.c_str()); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double elapsedUs(Clock::time_point since) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - since).count();
-}
 
 // ---- One shape on one rank -------------------------------------------------
 
-class ShapeRun {
+class ShapeRun : tools::BenchRankRun {
  public:
   ShapeRun(const Options& opt, const Shape& shape, ControlChannel* ctl, BenchDevice* dev);
-  ~ShapeRun();
   // Runs every pass. Whatever fails on this rank, it makes the same control-
   // channel calls as every other rank (throws ControlFailure if those fail).
   RankReport run(const epUniqueId& id);
 
  private:
-  bool ok() const { return comm_ != nullptr && error_.empty(); }
-  void fail(const std::string& what);
-  void apiFail(const char* call, epResult_t res, epComm_t comm);
-  void barrier();
-
-  void initComm(const epUniqueId& id);
   void allocate();
   void fillInputs();
   void poisonOutputs();
@@ -369,15 +383,7 @@ class ShapeRun {
   void firstPass();
   void timedPasses();
 
-  const Options& opt_;
-  ProblemSpec spec_;
-  ControlChannel* ctl_;
-  BenchDevice* dev_;
-  int rank_, T_;
   int64_t capacity_;
-  epComm_t comm_ = nullptr;
-  std::string error_;
-  MismatchLog log_;
   int64_t num_recv_ = -1, dispatch_capacity_ = 0;
   std::vector<double> dispatch_us_, combine_us_;
 
@@ -388,52 +394,9 @@ class ShapeRun {
 };
 
 ShapeRun::ShapeRun(const Options& opt, const Shape& shape, ControlChannel* ctl, BenchDevice* dev)
-    : opt_(opt), ctl_(ctl), dev_(dev), rank_(ctl->rank()), log_(ctl->rank()) {
-  spec_.seed = opt.seed;
-  spec_.nranks = ctl->nranks();
-  spec_.hidden = shape.hidden;
-  spec_.topk = shape.topk;
-  spec_.experts = shape.experts;
-  spec_.tokens = shape.tokens;
-  spec_.zero_rank0 = opt.zero_rank0;
-  spec_.type = opt.type;
-  T_ = spec_.tokensOf(rank_);
+    : BenchRankRun(opt, shape, opt.type, ctl, dev) {
   // Every token of every rank could come here (each goes to a rank at most once).
   capacity_ = int64_t(spec_.nranks) * shape.tokens;
-}
-
-ShapeRun::~ShapeRun() {
-  if (comm_ != nullptr) epCommDestroy(comm_);
-}
-
-void ShapeRun::fail(const std::string& what) {
-  if (error_.empty()) error_ = "rank " + std::to_string(rank_) + ": " + what;
-  fprintf(stderr, "ep_bench: rank %d: %s\n", rank_, what.c_str());
-}
-
-void ShapeRun::apiFail(const char* call, epResult_t res, epComm_t comm) {
-  fail(std::string(call) + " failed: " + epGetErrorString(res) + ": " + epGetLastError(comm));
-}
-
-void ShapeRun::barrier() {
-  if (ctl_->barrier() != epSuccess) throw ControlFailure(ctl_->error());
-}
-
-void ShapeRun::initComm(const epUniqueId& id) {
-  epConfig_t cfg = EP_CONFIG_INITIALIZER;
-  cfg.num_experts = spec_.experts;
-  cfg.hidden = spec_.hidden;
-  cfg.max_tokens_per_rank = spec_.tokens;
-  cfg.max_topk = spec_.topk;
-  cfg.dispatch_type = spec_.type;
-  cfg.combine_type = epBfloat16;
-  cfg.backend = dev_->backend();
-  cfg.timeout_ms = opt_.timeout_ms;
-  epResult_t res = epCommInitRank(&comm_, spec_.nranks, id, rank_, &cfg);
-  if (res != epSuccess) {
-    comm_ = nullptr;
-    apiFail("epCommInitRank", res, nullptr);
-  }
 }
 
 void ShapeRun::allocate() {
@@ -532,7 +495,7 @@ bool ShapeRun::dispatch(unsigned generation, epHandle_t* handle, double* us) {
   }
   res = epDispatch(comm_, &a, handle, dev_->stream());
   dev_->synchronize();
-  if (us) *us = elapsedUs(start);
+  if (us) *us = tools::elapsedUs(start);
   if (res != epSuccess) {
     apiFail(call, res, comm_);
     return false;
@@ -555,7 +518,7 @@ bool ShapeRun::combine(epHandle_t handle, double* us) {
   const auto start = Clock::now();
   epResult_t res = epCombine(comm_, &a, handle, dev_->stream());
   dev_->synchronize();
-  if (us) *us = elapsedUs(start);
+  if (us) *us = tools::elapsedUs(start);
   if (res != epSuccess) apiFail("epCombine", res, comm_);
   return res == epSuccess;
 }
@@ -648,7 +611,7 @@ void ShapeRun::timedPasses() {
 }
 
 RankReport ShapeRun::run(const epUniqueId& id) {
-  initComm(id);
+  initComm(id, config());
   if (ok()) allocate();
   if (ok()) fillInputs();
   firstPass();
@@ -656,32 +619,24 @@ RankReport ShapeRun::run(const epUniqueId& id) {
   timedPasses();
 
   RankReport rep;
-  rep.error = error_.empty() ? 0 : 1;
-  rep.checked = opt_.check ? 1 : 0;
+  fillStatus(&rep);
   rep.recv_rows = first_rows;
-  rep.mismatches = log_.count();
   if (first_rows >= 0) {
     const double scale_bytes = spec_.type == epFloat8E4M3 ? 4.0 * spec_.scaleBlocks() : 0.0;
     rep.dispatch_bytes = double(first_rows) * (double(spec_.rowBytes()) + scale_bytes);
     rep.combine_bytes = double(first_rows) * double(spec_.hidden) * sizeof(uint16_t);
   }
-  rep.dispatch_us = median(dispatch_us_);
-  rep.combine_us = median(combine_us_);
-  copyText(rep.first_mismatch, sizeof(rep.first_mismatch), log_.first());
-  copyText(rep.error_text, sizeof(rep.error_text), error_);
+  rep.dispatch_us = tools::median(dispatch_us_);
+  rep.combine_us = tools::median(combine_us_);
   return rep;
 }
 
 // ---- Results, on rank 0 ------------------------------------------------------
 
-struct ShapeResult {
+struct ShapeResult : tools::ShapeStatus {
   Shape shape;
   double recv_rows = -1;  // mean over ranks
   double dispatch_us = -1, combine_us = -1, dispatch_gbps = -1, combine_gbps = -1;
-  int64_t mismatches = 0;
-  bool checked = false;
-  std::string first_mismatch, error, skipped;  // skipped: why the shape did not run
-  bool passed() const { return error.empty() && mismatches == 0; }
 };
 
 ShapeResult summarize(const Shape& shape, const std::vector<RankReport>& reps) {
@@ -690,10 +645,7 @@ ShapeResult summarize(const Shape& shape, const std::vector<RankReport>& reps) {
   double rows = 0, d_bytes = 0, c_bytes = 0;
   bool all_timed = true;
   for (const RankReport& r : reps) {
-    if (r.error && res.error.empty()) res.error = r.error_text;
-    if (r.mismatches > 0 && res.first_mismatch.empty()) res.first_mismatch = r.first_mismatch;
-    res.mismatches += r.mismatches;
-    res.checked = r.checked != 0;
+    res.add(r);
     rows += double(r.recv_rows);
     d_bytes += r.dispatch_bytes;
     c_bytes += r.combine_bytes;
@@ -713,54 +665,8 @@ ShapeResult summarize(const Shape& shape, const std::vector<RankReport>& reps) {
   return res;
 }
 
-std::string number(double v, int decimals) {
-  if (v < 0) return "-";
-  char buf[64];
-  snprintf(buf, sizeof(buf), "%.*f", decimals, v);
-  return buf;
-}
-
-std::string jsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
-}
-
-std::string jsonNumber(double v, int decimals) { return v < 0 ? "null" : number(v, decimals); }
-
-// OK / FAILED (wrong elements) / ERROR (a call failed) / SKIPPED / unchecked.
-const char* checkWord(const ShapeResult& r, const char* unchecked) {
-  if (!r.skipped.empty()) return "SKIPPED";
-  if (!r.error.empty()) return "ERROR";
-  if (!r.checked) return unchecked;
-  return r.mismatches == 0 ? "OK" : "FAILED";
-}
-
-// The same in JSON's lower case.
-const char* jsonCheckWord(const ShapeResult& r) {
-  if (!r.skipped.empty()) return "skipped";
-  if (!r.error.empty()) return "error";
-  if (!r.checked) return "unchecked";
-  return r.mismatches == 0 ? "ok" : "failed";
-}
-
 void printHeader(const Options& opt, const LaunchInfo& li, const char* backend) {
-  int lib = 0;
-  epGetVersion(&lib);
-  printf("# ep_bench: libmoeep %d.%d.%d (built against %d.%d.%d), %s backend, %d rank%s (%s)\n", lib / 10000,
-         lib / 100 % 100, lib % 100, EP_VERSION_MAJOR, EP_VERSION_MINOR, EP_VERSION_PATCH, backend, li.nranks,
-         li.nranks == 1 ? "" : "s", li.under_mpi ? "one per process of the launcher" : "forked by ep_bench");
+  tools::printBanner(li, backend);
   printf("# dispatch %s, combine bf16; sizing %s; warmup %d, iters %d; check %s; seed %" PRIu64 "%s\n",
          tools::typeName(opt.type),
          opt.exact ? "exact (epDispatchPrepare + epHandleRecvCount)"
@@ -771,39 +677,28 @@ void printHeader(const Options& opt, const LaunchInfo& li, const char* backend) 
       "# time: median of each rank's timed calls, largest over ranks (us); a barrier precedes each call\n");
   printf("# bw: logical (DeepEP): bytes of all rows a rank receives, own included / time, mean over ranks\n");
   printf("#\n");
-  printf("# %7s %5s %7s %7s %5s %5s %10s %12s %9s %12s %9s  %s\n", "hidden", "topk", "experts", "tokens",
-         "ranks", "type", "recv_rows", "dispatch_us", "GB/s", "combine_us", "GB/s", "check");
+  printf("%s %10s %12s %9s %12s %9s  %s\n", tools::shapeColumnNames("type").c_str(), "recv_rows",
+         "dispatch_us", "GB/s", "combine_us", "GB/s", "check");
   fflush(stdout);
 }
 
 void printResult(const Options& opt, const ShapeResult& r, int nranks, const char* backend) {
-  const Shape& s = r.shape;
   if (opt.json) {
     printf(
-        "{\"hidden\":%d,\"topk\":%d,\"experts\":%d,\"tokens\":%d,\"ranks\":%d,\"type\":\"%s\","
-        "\"backend\":\"%s\",\"sizing\":\"%s\",\"zero_rank0\":%s,\"warmup\":%d,\"iters\":%d,"
+        "{%s,\"sizing\":\"%s\",\"zero_rank0\":%s,\"warmup\":%d,\"iters\":%d,"
         "\"recv_rows\":%s,\"dispatch_us\":%s,\"dispatch_gbps\":%s,\"combine_us\":%s,"
-        "\"combine_gbps\":%s,\"check\":\"%s\",\"mismatches\":%" PRId64
-        ",\"first_mismatch\":%s,"
-        "\"error\":%s,\"skipped\":%s}\n",
-        s.hidden, s.topk, s.experts, s.tokens, nranks, tools::typeName(opt.type), backend,
-        opt.exact ? "exact" : "capacity", opt.zero_rank0 ? "true" : "false", opt.warmup, opt.iters,
-        jsonNumber(r.recv_rows, 1).c_str(), jsonNumber(r.dispatch_us, 1).c_str(),
-        jsonNumber(r.dispatch_gbps, 3).c_str(), jsonNumber(r.combine_us, 1).c_str(),
-        jsonNumber(r.combine_gbps, 3).c_str(), jsonCheckWord(r), r.mismatches,
-        r.first_mismatch.empty() ? "null" : jsonString(r.first_mismatch).c_str(),
-        r.error.empty() ? "null" : jsonString(r.error).c_str(),
-        r.skipped.empty() ? "null" : jsonString(r.skipped).c_str());
+        "\"combine_gbps\":%s,%s}\n",
+        tools::jsonShape(r.shape, nranks, opt.type, backend).c_str(), opt.exact ? "exact" : "capacity",
+        opt.zero_rank0 ? "true" : "false", opt.warmup, opt.iters, tools::jsonNumber(r.recv_rows, 1).c_str(),
+        tools::jsonNumber(r.dispatch_us, 1).c_str(), tools::jsonNumber(r.dispatch_gbps, 3).c_str(),
+        tools::jsonNumber(r.combine_us, 1).c_str(), tools::jsonNumber(r.combine_gbps, 3).c_str(),
+        tools::jsonStatus(r).c_str());
   } else {
-    printf("  %7d %5d %7d %7d %5d %5s %10s %12s %9s %12s %9s  %s\n", s.hidden, s.topk, s.experts, s.tokens,
-           nranks, tools::typeName(opt.type), number(r.recv_rows, 1).c_str(),
-           number(r.dispatch_us, 1).c_str(), number(r.dispatch_gbps, 2).c_str(),
-           number(r.combine_us, 1).c_str(), number(r.combine_gbps, 2).c_str(), checkWord(r, "-"));
-    if (!r.first_mismatch.empty())
-      printf("#   first mismatch: %s (%" PRId64 " wrong element%s in all)\n", r.first_mismatch.c_str(),
-             r.mismatches, r.mismatches == 1 ? "" : "s");
-    if (!r.error.empty()) printf("#   error: %s\n", r.error.c_str());
-    if (!r.skipped.empty()) printf("#   skipped: %s\n", r.skipped.c_str());
+    printf("%s %10s %12s %9s %12s %9s  %s\n", tools::shapeColumns(r.shape, nranks, opt.type).c_str(),
+           tools::number(r.recv_rows, 1).c_str(), tools::number(r.dispatch_us, 1).c_str(),
+           tools::number(r.dispatch_gbps, 2).c_str(), tools::number(r.combine_us, 1).c_str(),
+           tools::number(r.combine_gbps, 2).c_str(), tools::checkWord(r, "-"));
+    tools::printStatusNotes(r);
   }
   fflush(stdout);
 }
@@ -823,51 +718,13 @@ int libraryTimeoutMs(const Options& opt) {
   return 60000;
 }
 
-// A fresh unique id per shape: rank 0 makes it, the control channel carries it.
-struct IdMessage {
-  int32_t ok;
-  char error[256];
-  epUniqueId id;
-};
-static_assert(sizeof(IdMessage) <= ControlChannel::kPayloadBytes, "one control row");
-
-bool shareShapeId(ControlChannel* ctl, epUniqueId* id, std::string* error) {
-  IdMessage msg;
-  memset(&msg, 0, sizeof(msg));
-  if (ctl->rank() == 0) {
-    epResult_t res = epGetUniqueId(&msg.id);
-    msg.ok = res == epSuccess;
-    if (!msg.ok)
-      snprintf(msg.error, sizeof(msg.error), "rank 0: epGetUniqueId failed: %s: %s", epGetErrorString(res),
-               epGetLastError(nullptr));
-  }
-  if (ctl->broadcast(&msg, sizeof(msg)) != epSuccess) throw ControlFailure(ctl->error());
-  *id = msg.id;
-  *error = msg.error;
-  return msg.ok != 0;
-}
-
-// Runs one shape on this rank; on rank 0 returns the result of all ranks.
+// Runs one shape on this rank; on rank 0 returns the result of all ranks
+// (elsewhere: of this rank, enough for the exit status).
 ShapeResult runShape(const Options& opt, const Shape& shape, ControlChannel* ctl, BenchDevice* dev) {
-  epUniqueId id;
-  std::string id_error;
-  RankReport mine;
-  if (shareShapeId(ctl, &id, &id_error)) {
-    ShapeRun run(opt, shape, ctl, dev);
-    mine = run.run(id);
-  } else {
-    mine.error = 1;
-    copyText(mine.error_text, sizeof(mine.error_text), id_error);
-  }
-  std::vector<RankReport> all(ctl->rank() == 0 ? size_t(ctl->nranks()) : 0);
-  if (ctl->gather(&mine, sizeof(mine), all.data()) != epSuccess) throw ControlFailure(ctl->error());
-  ShapeResult res = ctl->rank() == 0 ? summarize(shape, all) : ShapeResult{};
-  // Off rank 0, only this rank's own failures are known: enough for the exit status.
-  if (ctl->rank() != 0) {
-    res.mismatches = mine.mismatches;
-    if (mine.error) res.error = mine.error_text;
-  }
-  return res;
+  return summarize(shape, tools::runOnRanks<RankReport>(ctl, [&](const epUniqueId& id) {
+                     ShapeRun run(opt, shape, ctl, dev);
+                     return run.run(id);
+                   }));
 }
 
 int benchMain(const Options& opt, const LaunchInfo& li) {
@@ -887,11 +744,19 @@ int benchMain(const Options& opt, const LaunchInfo& li) {
     return 1;
   }
   const bool printer = li.rank == 0;
-  if (printer && !opt.json) printHeader(opt, li, dev->name());
+  const bool ll = opt.mode == BenchMode::kLowLatency;
+  if (printer && !opt.json) {
+    if (ll)
+      tools::printLowLatencyHeader(opt, li, dev->name());
+    else
+      printHeader(opt, li, dev->name());
+  }
   int failed = 0, skipped = 0;
-  try {
+  // Every shape through run (the shape on all ranks) and print (on rank 0),
+  // whose result types differ by mode.
+  auto runShapes = [&](auto run, auto print) {
     for (const Shape& shape : opt.shapes) {
-      ShapeResult r;
+      decltype(run(shape)) r;
       // Experts live in contiguous blocks of E/R per rank (the library's
       // placement, and the reference's): other counts cannot run. Every rank
       // decides alike, without talking.
@@ -901,11 +766,21 @@ int benchMain(const Options& opt, const LaunchInfo& li) {
                     std::to_string(li.nranks) + " ranks (experts are placed in equal blocks)";
         skipped++;
       } else {
-        r = runShape(opt, shape, &ctl, dev.get());
+        r = run(shape);
         if (!r.passed()) failed++;
       }
-      if (printer) printResult(opt, r, li.nranks, dev->name());
+      if (printer) print(r);
     }
+  };
+  try {
+    if (ll)
+      runShapes([&](const Shape& shape) { return tools::runLowLatencyShape(opt, shape, &ctl, dev.get()); },
+                [&](const tools::LLShapeResult& r) {
+                  tools::printLowLatencyResult(opt, r, li.nranks, dev->name());
+                });
+    else
+      runShapes([&](const Shape& shape) { return runShape(opt, shape, &ctl, dev.get()); },
+                [&](const ShapeResult& r) { printResult(opt, r, li.nranks, dev->name()); });
   } catch (const ControlFailure& e) {
     fprintf(stderr, "ep_bench: rank %d: %s\n", li.rank, e.what());
     return 1;

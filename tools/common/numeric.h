@@ -4,6 +4,7 @@
 // the GPU's conversion instructions do.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -51,6 +52,28 @@ inline float fp8e4m3ToFloat(uint8_t b) {
   if (exp == 0xf && man == 0x7) return NAN;
   if (exp == 0) return sign * std::ldexp(float(man), -9);  // subnormal: man/8 * 2^-6
   return sign * std::ldexp(float(man | 0x8), exp - 10);    // (1 + man/8) * 2^(exp-7)
+}
+
+// Float to FP8 E4M3 "fn": round to nearest even, saturated to +-448 (the
+// low-latency dispatch's quantisation, SEMANTICS.md). Finite inputs.
+inline uint8_t floatToFp8e4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80u : 0u;
+  const float a = std::fabs(f);
+  if (!(a < 448.0f)) return uint8_t(sign | 0x7eu);  // 448 and above (NaN too): the largest finite
+  int exp = 0;
+  std::frexp(a, &exp);  // a = m * 2^exp, m in [0.5, 1): its leading bit is 2^(exp - 1)
+  // The spacing of E4M3 values near a: 2^(e - 3) for a normal value with
+  // leading bit 2^e (e >= -6), 2^-9 for subnormals.
+  const int quantum_exp = std::max(exp - 1, -6) - 3;
+  // Exact division by a power of two, then round half to even (the default mode).
+  const float q = std::nearbyint(std::ldexp(a, -quantum_exp));
+  const float v = std::ldexp(q, quantum_exp);  // the rounded value: may have moved up a binade
+  if (v >= 448.0f) return uint8_t(sign | 0x7eu);
+  if (v < std::ldexp(1.0f, -6)) return uint8_t(sign | uint8_t(q));  // subnormal: man = v / 2^-9
+  int vexp = 0;
+  const float m = std::frexp(v, &vexp);       // v = m * 2^vexp = (2m) * 2^(vexp - 1)
+  const int man = int(std::ldexp(m, 4)) - 8;  // (2m - 1) * 8
+  return uint8_t(sign | uint8_t((vexp - 1 + 7) << 3) | uint8_t(man));
 }
 
 inline size_t elementBytes(epDataType_t t) {

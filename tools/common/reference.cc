@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "numeric.h"
 
@@ -279,6 +280,156 @@ void checkCombine(const ProblemSpec& spec, int me, const uint16_t* out, const fl
       float want = ids[k] >= 0 ? w[k] : 0.0f;
       float g = out_topk_weights[size_t(t) * K + k];
       if (!sameBits(g, want)) log->add("combine out_topk_weights", t, k, floatText(want), floatText(g));
+    }
+  }
+}
+
+// ---- Low-latency mode ---------------------------------------------------------
+
+float llBlockScale(float amax, bool pow2_scales) {
+  const float scale = std::fmax(amax, 1e-4f) / 448.0f;
+  if (!pow2_scales) return scale;
+  int exp = 0;
+  const float m = std::frexp(scale, &exp);  // scale = m * 2^exp, m in [0.5, 1)
+  return m == 0.5f ? scale : std::ldexp(1.0f, exp);
+}
+
+namespace {
+
+// Largest magnitude of the BF16 values x[lo, hi).
+float blockAmax(const uint16_t* x, int lo, int hi) {
+  float amax = 0.0f;
+  for (int j = lo; j < hi; j++) amax = std::fmax(amax, std::fabs(bf16ToFloat(x[j])));
+  return amax;
+}
+
+// Checks one FP8 row of local expert e's slot against the BF16 row x it came from.
+void checkFp8Row(const ProblemSpec& spec, const LLWire& wire, const uint16_t* x, const uint8_t* row,
+                 const float* scales, size_t scale_stride, const std::string& expert, int64_t slot,
+                 MismatchLog* log) {
+  const int H = spec.hidden;
+  for (int b = 0; b < spec.scaleBlocks(); b++) {
+    const int lo = b * 128, hi = std::min(H, lo + 128);
+    const float scale = llBlockScale(blockAmax(x, lo, hi), wire.pow2_scales);
+    const float got_scale = scales[size_t(b) * scale_stride];
+    if (!sameBits(got_scale, scale))
+      log->add(("recv_scales" + expert).c_str(), slot, b, floatText(scale), floatText(got_scale));
+    for (int j = lo; j < hi; j++) {
+      // Within E4M3's rounding: 2^-4 relative, 2^-10 of the scale absolute.
+      const float want = bf16ToFloat(x[j]), back = fp8e4m3ToFloat(row[j]) * scale;
+      const float tol = std::fmax(std::fabs(want) / 16.0f, scale / 1024.0f) * 1.001f;
+      if (!(std::fabs(back - want) <= tol))
+        log->add(("recv_x" + expert).c_str(), slot, j, floatText(want) + " +- " + floatText(tol),
+                 hexValue(row[j], epFloat8E4M3) + " * scale = " + floatText(back));
+    }
+  }
+}
+
+}  // namespace
+
+void llWireValues(const ProblemSpec& spec, const LLWire& wire, const uint16_t* x, float* out) {
+  ProblemSpec on_wire = spec;
+  on_wire.type = wire.type;
+  if (wire.type != epFloat8E4M3) {
+    rowToValues(on_wire, x, nullptr, out);
+    return;
+  }
+  const int H = spec.hidden;
+  std::vector<uint8_t> q(static_cast<size_t>(H));
+  std::vector<float> scales(static_cast<size_t>(spec.scaleBlocks()));
+  for (int b = 0; b < spec.scaleBlocks(); b++) {
+    const int lo = b * 128, hi = std::min(H, lo + 128);
+    scales[size_t(b)] = llBlockScale(blockAmax(x, lo, hi), wire.pow2_scales);
+    const float inverse = 1.0f / scales[size_t(b)];
+    for (int j = lo; j < hi; j++) q[size_t(j)] = floatToFp8e4m3(bf16ToFloat(x[j]) * inverse);
+  }
+  rowToValues(on_wire, q.data(), scales.data(), out);
+}
+
+int64_t checkLowLatencyDispatch(const ProblemSpec& spec, int me, const LLWire& wire,
+                                const LLDispatchOutputs& got, MismatchLog* log) {
+  const int K = spec.topk, H = spec.hidden, L = spec.localExperts(), R = spec.nranks, M = spec.tokens;
+  const int64_t cap = int64_t(R) * M, first_expert = int64_t(me) * L;
+  const bool fp8 = wire.type == epFloat8E4M3;
+  const size_t rb = size_t(H) * elementBytes(wire.type);
+
+  // The rows each local expert must receive, in order: (source rank, source token).
+  std::vector<std::vector<std::pair<int, int>>> want(static_cast<size_t>(L));
+  std::vector<RankInputs> sources;
+  std::vector<int64_t> ids(static_cast<size_t>(K));
+  for (int s = 0; s < R; s++) {
+    sources.emplace_back(spec, s);
+    for (int t = 0; t < sources.back().numTokens(); t++) {
+      sources.back().topk(t, ids.data());
+      for (int k = 0; k < K; k++)
+        if (ids[k] >= 0 && spec.ownerOf(ids[k]) == me) want[size_t(ids[k] - first_expert)].push_back({s, t});
+    }
+  }
+
+  std::vector<uint16_t> x(static_cast<size_t>(H));
+  int64_t rows = 0;
+  for (int e = 0; e < L; e++) {
+    const std::string expert = " of local expert " + std::to_string(e);
+    const int64_t n_want = int64_t(want[size_t(e)].size()), n_got = got.recv_count[e];
+    rows += n_want;
+    if (n_got != n_want)
+      log->add(("recv_count" + expert).c_str(), -1, -1, std::to_string(n_want), std::to_string(n_got));
+    // Rows the library wrote that we can compare: within both counts (the count check reports the rest).
+    const int64_t n = std::min(n_want, std::max<int64_t>(n_got, 0));
+    for (int64_t slot = 0; slot < n; slot++) {
+      const int s = want[size_t(e)][size_t(slot)].first, t = want[size_t(e)][size_t(slot)].second;
+      const size_t at = size_t(e) * size_t(cap) + size_t(slot);
+      if (got.recv_src != nullptr && got.recv_src[at] != s * M + t)
+        log->add(
+            ("recv_src" + expert).c_str(), slot, -1,
+            std::to_string(s * M + t) + " (rank " + std::to_string(s) + " token " + std::to_string(t) + ")",
+            std::to_string(got.recv_src[at]));
+      sources[size_t(s)].row(t, x.data());
+      const uint8_t* row = static_cast<const uint8_t*>(got.recv_x) + at * rb;
+      if (fp8)
+        checkFp8Row(spec, wire, x.data(), row, got.recv_scales + size_t(e) * spec.scaleBlocks() * cap + slot,
+                    size_t(cap), expert, slot, log);
+      else if (memcmp(x.data(), row, rb) != 0)
+        compareRow(x.data(), row, H, epBfloat16, ("recv_x" + expert).c_str(), slot, log);
+    }
+  }
+  return rows;
+}
+
+void checkLowLatencyCombine(const ProblemSpec& spec, int me, const LLWire& wire, const uint16_t* out,
+                            MismatchLog* log) {
+  const int K = spec.topk, H = spec.hidden, R = spec.nranks;
+  RankInputs mine(spec, me);
+  std::vector<int64_t> ids(static_cast<size_t>(K));
+  std::vector<float> w(static_cast<size_t>(K)), values(static_cast<size_t>(H)), acc(static_cast<size_t>(H)),
+      partial(static_cast<size_t>(H));
+  std::vector<uint16_t> x(static_cast<size_t>(H)), y(static_cast<size_t>(H));
+  for (int t = 0; t < mine.numTokens(); t++) {
+    mine.topk(t, ids.data());
+    mine.weights(t, w.data());
+    mine.row(t, x.data());
+    llWireValues(spec, wire, x.data(), values.data());
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int r = 0; r < R; r++) {  // ascending rank, as the home rank sums the partial rows
+      bool any = false;
+      for (int k = 0; k < K; k++) {  // k ascending, as rank r forms its partial row
+        if (ids[k] < 0 || spec.ownerOf(ids[k]) != r) continue;
+        if (!any) {
+          std::fill(partial.begin(), partial.end(), 0.0f);
+          expertRow(values.data(), H, r, y.data());  // every expert of rank r returns the same row
+          any = true;
+        }
+        for (int j = 0; j < H; j++)
+          partial[size_t(j)] = std::fma(w[k], bf16ToFloat(y[size_t(j)]), partial[size_t(j)]);
+      }
+      if (any)
+        for (int j = 0; j < H; j++) acc[size_t(j)] += partial[size_t(j)];
+    }
+    const uint16_t* got = out + size_t(t) * H;
+    for (int j = 0; j < H; j++) {
+      const uint16_t want = floatToBf16(acc[size_t(j)]);
+      if (got[j] != want)
+        log->add("combine out", t, j, hexValue(want, epBfloat16), hexValue(got[j], epBfloat16));
     }
   }
 }

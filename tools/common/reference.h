@@ -113,4 +113,48 @@ int64_t checkDispatch(const ProblemSpec& spec, int rank, unsigned generation, co
 void checkCombine(const ProblemSpec& spec, int rank, const uint16_t* out, const float* out_topk_weights,
                   MismatchLog* log);
 
+// ---- Low-latency mode (epLowLatencyDispatch / epLowLatencyCombine) ----------
+// x is BF16 (spec.type == epBfloat16: RankInputs makes the rows); spec.tokens
+// is config.max_tokens_per_rank (M). Outputs are expert-major, R * M rows per
+// local expert (include/moeep.h).
+
+// The wire of a low-latency dispatch.
+struct LLWire {
+  epDataType_t type = epFloat8E4M3;  // epFloat8E4M3 or epBfloat16
+  bool pow2_scales = false;          // EP_LL_ROUND_SCALE_POW2
+};
+
+// The FP8 scale of a block of 128 (or fewer) values whose largest magnitude is
+// amax: max(amax, 1e-4) / 448, rounded up to a power of two with pow2_scales.
+float llBlockScale(float amax, bool pow2_scales);
+
+// The values the experts receive for a BF16 row x of H values: x itself on a
+// BF16 wire; on FP8, x quantised as SEMANTICS.md says (q = e4m3(x * (1 /
+// scale))) and scaled back (q * scale).
+void llWireValues(const ProblemSpec& spec, const LLWire& wire, const uint16_t* x, float* out);
+
+// What a low-latency dispatch wrote on one rank, as host-readable pointers.
+struct LLDispatchOutputs {
+  const void* recv_x = nullptr;        // [L, R * M, H] of the wire type
+  const float* recv_scales = nullptr;  // [L, ceil(H/128), R * M] (FP8)
+  const int* recv_count = nullptr;     // [L]
+  const int* recv_src = nullptr;       // [L, R * M]
+};
+
+// Checks rank `rank`'s low-latency dispatch: recv_count of every local expert
+// and recv_src of every row exactly (within an expert by source rank, then
+// source token), and every received row: bit for bit on a BF16 wire; on FP8
+// the scale exactly and each value within E4M3's rounding of it (as
+// tests/mp/mp_lowlat.cc: 2^-4 relative, 2^-10 of the scale absolute). Returns
+// the number of (token, local expert) rows expected.
+int64_t checkLowLatencyDispatch(const ProblemSpec& spec, int rank, const LLWire& wire,
+                                const LLDispatchOutputs& got, MismatchLog* log);
+
+// Checks rank `rank`'s low-latency combine output out [T, H] bf16, with the
+// experts of the benchmark (y = expertRow of the received values on rank r):
+// out = bf16(sum over ranks r ascending of partial_r), partial_r = the float32
+// fma chain, k ascending, of weight_k * y over the token's experts on r.
+void checkLowLatencyCombine(const ProblemSpec& spec, int rank, const LLWire& wire, const uint16_t* out,
+                            MismatchLog* log);
+
 }  // namespace tools
