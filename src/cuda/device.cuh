@@ -1,10 +1,11 @@
 // Device helpers of the CUDA backend: PTX loads/stores with the right memory
-// semantics, bounded spin waits, error reporting, float conversions that match
-// src/host/convert.h bit for bit (NaN handling included).
+// semantics, bounded spin waits, error reporting. The BF16 / FP16 conversions
+// are src/float16_bits.h, shared with the host backend.
 #pragma once
 
 #include <cstdint>
 
+#include "../float16_bits.h"
 #include "cuda_common.h"
 
 namespace ep {
@@ -148,55 +149,6 @@ __device__ __forceinline__ bool lastBlockDone(DevLocal* local) {
 
 __device__ __forceinline__ long long topkLoad(const void* idx, int idx64, size_t i) {
   return idx64 ? static_cast<const long long*>(idx)[i] : (long long)static_cast<const int*>(idx)[i];
-}
-
-// ---- conversions identical to src/host/convert.h ----
-__device__ __forceinline__ float bf16ToFloat(uint32_t h) { return __uint_as_float(h << 16); }
-__device__ __forceinline__ uint32_t floatToBf16(float f) {
-  uint32_t bits = __float_as_uint(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return ((bits >> 16) | 0x40) & 0xffffu;
-  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return ((bits + rounding) >> 16) & 0xffffu;
-}
-__device__ __forceinline__ float fp16ToFloat(uint32_t h) {
-  uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {
-      int e = -1;
-      do { man <<= 1; e++; } while ((man & 0x400u) == 0);
-      bits = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | man << 13;
-  } else {
-    bits = sign | (exp + 127 - 15) << 23 | man << 13;
-  }
-  return __uint_as_float(bits);
-}
-__device__ __forceinline__ uint32_t floatToFp16(float f) {
-  uint32_t bits = __float_as_uint(f);
-  uint32_t sign = (bits >> 16) & 0x8000u;
-  uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;
-  if (abs < 0x38800000u) {
-    if (abs < 0x33000000u) return sign;
-    uint32_t exp = abs >> 23;
-    uint32_t man = (abs & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - exp;
-    uint32_t half_man = man >> shift;
-    uint32_t rem = man & ((1u << shift) - 1);
-    uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_man & 1u))) half_man++;
-    return sign | half_man;
-  }
-  uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
-  return (sign | ((rounded - 0x38000000u) >> 13)) & 0xffffu;
 }
 
 }  // namespace cuda
