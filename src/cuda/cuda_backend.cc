@@ -22,18 +22,9 @@
 #include "../checks.h"
 #include "../params.h"
 #include "../transport.h"
+#include "cuda_check.h"
 #include "cuda_common.h"
 #include "ll_engine.h"
-
-#define CUDACHECK(call)                                                                        \
-  do {                                                                                         \
-    cudaError_t cuda_err_ = (call);                                                            \
-    if (cuda_err_ != cudaSuccess) {                                                            \
-      cudaGetLastError();                                                                      \
-      return ::ep::setError(comm_, epUnhandledCudaError, "%s failed: %s (%s:%d)", #call,       \
-                            cudaGetErrorString(cuda_err_), __FILE__, __LINE__);                \
-    }                                                                                          \
-  } while (0)
 
 namespace ep {
 namespace {

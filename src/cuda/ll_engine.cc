@@ -8,16 +8,7 @@
 #include "../ll_layout.h"
 #include "../debug.h"
 #include "../params.h"
-
-#define LLCUDACHECK(call)                                                                          \
-  do {                                                                                             \
-    cudaError_t ll_err_ = (call);                                                                  \
-    if (ll_err_ != cudaSuccess) {                                                                  \
-      cudaGetLastError();                                                                          \
-      return ::ep::setError(comm_, epUnhandledCudaError, "%s failed: %s (%s:%d)", #call,           \
-                            cudaGetErrorString(ll_err_), __FILE__, __LINE__);                      \
-    }                                                                                              \
-  } while (0)
+#include "cuda_check.h"
 
 namespace ep {
 namespace cuda {
@@ -84,8 +75,8 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   if (res != epSuccess)
     return setError(comm_, res, "cannot allocate the %zu-byte low-latency buffer on device %d", bytes_, dev_);
   // Stale tags must not look like pair tags: zero before anyone writes.
-  LLCUDACHECK(cudaMemset(own, 0, bytes_));
-  LLCUDACHECK(cudaDeviceSynchronize());
+  CUDACHECK(cudaMemset(own, 0, bytes_));
+  CUDACHECK(cudaDeviceSynchronize());
   EPCHECK(bootstrapAllGather(comm_->bootstrap, handles.data(), EP_TRANSPORT_HANDLE_BYTES));
   conns_.assign(R, nullptr);
   view_.bufs[me] = static_cast<char*>(own);
@@ -114,9 +105,9 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.pdl = param::CUDA_LL_PDL() != 0;
   if (param::CUDA_LL_TIMING() != 0) {
     void* tp = nullptr;
-    LLCUDACHECK(cudaMalloc(&tp, sizeof(LLTiming)));
-    LLCUDACHECK(cudaMemset(tp, 0xff, offsetof(LLTiming, end)));
-    LLCUDACHECK(cudaMemset(static_cast<char*>(tp) + offsetof(LLTiming, end), 0, sizeof(LLTiming) - offsetof(LLTiming, end)));
+    CUDACHECK(cudaMalloc(&tp, sizeof(LLTiming)));
+    CUDACHECK(cudaMemset(tp, 0xff, offsetof(LLTiming, end)));
+    CUDACHECK(cudaMemset(static_cast<char*>(tp) + offsetof(LLTiming, end), 0, sizeof(LLTiming) - offsetof(LLTiming, end)));
     timing_ = static_cast<LLTiming*>(tp);
     view_.timing = timing_;
   }
@@ -129,27 +120,27 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   for (int s : sms) sms_ = std::min(sms_, s);
 
   void* mem = nullptr;
-  LLCUDACHECK(cudaMalloc(&mem, sizeof(LLLocal)));
-  LLCUDACHECK(cudaMemset(mem, 0, sizeof(LLLocal)));
+  CUDACHECK(cudaMalloc(&mem, sizeof(LLLocal)));
+  CUDACHECK(cudaMemset(mem, 0, sizeof(LLLocal)));
   local_ = static_cast<LLLocal*>(mem);
   view_.local = local_;
   void* hp = nullptr;
-  LLCUDACHECK(cudaHostAlloc(&hp, sizeof(ErrorInfo), cudaHostAllocMapped));
+  CUDACHECK(cudaHostAlloc(&hp, sizeof(ErrorInfo), cudaHostAllocMapped));
   memset(hp, 0, sizeof(ErrorInfo));
   err_host_ = static_cast<ErrorInfo*>(hp);
   void* dp = nullptr;
-  LLCUDACHECK(cudaHostGetDevicePointer(&dp, hp, 0));
+  CUDACHECK(cudaHostGetDevicePointer(&dp, hp, 0));
   view_.err = static_cast<ErrorInfo*>(dp);
 
   slot_bytes_ = llAlign(offsetof(LLHandleDev, mask) + size_t(c.max_tokens_per_rank) + 1, 256);
   for (int i = 0; i < 8; i++) {  // enough that a captured graph of a few layers allocates nothing
     LLHandleDev* s = nullptr;
-    LLCUDACHECK(cudaMalloc(&s, slot_bytes_));
-    LLCUDACHECK(cudaMemset(s, 0, slot_bytes_));
+    CUDACHECK(cudaMalloc(&s, slot_bytes_));
+    CUDACHECK(cudaMemset(s, 0, slot_bytes_));
     all_slots_.push_back(s);
     free_slots_.push_back(s);
   }
-  LLCUDACHECK(cudaDeviceSynchronize());
+  CUDACHECK(cudaDeviceSynchronize());
   EPCHECK(bootstrapBarrier(comm_->bootstrap));
   ipc_->table->connected(ipc_->ctx, own_mem_);
   EP_INFO(kSubsysInit, "low-latency buffers: %zu bytes per rank", bytes_);
@@ -160,7 +151,7 @@ epResult_t LLEngine::acquireSlot(LLHandleDev** out) {
   std::lock_guard<std::mutex> lock(slots_mu_);
   if (free_slots_.empty()) {
     LLHandleDev* s = nullptr;
-    LLCUDACHECK(cudaMalloc(&s, slot_bytes_));
+    CUDACHECK(cudaMalloc(&s, slot_bytes_));
     all_slots_.push_back(s);
     free_slots_.push_back(s);
   }
