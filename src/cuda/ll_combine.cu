@@ -46,13 +46,13 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // The pair and where each source's records start, as the dispatch left them.
   __shared__ int src_base[kMaxRanks + 1];
-  __shared__ uint32_t s_pair;
+  __shared__ uint64_t s_pair;
   if (threadIdx.x <= R) src_base[threadIdx.x] = p.hd->src_base[threadIdx.x];
   if (threadIdx.x == 0) s_pair = p.hd->pair;
   __syncthreads();
-  const uint32_t pair = s_pair;
+  const uint64_t pair = s_pair;
   const int set = int(pair & 1u);
-  const uint32_t tag = pair + 1;
+  const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
   const size_t cap = size_t(R) * v.max_tokens;
   const int pieces = H / 8;
   __shared__ int s_n[kRecGroup];
@@ -144,7 +144,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
 __device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, H = v.hidden;
-  const uint32_t pair = p.hd->pair;
+  const uint64_t pair = p.hd->pair;
   const int set = int(pair & 1u);
   const int pieces = H / 8;
   const int total = p.hd->num_tokens * pieces;
@@ -191,7 +191,7 @@ __device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p) {
 
 __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombineParams p) {
   llEnter(p.v);
-  const uint32_t pair = p.hd->pair;
+  const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
   combineSendPhase(p);
   llTimeEnd(p.v, pair, kLLKindCombine);
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombinePara
 
 __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombineParams p) {
   llEnter(p.v);
-  const uint32_t pair = p.hd->pair;
+  const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombineRecv);
   combineRecvPhase(p);
   llTimeEnd(p.v, pair, kLLKindCombineRecv);
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombinePara
 // Both halves in one launch; at most one block per SM (see llDispatchKernel).
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p) {
   llEnter(p.v);
-  const uint32_t pair = p.hd->pair;
+  const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
   combineSendPhase(p);
   combineRecvPhase(p);

@@ -60,7 +60,7 @@ struct LLCtrl {
 
 // Rank-private device counters.
 struct LLLocal {
-  uint32_t pairs;           // dispatch sends issued
+  uint64_t pairs;           // dispatch sends issued (64 bits: the signal targets grow with it and never wrap)
   uint32_t blocks_done;     // last block of a dispatch send (bumps pairs)
   int err_claim;
   int timed_out;
@@ -78,7 +78,7 @@ struct LLTiming {
 
 // Device state of one LL handle.
 struct LLHandleDev {
-  uint32_t pair;
+  uint64_t pair;
   int num_tokens;
   int src_base[kMaxRanks + 1];  // records that arrived here: source s owns [src_base[s], src_base[s + 1])
   uint8_t mask[1];              // [max_tokens]: destination ranks of each token (bit r)

@@ -119,7 +119,7 @@ __device__ __forceinline__ bool llWait(const LLView& v, const uint64_t* p, uint6
 }
 
 // Counter target of pair p: the blocks of all pairs of its set so far.
-__device__ __forceinline__ uint64_t llTarget(uint32_t pair) { return uint64_t(pair / 2 + 1) * gridDim.x; }
+__device__ __forceinline__ uint64_t llTarget(uint64_t pair) { return (pair / 2 + 1) * gridDim.x; }
 
 // The signal counters of LLCtrl, by kind.
 enum LLCounter { kLLDispatchSent = 0, kLLCombineSent = 1, kLLCombineRead = 2 };
@@ -156,18 +156,18 @@ __device__ __forceinline__ void llEnter(const LLView& v) {
 // Kernel timing (v.timing set): the earliest start and latest end over the blocks.
 // Slots are reused every kLLTimingSlots pairs: the dispatch of pair p clears
 // the slot of pair p + kLLTimingSlots / 2, long before that pair runs.
-__device__ __forceinline__ void llTimeStart(const LLView& v, uint32_t pair, LLKernelKind kind) {
+__device__ __forceinline__ void llTimeStart(const LLView& v, uint64_t pair, LLKernelKind kind) {
   if (v.timing == nullptr || threadIdx.x != 0) return;
   atomicMin(&v.timing->start[pair % kLLTimingSlots][kind], globalTimer());
   if (kind == kLLKindDispatch && blockIdx.x == 0) {
-    const uint32_t ahead = (pair + kLLTimingSlots / 2) % kLLTimingSlots;
+    const uint32_t ahead = uint32_t((pair + kLLTimingSlots / 2) % kLLTimingSlots);
     for (int k = 0; k < kLLKinds; k++) {
       v.timing->start[ahead][k] = ~0ull;
       v.timing->end[ahead][k] = 0;
     }
   }
 }
-__device__ __forceinline__ void llTimeEnd(const LLView& v, uint32_t pair, LLKernelKind kind) {
+__device__ __forceinline__ void llTimeEnd(const LLView& v, uint64_t pair, LLKernelKind kind) {
   if (v.timing == nullptr) return;
   __syncthreads();
   if (threadIdx.x == 0) atomicMax(&v.timing->end[pair % kLLTimingSlots][kind], globalTimer());

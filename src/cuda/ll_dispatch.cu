@@ -246,10 +246,10 @@ __device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, 
 
 // The send half; `pair` was read from v.local->pairs at kernel start (it is
 // bumped by the last block to finish this phase, after every block read it).
-__device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uint32_t pair) {
+__device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uint64_t pair) {
   const LLView& v = p.v;
   const int set = int(pair & 1u);
-  const uint32_t tag = pair + 1;
+  const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
   int lo, hi;
   llBlockRange(p.num_tokens, lo, hi);
   // Loads first: the first token group and the first numbering round.
@@ -343,11 +343,11 @@ __device__ __forceinline__ void stageBases(const LLDispatchParams& p, int set, i
 }
 
 // The receive half of pair `pair`.
-__device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uint32_t pair) {
+__device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uint64_t pair) {
   const LLView& v = p.v;
   const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts;
   const int set = int(pair & 1u);
-  const uint32_t tag = pair + 1;
+  const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ int src_base[kMaxRanks + 1];
   __shared__ int s_base[kStagedBases];
@@ -426,7 +426,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
 
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(LLDispatchParams p) {
   llEnter(p.v);
-  const uint32_t pair = p.v.local->pairs;
+  const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   dispatchSendPhase(p, pair);
   llTimeEnd(p.v, pair, kLLKindDispatch);
@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(LLDispatchPa
 
 __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(LLDispatchParams p) {
   llEnter(p.v);
-  const uint32_t pair = p.hd->pair;
+  const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindDispatchRecv);
   dispatchRecvPhase(p, pair);
   llTimeEnd(p.v, pair, kLLKindDispatchRecv);
@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(LLDispatchPa
 // sending block from running.
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LLDispatchParams p) {
   llEnter(p.v);
-  const uint32_t pair = p.v.local->pairs;
+  const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   dispatchSendPhase(p, pair);
   dispatchRecvPhase(p, pair);
