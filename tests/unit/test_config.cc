@@ -12,6 +12,7 @@
 #include "comm.h"
 #include "child_cases.h"
 #include "common.h"
+#include "ll_layout.h"
 
 namespace {
 
@@ -480,6 +481,37 @@ void node_map_rejects_node_size_not_dividing_ranks(void**) {
   assert_contains(ep::threadLastError(), "EP_NODE_SIZE = 7");
 }
 
+// epLowLatencyBufferBytes: what a low-latency communicator registers per rank,
+// from the config alone: a control area and two sets of (dispatch landing,
+// combine landing, per-(source, expert) counts).
+void ll_buffer_bytes_follows_the_layout(void**) {
+  epConfig_t c = validConfig();
+  c.low_latency = 1;
+  c.num_experts = 288;
+  c.hidden = 7168;
+  c.max_tokens_per_rank = 128;
+  c.max_topk = 8;
+  size_t bytes = 0;
+  assert_result(epLowLatencyBufferBytes(&c, 2, &bytes), epSuccess);
+  assert_true(bytes == ep::llBufferBytes(2, 128, 7168, 8, 288));
+  // One record per (source, token): header (16 + 12 K bytes, 16-aligned), BF16 row, FP8 scales.
+  const size_t record = 112 + 7168 * 2 + 56 * 4;
+  const size_t rows = 2 * 128;
+  const size_t set = (rows * record + 4095) / 4096 * 4096 + rows * 7168 * 4 + 4096;
+  assert_true(bytes == 4096 + 2 * set);
+  // The counts grow with the experts: 8192 experts need 32 KiB per set instead of 4 KiB.
+  c.num_experts = 8192;
+  size_t more = 0;
+  assert_result(epLowLatencyBufferBytes(&c, 2, &more), epSuccess);
+  assert_true(more == bytes + 2 * (32768 - 4096));
+  // Bad arguments are refused with a reason.
+  assert_result(epLowLatencyBufferBytes(&c, 2, nullptr), epInvalidArgument);
+  assert_result(epLowLatencyBufferBytes(&c, 0, &more), epInvalidArgument);
+  assert_contains(epGetLastError(nullptr), "nranks");
+  c.num_experts = 9;  // not a multiple of 2 ranks
+  assert_result(epLowLatencyBufferBytes(&c, 2, &more), epInvalidArgument);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -511,6 +543,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(node_map_single_host_is_one_node),
       cmocka_unit_test(node_map_by_node_size_ignores_hosts),
       cmocka_unit_test(node_map_rejects_node_size_not_dividing_ranks),
+      cmocka_unit_test(ll_buffer_bytes_follows_the_layout),
   };
   return cmocka_run_group_tests_name("config", tests, groupSetup, nullptr);
 }
