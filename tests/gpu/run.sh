@@ -49,22 +49,19 @@ timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" 2>&1 | tee "$LOGS
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test: FAILED"; status=1; }
 fi
 
+# sanitize TOOL LOGNAME PROGRAM: PROGRAM --small under compute-sanitizer TOOL.
+sanitize() {
+  timeout ${EP_GPU_SANITIZER_TIMEOUT:-300} "$CUDA_HOME/bin/compute-sanitizer" --tool "$1" --error-exitcode 9 \
+    "$BUILD/tests/$3" --small >"$LOGS/$2.log" 2>&1
+  local rc=$?
+  tail -3 "$LOGS/$2.log"
+  echo "compute-sanitizer $1 ($3 --small): exit $rc"
+  [ "$rc" -eq 0 ] || status=1
+}
 if [ "${EP_GPU_SANITIZER:-1}" != 0 ] && [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then
   for tool in memcheck racecheck; do
-    timeout ${EP_GPU_SANITIZER_TIMEOUT:-300} "$CUDA_HOME/bin/compute-sanitizer" --tool $tool --error-exitcode 9 "$BUILD/tests/gpu_test" --small \
-      >"$LOGS/sanitizer_$tool.log" 2>&1
-    rc=$?
-    tail -3 "$LOGS/sanitizer_$tool.log"
-    echo "compute-sanitizer $tool: exit $rc"
-    [ "$rc" -eq 0 ] || status=1
-    if [ "$LL" != 0 ]; then
-      timeout ${EP_GPU_SANITIZER_TIMEOUT:-300} "$CUDA_HOME/bin/compute-sanitizer" --tool $tool --error-exitcode 9 "$BUILD/tests/gpu_ll_test" --small \
-        >"$LOGS/sanitizer_ll_$tool.log" 2>&1
-      rc=$?
-      tail -3 "$LOGS/sanitizer_ll_$tool.log"
-      echo "compute-sanitizer $tool (low latency): exit $rc"
-      [ "$rc" -eq 0 ] || status=1
-    fi
+    sanitize $tool "sanitizer_$tool" gpu_test
+    [ "$LL" != 0 ] && sanitize $tool "sanitizer_ll_$tool" gpu_ll_test
   done
 fi
 
