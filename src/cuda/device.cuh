@@ -147,6 +147,18 @@ __device__ __forceinline__ bool lastBlockDone(DevLocal* local) {
   return last != 0;
 }
 
+// Inclusive prefix sum of v over the 32 lanes of a warp (all lanes call it).
+template <typename T>
+__device__ __forceinline__ T warpInclusiveSum(T v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T n = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
+}
+
 __device__ __forceinline__ long long topkLoad(const void* idx, int idx64, size_t i) {
   return idx64 ? static_cast<const long long*>(idx)[i] : (long long)static_cast<const int*>(idx)[i];
 }

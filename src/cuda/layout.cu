@@ -95,16 +95,7 @@ __device__ __forceinline__ void packedBlockScan(unsigned long long lo, unsigned 
   __shared__ unsigned long long warp_sums[2][32];
   __shared__ unsigned long long block_total[2];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  unsigned long long il = lo, ih = hi;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    unsigned long long nl = __shfl_up_sync(0xffffffffu, il, o);
-    unsigned long long nh = __shfl_up_sync(0xffffffffu, ih, o);
-    if (lane >= o) {
-      il += nl;
-      ih += nh;
-    }
-  }
+  const unsigned long long il = warpInclusiveSum(lo), ih = warpInclusiveSum(hi);
   if (lane == 31) {
     warp_sums[0][warp] = il;
     warp_sums[1][warp] = ih;
@@ -112,16 +103,7 @@ __device__ __forceinline__ void packedBlockScan(unsigned long long lo, unsigned 
   __syncthreads();
   if (warp == 0) {
     unsigned long long sl = lane < nwarps ? warp_sums[0][lane] : 0, sh = lane < nwarps ? warp_sums[1][lane] : 0;
-    unsigned long long cl = sl, ch = sh;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      unsigned long long nl = __shfl_up_sync(0xffffffffu, cl, o);
-      unsigned long long nh = __shfl_up_sync(0xffffffffu, ch, o);
-      if (lane >= o) {
-        cl += nl;
-        ch += nh;
-      }
-    }
+    const unsigned long long cl = warpInclusiveSum(sl), ch = warpInclusiveSum(sh);
     if (lane == 31) {
       block_total[0] = cl;
       block_total[1] = ch;

@@ -219,12 +219,7 @@ __device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, 
           int n = 0;
           if (tl < nt)
             for (int k = 0; k < K; k++) n += s_ids[tl * K + k] == e;
-          int incl = n;
-#pragma unroll
-          for (int off = 1; off < 32; off <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, incl, off);
-            if (lane >= off) incl += y;
-          }
+          const int incl = warpInclusiveSum(n);
           if (n) {
             int number = run + incl - n;
             int32_t* slots = llSlots(v, llRecord(v, r, set, v.rank, t0 + tl));
