@@ -190,7 +190,6 @@ __device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombineParams p) {
-  llEnter(p.v);
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
   combineSendPhase(p);
@@ -198,7 +197,6 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombinePara
 }
 
 __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombineParams p) {
-  llEnter(p.v);
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombineRecv);
   combineRecvPhase(p);
@@ -207,7 +205,6 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombinePara
 
 // Both halves in one launch; at most one block per SM (see llDispatchKernel).
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p) {
-  llEnter(p.v);
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
   combineSendPhase(p);

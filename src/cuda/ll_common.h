@@ -96,7 +96,6 @@ struct LLView {
   LLLocal* local;
   ErrorInfo* err;
   unsigned long long timeout_ns;
-  int pdl;                 // launched with programmatic dependent launch: wait for the previous grid first
   LLTiming* timing;        // null unless EP_CUDA_LL_TIMING
 };
 
@@ -104,7 +103,8 @@ struct LLView {
 struct LLRecordHeader {
   uint32_t tag;
   int32_t token;
-  uint32_t pad[2];
+  uint32_t num_topk;  // K of the source's call
+  uint32_t pad;
   // int32 ids[K]; float weights[K]; int32 slots[K]
 };
 
@@ -129,7 +129,6 @@ struct LLCombineParams {
   LLHandleDev* hd;
   const uint16_t* y;
   uint16_t* out;
-  int num_topk;
 };
 
 // Every LL kernel runs one block per SM of the budget (all resident: the fused

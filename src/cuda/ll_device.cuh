@@ -79,7 +79,7 @@ struct LLHeader {
 __device__ __forceinline__ void llLoadHeader(const LLView& v, char* rec, int lane, LLHeader& h, float* w = nullptr) {
   const LLRecordHeader* rh = reinterpret_cast<const LLRecordHeader*>(rec);
   h.tag = rh->tag;
-  h.k = int(rh->pad[0]);
+  h.k = int(rh->num_topk);
   if (lane < v.max_topk) {
     h.id = llIds(v, rec)[lane];
     h.slot = llSlots(v, rec)[lane];
@@ -146,13 +146,6 @@ __device__ __forceinline__ void llWaitAll(const LLView& v, LLCounter kind, int s
   if (threadIdx.x < v.nranks) llWait(v, llCounter(v, v.rank, kind, set, threadIdx.x), target, what, threadIdx.x);
 }
 
-// First instruction of every LL kernel: with programmatic dependent launch the
-// grid may start before the previous one on the stream finished; wait for it
-// (its outputs and our own state, e.g. LLLocal::pairs, are read next).
-__device__ __forceinline__ void llEnter(const LLView& v) {
-  if (v.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-
 // Kernel timing (v.timing set): the earliest start and latest end over the blocks.
 // Slots are reused every kLLTimingSlots pairs: the dispatch of pair p clears
 // the slot of pair p + kLLTimingSlots / 2, long before that pair runs.
@@ -173,20 +166,11 @@ __device__ __forceinline__ void llTimeEnd(const LLView& v, uint64_t pair, LLKern
   if (threadIdx.x == 0) atomicMax(&v.timing->end[pair % kLLTimingSlots][kind], globalTimer());
 }
 
-// Launches an LL kernel with llGrid(sms) blocks, with programmatic dependent
-// launch when v.pdl is set.
+// Launches an LL kernel with llGrid(sms) blocks on the stream.
 template <typename Params>
 inline int llLaunch(void (*kernel)(Params), const Params& p, int threads, int sms, void* stream) {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.gridDim = dim3(llGrid(sms));
-  cfg.blockDim = dim3(threads);
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cfg.attrs = attr;
-  cfg.numAttrs = p.v.pdl ? 1 : 0;
-  return int(cudaLaunchKernelEx(&cfg, kernel, p));
+  kernel<<<llGrid(sms), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return int(cudaGetLastError());
 }
 
 // True in the last block of the grid to get here (the counter is reset).

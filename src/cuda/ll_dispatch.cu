@@ -115,7 +115,7 @@ __device__ __forceinline__ void writeHeaders(const LLDispatchParams& p, int set,
       if (lane == 0) {
         LLRecordHeader* h = reinterpret_cast<LLRecordHeader*>(rec);
         h->token = t;
-        h->pad[0] = uint32_t(K);
+        h->num_topk = uint32_t(K);
         h->tag = tag;  // read only after the dispatch signal, which orders it
       }
     }
@@ -420,7 +420,6 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
 }
 
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(LLDispatchParams p) {
-  llEnter(p.v);
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   dispatchSendPhase(p, pair);
@@ -428,7 +427,6 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(LLDispatchPa
 }
 
 __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(LLDispatchParams p) {
-  llEnter(p.v);
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindDispatchRecv);
   dispatchRecvPhase(p, pair);
@@ -440,7 +438,6 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(LLDispatchPa
 // blocks are resident: blocks waiting in the receive half never keep a
 // sending block from running.
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LLDispatchParams p) {
-  llEnter(p.v);
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   dispatchSendPhase(p, pair);

@@ -102,7 +102,6 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.comb_off = llCombineOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.cnt_off = llCountsOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.timeout_ns = (unsigned long long)c.timeout_ms * 1000000ull;
-  view_.pdl = param::CUDA_LL_PDL() != 0;
   if (param::CUDA_LL_TIMING() != 0) {
     void* tp = nullptr;
     CUDACHECK(cudaMalloc(&tp, sizeof(LLTiming)));
@@ -237,7 +236,6 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
   p.hd = st->dev;
   p.y = static_cast<const uint16_t*>(a.y);
   p.out = static_cast<uint16_t*>(a.out);
-  p.num_topk = st->dispatch.num_topk;
   const int err = send_only ? launchLLCombineSend(p, sms_, stream) : launchLLCombine(p, sms_, stream);
   if (err != 0)
     return setError(comm_, epUnhandledCudaError, "epLowLatencyCombine: kernel launch failed: %s",
