@@ -6,15 +6,20 @@
 // peer's memory: with cudaIpcOpenMemHandle when the peer is another process,
 // or, when it is this very process (ranks as threads, epCommInitAll), with the
 // raw pointer after enabling peer access (cudaIpcOpenMemHandle refuses handles
-// of its own process). can_connect asks cudaDeviceCanAccessPeer, so two GPUs
+// of its own process; peer access is enabled once per context and peer, see
+// enablePeerAccessOnce). can_connect asks cudaDeviceCanAccessPeer, so two GPUs
 // without a P2P path are refused before anything is mapped.
+#include <cuda.h>  // CUcontext, for the context id (resolved at run time, no libcuda link)
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <random>
+#include <set>
+#include <utility>
 
 #include "transport.h"
 
@@ -50,6 +55,50 @@ struct IpcConn {
 };
 
 #define IPC_LOG(ctx, level, ...) (ctx)->env->log((level), "cuda_ipc", __VA_ARGS__)
+
+// The id of the current CUDA context: unique over the life of the process, so
+// a context made again after cudaDeviceReset gets a new one. False where the
+// driver lacks cuCtxGetId (before CUDA 12.0).
+bool currentContextId(unsigned long long* id) {
+  using GetCurrentFn = CUresult(CUDAAPI*)(CUcontext*);
+  using GetIdFn = CUresult(CUDAAPI*)(CUcontext, unsigned long long*);
+  static const std::pair<GetCurrentFn, GetIdFn> fns = [] {
+    void* cur = nullptr;
+    void* get_id = nullptr;
+    cudaDriverEntryPointQueryResult q1, q2;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &cur, 12000, cudaEnableDefault, &q1) != cudaSuccess ||
+        cudaGetDriverEntryPointByVersion("cuCtxGetId", &get_id, 12000, cudaEnableDefault, &q2) != cudaSuccess ||
+        q1 != cudaDriverEntryPointSuccess || q2 != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return std::pair<GetCurrentFn, GetIdFn>{nullptr, nullptr};
+    }
+    return std::pair<GetCurrentFn, GetIdFn>{reinterpret_cast<GetCurrentFn>(cur), reinterpret_cast<GetIdFn>(get_id)};
+  }();
+  CUcontext c = nullptr;
+  return fns.first != nullptr && fns.first(&c) == CUDA_SUCCESS && c != nullptr && fns.second(c, id) == CUDA_SUCCESS;
+}
+
+// Lets the current device load and store to `peer`'s memory. Enabling twice
+// fails with cudaErrorPeerAccessAlreadyEnabled; that is harmless, but tools
+// such as compute-sanitizer report every failed call, and every communicator
+// (and its low-latency buffer) connects again. So the (context, peer) pairs
+// enabled here are remembered for the process; access enabled by someone else
+// (NCCL, a framework) still answers "already enabled", which is accepted.
+cudaError_t enablePeerAccessOnce(int peer) {
+  static std::mutex mu;
+  static std::set<std::pair<unsigned long long, int>> enabled;
+  unsigned long long ctx_id = 0;
+  bool known = currentContextId(&ctx_id);
+  std::lock_guard<std::mutex> lock(mu);
+  if (known && enabled.count({ctx_id, peer}) != 0) return cudaSuccess;
+  cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();
+    e = cudaSuccess;
+  }
+  if (e == cudaSuccess && known) enabled.insert({ctx_id, peer});
+  return e;
+}
 
 epResult_t ipcInit(const epTransportEnv_v1_t* env, void** out) {
   int n = 0;
@@ -167,15 +216,14 @@ epResult_t ipcConnect(void* vctx, const epPeerInfo_v1_t* peer, const void* peer_
   cudaGetDevice(&dev);
   if (h.pid == int32_t(getpid()) && h.token == ctx->token) {
     if (h.device != dev) {
-      cudaError_t e = cudaDeviceEnablePeerAccess(h.device, 0);
-      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+      cudaError_t e = enablePeerAccessOnce(h.device);
+      if (e != cudaSuccess) {
         cudaGetLastError();
         IPC_LOG(ctx, epTransportLogWarn, "cudaDeviceEnablePeerAccess(%d) from device %d failed: %s", h.device,
                 dev, cudaGetErrorString(e));
         delete c;
         return epNotSupported;
       }
-      cudaGetLastError();
     }
     c->ptr = reinterpret_cast<void*>(h.ptr);
   } else {
