@@ -68,6 +68,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   for (int c0 = lo; c0 < hi; c0 += kRecGroup) {
     const int n = min(kRecGroup, hi - c0);
     __syncthreads();  // the wait; the previous group's descriptions are no longer read
+    if (c0 == lo) llMark(v, pair, kLLKindCombine, 0);  // first headers loaded, set free
     if (c0 != lo) loadRecords(v, set, src_base, c0, n, rl);
 #pragma unroll
     for (int m = 0; m < kHdrPerWarp; m++) {  // warp per record: this rank's experts of the token, k ascending
@@ -91,6 +92,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
       }
     }
     __syncthreads();
+    if (c0 == lo) llMark(v, pair, kLLKindCombine, 1);  // rows of the first group listed
     const int total = n * pieces;
     for (int base = 0; base < total; base += kThreads * kUnits) {
       int i[kUnits], j[kUnits], nk[kUnits];
@@ -138,10 +140,13 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
       }
     }
   }
+  llMark(v, pair, kLLKindCombine, 2);  // partial sums stored
   llSignal(v, kLLCombineSent, set);
+  llMark(v, pair, kLLKindCombine, 3);  // signalled
 }
 
-__device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p) {
+// Marks 4-6 of `kind`: arrived, sums written, signalled.
+__device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p, LLKernelKind kind) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, H = v.hidden;
   const uint64_t pair = p.hd->pair;
@@ -153,6 +158,7 @@ __device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p) {
   unsigned mask = unit < total ? p.hd->mask[unit / pieces] : 0u;  // loaded before the wait
   llWaitAll(v, kLLCombineSent, set, llTarget(pair), kLLWhatCombine);
   __syncthreads();
+  llMark(v, pair, kind, 4);
   for (; unit < total; unit += stride) {
     const int t = unit / pieces, j = unit - t * pieces;
     int4 a[kMaxRanks], b[kMaxRanks];
@@ -186,7 +192,9 @@ __device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p) {
     reinterpret_cast<uint4*>(p.out + size_t(t) * H)[j] = packed;
     mask = next_mask;
   }
-  llSignal(v, kLLCombineRead, set);
+  llMark(v, pair, kind, 5);
+  llSignalReadDone(v, kLLCombineRead, set);
+  llMark(v, pair, kind, 6);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombineParams p) {
@@ -199,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombinePara
 __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombineParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombineRecv);
-  combineRecvPhase(p);
+  combineRecvPhase(p, kLLKindCombineRecv);
   llTimeEnd(p.v, pair, kLLKindCombineRecv);
 }
 
@@ -208,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
   combineSendPhase(p);
-  combineRecvPhase(p);
+  combineRecvPhase(p, kLLKindCombine);
   llTimeEnd(p.v, pair, kLLKindCombine);
 }
 

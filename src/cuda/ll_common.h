@@ -71,9 +71,18 @@ struct LLLocal {
 enum LLKernelKind { kLLKindDispatch = 0, kLLKindDispatchRecv = 1, kLLKindCombine = 2, kLLKindCombineRecv = 3 };
 constexpr int kLLKinds = 4;
 constexpr int kLLTimingSlots = 256;
+// Phase marks per kernel kind (llMark): when the latest block passed
+//   dispatch send: 0 numbered, 1 rows stored, 2 signalled;
+//   dispatch receive (either kind): 4 arrived, 5 bases staged, 6 slots of the
+//     first record group, 7 rows copied;
+//   combine send: 0 first headers read, 1 first group listed, 2 sums stored,
+//     3 signalled; combine receive (either kind): 4 arrived, 5 sums written,
+//     6 signalled.
+constexpr int kLLMarks = 8;
 struct LLTiming {
   unsigned long long start[kLLTimingSlots][kLLKinds];
   unsigned long long end[kLLTimingSlots][kLLKinds];
+  unsigned long long mark[kLLTimingSlots][kLLKinds][kLLMarks];  // latest block to pass each mark
 };
 
 // Device state of one LL handle.

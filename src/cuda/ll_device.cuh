@@ -140,6 +140,19 @@ __device__ __forceinline__ void llSignal(const LLView& v, LLCounter kind, int se
   }
 }
 
+// The same for a signal that only says "this block has read what it needed"
+// (kLLCombineRead): every value it loaded was consumed by an instruction
+// before the CTA barrier, so the loads are complete and a relaxed reduction
+// suffices. A release would also wait for the block's own output stores to
+// reach memory, which nobody on the other side reads (measured: 1-1.5 us).
+__device__ __forceinline__ void llSignalReadDone(const LLView& v, LLCounter kind, int set) {
+  __syncthreads();
+  if (threadIdx.x < v.nranks) {
+    uint64_t* c = llCounter(v, threadIdx.x, kind, set, v.rank);
+    asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+  }
+}
+
 // Threads < R wait until counter [kind][set][r] of this rank reached target;
 // the caller syncs the block.
 __device__ __forceinline__ void llWaitAll(const LLView& v, LLCounter kind, int set, uint64_t target, int what) {
@@ -157,8 +170,16 @@ __device__ __forceinline__ void llTimeStart(const LLView& v, uint64_t pair, LLKe
     for (int k = 0; k < kLLKinds; k++) {
       v.timing->start[ahead][k] = ~0ull;
       v.timing->end[ahead][k] = 0;
+      for (int m = 0; m < kLLMarks; m++) v.timing->mark[ahead][k][m] = 0;
     }
   }
+}
+// Phase mark m: when thread 0 of the latest block passed this point (a
+// breakdown of the kernel time; the marks each kernel sets are listed where
+// it sets them).
+__device__ __forceinline__ void llMark(const LLView& v, uint64_t pair, LLKernelKind kind, int m) {
+  if (v.timing == nullptr || threadIdx.x != 0) return;
+  atomicMax(&v.timing->mark[pair % kLLTimingSlots][kind][m], globalTimer());
 }
 __device__ __forceinline__ void llTimeEnd(const LLView& v, uint64_t pair, LLKernelKind kind) {
   if (v.timing == nullptr) return;

@@ -1,15 +1,15 @@
 // Low-latency dispatch kernels (see ll_common.h for who writes what).
 //
 // Send, in every block:
-//   1. its share of the tokens: warp per token reads the expert ids, works out
+//   1. its share of the experts: warp per expert numbers the (token, k) pairs
+//      that chose it, in token order, from ids staged in shared memory, and
+//      writes the numbers into the records and the count into the expert's rank;
+//   2. its share of the tokens: warp per token reads the expert ids, works out
 //      the destination ranks and writes the record headers; then the rows, as
 //      16-byte pieces spread over all threads with kInFlight loads in flight
 //      each, quantised once (FP8: a scale per 128 values, each 16-lane half-warp
 //      owning one block) and stored into landing[me][t] of every destination —
-//      one crossing per destination rank, however many of its experts live there;
-//   2. its share of the experts: warp per expert numbers the (token, k) pairs
-//      that chose it, in token order, from ids staged in shared memory, and
-//      writes the numbers into the records and the count into the expert's rank.
+//      one crossing per destination rank, however many of its experts live there.
 // Receive: every block takes a contiguous share of the arrived records, works
 // out each record's slots (counts of the earlier sources + the number) and
 // copies the row to all of them, again in 16-byte pieces over all threads.
@@ -262,6 +262,10 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
     }
   }
   __shared__ unsigned s_mask[kTokGroup];
+  // The numbering first: its ids are loaded at kernel start (measured: after
+  // the rows, the send half took ~1 us longer at 128 tokens).
+  numberPairs(p, set, first_ids);
+  llMark(v, pair, kLLKindDispatch, 0);  // numbers and counts stored
   for (int t0 = lo; t0 < hi; t0 += kTokGroup) {
     const int n = min(kTokGroup, hi - t0);
     __syncthreads();  // the wait above; s_mask of the previous group is no longer read
@@ -275,8 +279,9 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
       storeRowPieces(p, set, t0, n, base, raw, s_mask);
     }
   }
-  numberPairs(p, set, first_ids);
+  llMark(v, pair, kLLKindDispatch, 1);  // rows stored
   llSignal(v, kLLDispatchSent, set);
+  llMark(v, pair, kLLKindDispatch, 2);  // signalled (the release waited for the stores)
   if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
 }
 
@@ -338,7 +343,8 @@ __device__ __forceinline__ void stageBases(const LLDispatchParams& p, int set, i
 }
 
 // The receive half of pair `pair`.
-__device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uint64_t pair) {
+// Marks 4-7 of `kind`: arrived, bases staged, slots of the first group, rows copied.
+__device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind) {
   const LLView& v = p.v;
   const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts;
   const int set = int(pair & 1u);
@@ -348,6 +354,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   __shared__ int s_base[kStagedBases];
   llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
   llPrefix(src_base, R, threadIdx.x < R ? int(llCtrl(v, v.rank)->ntok[set][threadIdx.x]) : 0);
+  llMark(v, pair, kind, 4);
   if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
   const bool staged = R * L <= kStagedBases;
   const int32_t* counts = llCounts(v, v.rank, set);
@@ -365,6 +372,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   for (int c0 = lo; c0 < hi; c0 += kRecGroup) {
     const int n = min(kRecGroup, hi - c0);
     __syncthreads();  // s_base; the previous group's descriptions are no longer read
+    if (c0 == lo) llMark(v, pair, kind, 5);
     if (c0 != lo) loadRecords(p, set, src_base, c0, n, rl);
 #pragma unroll
     for (int m = 0; m < kHdrPerWarp; m++) {  // warp per record: its local experts and slots
@@ -392,6 +400,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
       if (lane == 0) s_n[i] = __popc(local);
     }
     __syncthreads();
+    if (c0 == lo) llMark(v, pair, kind, 6);
     const int total = n * pieces;
     for (int base = 0; base < total; base += kThreads * kInFlight) {
       if (base != 0) loadRecordRows(p, set, src_base, c0, n, base, rl.raw);
@@ -417,6 +426,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
       }
     }
   }
+  llMark(v, pair, kind, 7);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(LLDispatchParams p) {
@@ -429,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(LLDispatchPa
 __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(LLDispatchParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindDispatchRecv);
-  dispatchRecvPhase(p, pair);
+  dispatchRecvPhase(p, pair, kLLKindDispatchRecv);
   llTimeEnd(p.v, pair, kLLKindDispatchRecv);
 }
 
@@ -441,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LLDispatchParams
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   dispatchSendPhase(p, pair);
-  dispatchRecvPhase(p, pair);
+  dispatchRecvPhase(p, pair, kLLKindDispatch);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 

@@ -1,7 +1,10 @@
 #include "ll_engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "../bootstrap.h"
 #include "../checks.h"
@@ -22,7 +25,8 @@ struct LLEngine::HandleState {
 // EP_CUDA_LL_TIMING: the median and mean kernel time of each kernel kind over
 // the last kLLTimingSlots pairs, in the log.
 void LLEngine::logTimes() {
-  LLTiming t;
+  std::unique_ptr<LLTiming> held(new LLTiming);  // 80 KB: not on the stack
+  LLTiming& t = *held;
   if (cudaMemcpy(&t, timing_, sizeof(t), cudaMemcpyDeviceToHost) != cudaSuccess) return;
   const char* names[kLLKinds] = {"dispatch (fused or send half)", "dispatch receive half", "combine (fused or send half)",
                                  "combine receive half"};
@@ -37,6 +41,21 @@ void LLEngine::logTimes() {
     EP_INFO(kSubsysCuda, "rank %d low-latency kernel time, %s: median %.2f us, mean %.2f us, p99 %.2f us over %zu calls",
             comm_->rank, names[k], us[us.size() / 2], sum / us.size(), us[std::min(us.size() - 1, us.size() * 99 / 100)],
             us.size());
+    // Phase marks: median time from the kernel's start to the latest block passing each mark.
+    std::string marks;
+    for (int m = 0; m < kLLMarks; m++) {
+      std::vector<double> at;
+      for (int i = 0; i < kLLTimingSlots; i++)
+        if (t.mark[i][k][m] > t.start[i][k] && t.start[i][k] != ~0ull && t.end[i][k] > t.start[i][k])
+          at.push_back(double(t.mark[i][k][m] - t.start[i][k]) / 1000);
+      if (at.empty()) continue;
+      std::sort(at.begin(), at.end());
+      char buf[32];
+      snprintf(buf, sizeof(buf), " m%d %.2f", m, at[at.size() / 2]);
+      marks += buf;
+    }
+    if (!marks.empty())
+      EP_INFO(kSubsysCuda, "rank %d low-latency phase marks (us after start), %s:%s", comm_->rank, names[k], marks.c_str());
   }
 }
 
