@@ -92,6 +92,10 @@ epResult_t checkHandle(epComm* comm, const char* fn, epHandle* h) {
     return setError(comm, epInvalidArgument, "%s: handle is not a live routing handle", fn);
   if (h->comm != comm)
     return setError(comm, epInvalidArgument, "%s: handle belongs to another communicator (or to one already destroyed)", fn);
+  if (h->low_latency)
+    return setError(comm, epInvalidArgument,
+                    "%s: handle comes from epLowLatencyDispatch (use epLowLatencyCombine; its routing has no "
+                    "high-throughput layout)", fn);
   return epSuccess;
 }
 
@@ -292,6 +296,10 @@ EP_API epResult_t epHandleRecvCount(epHandle_t handle, int64_t* num_recv) {
   if (handle == nullptr || handle->magic != kHandleMagic)
     return setError(nullptr, epInvalidArgument, "epHandleRecvCount: handle is not a live routing handle");
   if (num_recv == nullptr) return setError(nullptr, epInvalidArgument, "epHandleRecvCount: num_recv is NULL");
+  if (handle->low_latency)
+    return setError(nullptr, epInvalidArgument,
+                    "epHandleRecvCount: handle comes from epLowLatencyDispatch, whose counts are its recv_count "
+                    "output (rows per local expert)");
   if (!handle->counts_known)
     return setError(nullptr, epInvalidUsage,
                     "epHandleRecvCount: the handle's counts are on the device only (it came from a "

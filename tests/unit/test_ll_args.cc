@@ -1,0 +1,402 @@
+// The argument checks of the low-latency calls (epLowLatencyDispatch,
+// epLowLatencyCombine, epLowLatencyComplete) on a one-rank host communicator
+// made with config.low_latency = 1: every bad argument returns a result whose
+// message names it, before anything is sent, and leaves no handle behind; a
+// handle of one mode is refused by the calls of the other; the communicator
+// stays usable afterwards.
+//
+// With one rank every (token, expert) pair lands here, so a valid call has a
+// known answer: recv_count[e] = pairs that chose e, and with a BF16 wire and
+// y = recv_x the combine gives sum_k w[t][k] * x[t].
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "comm.h"
+#include "common.h"
+#include "host/convert.h"
+
+namespace {
+
+constexpr int kExperts = 8, kHidden = 64, kMaxTokens = 16, kMaxTopk = 4;
+
+epComm_t g_comm = nullptr;  // low_latency = 1, shared by the cases
+
+epConfig_t llConfig(int hidden) {
+  epConfig_t c = EP_CONFIG_INITIALIZER;
+  c.num_experts = kExperts;
+  c.hidden = hidden;
+  c.max_tokens_per_rank = kMaxTokens;
+  c.max_topk = kMaxTopk;
+  c.backend = epBackendHost;
+  c.timeout_ms = 20000;
+  c.low_latency = 1;
+  return c;
+}
+
+epResult_t makeComm(epComm_t* comm, const epConfig_t& cfg) {
+  epUniqueId id;
+  epResult_t res = epGetUniqueId(&id);
+  if (res != epSuccess) return res;
+  return epCommInitRank(comm, 1, id, 0, &cfg);
+}
+
+int groupSetup(void**) {
+  eptest::unsetAllParams();
+  epResult_t res = makeComm(&g_comm, llConfig(kHidden));
+  if (res != epSuccess) {
+    fprintf(stderr, "cannot create a 1-rank low-latency host communicator: %s: %s\n", epGetErrorString(res),
+            epGetLastError(nullptr));
+    return -1;
+  }
+  return 0;
+}
+
+int groupTeardown(void**) { return epCommDestroy(g_comm) == epSuccess ? 0 : -1; }
+
+// 64-byte aligned, zero-filled storage.
+template <typename T>
+struct Buf {
+  std::unique_ptr<T[], void (*)(void*)> mem{nullptr, free};
+  explicit Buf(size_t count) {
+    const size_t bytes = ((count * sizeof(T) + 63) / 64 + 1) * 64;
+    mem.reset(static_cast<T*>(aligned_alloc(64, bytes)));
+    memset(mem.get(), 0, bytes);
+  }
+  T* data() const { return mem.get(); }
+  T& operator[](size_t i) const { return mem.get()[i]; }
+};
+
+// One call's inputs and the output buffers of the low-latency layout.
+struct Call {
+  int T, K;
+  Buf<uint16_t> x;
+  std::vector<int64_t> idx;
+  std::vector<float> w;
+  Buf<uint16_t> recv_x{size_t(kExperts) * kMaxTokens * kHidden};  // room for a BF16 wire
+  Buf<float> recv_scales{size_t(kExperts) * kMaxTokens * ((kHidden + 127) / 128)};
+  Buf<int> recv_count{kExperts};
+  Buf<int> recv_src{size_t(kExperts) * kMaxTokens};
+  Buf<uint16_t> out;
+  Call(uint64_t seed, int tokens, int topk)
+      : T(tokens), K(topk), x(size_t(tokens) * kHidden), out(size_t(tokens) * kHidden) {
+    eptest::Rng rng(seed);
+    for (size_t i = 0; i < size_t(T) * kHidden; i++) x[i] = ep::floatToBf16(rng.real(-2.0f, 2.0f));
+    idx.assign(size_t(T) * K, -1);
+    w.resize(size_t(T) * K);
+    for (int t = 0; t < T; t++) {
+      for (int k = 0; k < K; k++) {
+        w[size_t(t) * K + k] = rng.real(0.1f, 1.0f);
+        // distinct experts per token: k-th choice from a rotation, some left out
+        if (rng.uniform(0, 3) != 0) idx[size_t(t) * K + k] = (t + 3 * k) % kExperts;
+      }
+    }
+  }
+  epLowLatencyDispatchArgs_t dispatchArgs(epDataType_t wire) {
+    epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+    a.x = x.data();
+    a.topk_idx = idx.data();
+    a.topk_idx_type = epInt64;
+    a.topk_weights = w.data();
+    a.num_tokens = T;
+    a.num_topk = K;
+    a.wire_type = wire;
+    a.recv_x = recv_x.data();
+    a.recv_scales = recv_scales.data();
+    a.recv_count = recv_count.data();
+    a.recv_src = recv_src.data();
+    return a;
+  }
+  epLowLatencyCombineArgs_t combineArgs() {
+    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+    c.y = recv_x.data();
+    c.out = out.data();
+    return c;
+  }
+};
+
+// A BF16-wire dispatch + combine with y = recv_x: the counts and the weighted sums.
+void checkRoundTrip(epComm_t comm, Call& call) {
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
+  epHandle_t h = nullptr;
+  assert_ok(epLowLatencyDispatch(comm, &a, &h, nullptr));
+  assert_non_null(h);
+  for (int e = 0; e < kExperts; e++) {
+    int pairs = 0;
+    for (int64_t id : call.idx) pairs += id == e;
+    assert_int_equal(call.recv_count[e], pairs);
+  }
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  assert_ok(epLowLatencyCombine(comm, &c, h, nullptr));
+  for (int t = 0; t < call.T; t++) {
+    float wsum = 0.0f;
+    for (int k = 0; k < call.K; k++)
+      if (call.idx[size_t(t) * call.K + k] >= 0) wsum += call.w[size_t(t) * call.K + k];
+    for (int j = 0; j < kHidden; j++) {
+      const float want = wsum * ep::bf16ToFloat(call.x[size_t(t) * kHidden + j]);
+      const float got = ep::bf16ToFloat(call.out[size_t(t) * kHidden + j]);
+      if (std::fabs(got - want) > 1e-2f * (1.0f + std::fabs(want))) {
+        print_error("out[%d][%d] = %g, expected %g\n", t, j, got, want);
+        fail();
+      }
+    }
+  }
+  assert_ok(epHandleDestroy(h));
+}
+
+// ---- Cases ------------------------------------------------------------------------------
+
+void round_trip_of_one_rank(void**) {
+  Call call(1, 12, 3);
+  checkRoundTrip(g_comm, call);
+}
+
+void calls_need_a_low_latency_comm(void**) {
+  epConfig_t cfg = llConfig(kHidden);
+  cfg.low_latency = 0;
+  epComm_t ht = nullptr;
+  assert_ok(makeComm(&ht, cfg));
+  Call call(2, 4, 2);
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epFloat8E4M3);
+  epHandle_t h = nullptr;
+  assert_result(epLowLatencyDispatch(ht, &a, &h, nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(ht), "config.low_latency = 0");
+  assert_null(h);
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  assert_result(epLowLatencyCombine(ht, &c, nullptr, nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(ht), "epLowLatencyCombine");
+  assert_result(epLowLatencyComplete(ht, nullptr, nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(ht), "config.low_latency = 0");
+  assert_ok(epCommDestroy(ht));
+}
+
+void dispatch_args_header_is_checked(void**) {
+  Call call(3, 4, 2);
+  epHandle_t h = nullptr;
+  assert_result(epLowLatencyDispatch(g_comm, nullptr, &h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "args is NULL");
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epFloat8E4M3);
+  a.magic = EP_LL_COMBINE_ARGS_MAGIC;
+  assert_result(epLowLatencyDispatch(g_comm, &a, &h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "EP_LL_DISPATCH_ARGS_INITIALIZER");
+  a = call.dispatchArgs(epFloat8E4M3);
+  a.size = offsetof(epLowLatencyDispatchArgs_t, recv_src);  // one field short of v1
+  assert_result(epLowLatencyDispatch(g_comm, &a, &h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "args.size");
+  a = call.dispatchArgs(epFloat8E4M3);
+  assert_result(epLowLatencyDispatch(g_comm, &a, nullptr, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "handle is NULL");
+  assert_null(h);
+}
+
+void dispatch_field_checks_name_the_field(void**) {
+  struct Bad {
+    const char* needle;
+    void (*mutate)(epLowLatencyDispatchArgs_t&, Call&);
+  };
+  const Bad cases[] = {
+      {"args.flags = 0x4", [](epLowLatencyDispatchArgs_t& a, Call&) { a.flags = 0x4u; }},
+      {"num_tokens = -1", [](epLowLatencyDispatchArgs_t& a, Call&) { a.num_tokens = -1; }},
+      {"num_tokens = 17", [](epLowLatencyDispatchArgs_t& a, Call&) { a.num_tokens = kMaxTokens + 1; }},
+      {"num_topk = 0", [](epLowLatencyDispatchArgs_t& a, Call&) { a.num_topk = 0; }},
+      {"num_topk = 5", [](epLowLatencyDispatchArgs_t& a, Call&) { a.num_topk = kMaxTopk + 1; }},
+      {"topk_idx_type", [](epLowLatencyDispatchArgs_t& a, Call&) { a.topk_idx_type = epFloat32; }},
+      {"x or topk_idx is NULL", [](epLowLatencyDispatchArgs_t& a, Call&) { a.x = nullptr; }},
+      {"x or topk_idx is NULL", [](epLowLatencyDispatchArgs_t& a, Call&) { a.topk_idx = nullptr; }},
+      {"wire_type", [](epLowLatencyDispatchArgs_t& a, Call&) { a.wire_type = epFloat16; }},
+      {"recv_x and recv_count are required", [](epLowLatencyDispatchArgs_t& a, Call&) { a.recv_x = nullptr; }},
+      {"recv_x and recv_count are required",
+       [](epLowLatencyDispatchArgs_t& a, Call&) { a.recv_count = nullptr; }},
+      {"recv_scales is NULL with an FP8 wire",
+       [](epLowLatencyDispatchArgs_t& a, Call&) { a.recv_scales = nullptr; }},
+      {"16-byte aligned",
+       [](epLowLatencyDispatchArgs_t& a, Call&) { a.x = static_cast<const char*>(a.x) + 2; }},
+      {"16-byte aligned",
+       [](epLowLatencyDispatchArgs_t& a, Call&) { a.recv_x = static_cast<char*>(a.recv_x) + 8; }},
+      {"topk_idx[2][1]",
+       [](epLowLatencyDispatchArgs_t&, Call& call) { call.idx[2 * size_t(call.K) + 1] = kExperts; }},
+      {"topk_idx[3][0]", [](epLowLatencyDispatchArgs_t&, Call& call) { call.idx[3 * size_t(call.K)] = -2; }},
+  };
+  for (const Bad& bad : cases) {
+    Call call(4, 6, 2);
+    epLowLatencyDispatchArgs_t a = call.dispatchArgs(epFloat8E4M3);
+    bad.mutate(a, call);
+    epHandle_t h = nullptr;
+    epResult_t res = epLowLatencyDispatch(g_comm, &a, &h, nullptr);
+    if (res != epInvalidArgument) print_error("case \"%s\" returned %d\n", bad.needle, int(res));
+    assert_int_equal(res, epInvalidArgument);
+    assert_contains(epGetLastError(g_comm), bad.needle);
+    assert_null(h);
+  }
+  // A BF16 wire needs no scales.
+  Call call(5, 6, 2);
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
+  a.recv_scales = nullptr;
+  epHandle_t h = nullptr;
+  assert_ok(epLowLatencyDispatch(g_comm, &a, &h, nullptr));
+  assert_ok(epHandleDestroy(h));
+}
+
+// hidden = 8: a BF16 row is 16 bytes (the communicator is valid) but an FP8
+// row is 8, which the copy kernels cannot move.
+void fp8_wire_needs_rows_of_16_bytes(void**) {
+  epComm_t comm = nullptr;
+  assert_ok(makeComm(&comm, llConfig(8)));
+  Buf<uint16_t> x(4 * 8);
+  std::vector<int64_t> idx = {0, 1, 2, 3};
+  Buf<uint8_t> recv_x(size_t(kExperts) * kMaxTokens * 16);
+  Buf<float> scales(size_t(kExperts) * kMaxTokens);
+  Buf<int> count(kExperts);
+  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+  a.x = x.data();
+  a.topk_idx = idx.data();
+  a.num_tokens = 4;
+  a.num_topk = 1;
+  a.recv_x = recv_x.data();
+  a.recv_scales = scales.data();
+  a.recv_count = count.data();
+  epHandle_t h = nullptr;
+  assert_result(epLowLatencyDispatch(comm, &a, &h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(comm), "not a multiple of 16");
+  assert_null(h);
+  a.wire_type = epBfloat16;
+  assert_ok(epLowLatencyDispatch(comm, &a, &h, nullptr));
+  assert_ok(epHandleDestroy(h));
+  assert_ok(epCommDestroy(comm));
+}
+
+void combine_checks_name_the_problem(void**) {
+  Call call(6, 8, 3);
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
+  epHandle_t h = nullptr;
+  assert_ok(epLowLatencyDispatch(g_comm, &a, &h, nullptr));
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  assert_result(epLowLatencyCombine(g_comm, nullptr, h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "args is NULL");
+  c.magic = EP_LL_DISPATCH_ARGS_MAGIC;
+  assert_result(epLowLatencyCombine(g_comm, &c, h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "EP_LL_COMBINE_ARGS_INITIALIZER");
+  c = call.combineArgs();
+  assert_result(epLowLatencyCombine(g_comm, &c, nullptr, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "handle is NULL");
+  c.flags = 0x2u;
+  assert_result(epLowLatencyCombine(g_comm, &c, h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "args.flags = 0x2");
+  c = call.combineArgs();
+  c.y = nullptr;
+  assert_result(epLowLatencyCombine(g_comm, &c, h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "y is NULL");
+  c = call.combineArgs();
+  c.out = nullptr;
+  assert_result(epLowLatencyCombine(g_comm, &c, h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "out is NULL with 8 tokens");
+  c = call.combineArgs();
+  c.out = reinterpret_cast<char*>(c.out) + 4;
+  assert_result(epLowLatencyCombine(g_comm, &c, h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "16-byte aligned");
+  // None of the above used the handle up: the valid combine still runs, once.
+  c = call.combineArgs();
+  assert_ok(epLowLatencyCombine(g_comm, &c, h, nullptr));
+  assert_result(epLowLatencyCombine(g_comm, &c, h, nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(g_comm), "already combined");
+  assert_ok(epHandleDestroy(h));
+}
+
+void split_calls_are_checked(void**) {
+  Call call(7, 8, 2);
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epFloat8E4M3);
+  a.flags = EP_LL_SEND_ONLY;
+  epHandle_t h = nullptr;
+  assert_ok(epLowLatencyDispatch(g_comm, &a, &h, nullptr));
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  assert_result(epLowLatencyCombine(g_comm, &c, h, nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(g_comm), "epLowLatencyComplete");
+  assert_ok(epLowLatencyComplete(g_comm, h, nullptr));
+  assert_result(epLowLatencyComplete(g_comm, h, nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(g_comm), "no send-only call to finish");
+  assert_result(epLowLatencyComplete(g_comm, nullptr, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "handle is NULL");
+  c.flags = EP_LL_SEND_ONLY;
+  assert_ok(epLowLatencyCombine(g_comm, &c, h, nullptr));
+  assert_ok(epLowLatencyComplete(g_comm, h, nullptr));
+  assert_ok(epHandleDestroy(h));
+}
+
+// A handle of one mode is refused by the calls of the other, with a message
+// that names the right call.
+void handles_do_not_cross_modes(void**) {
+  Call call(8, 6, 2);
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
+  epHandle_t ll = nullptr;
+  assert_ok(epLowLatencyDispatch(g_comm, &a, &ll, nullptr));
+
+  epCombineArgs_t hc = EP_COMBINE_ARGS_INITIALIZER;
+  hc.y = call.recv_x.data();
+  hc.out = call.out.data();
+  assert_result(epCombine(g_comm, &hc, ll, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "epLowLatencyDispatch");
+  epDispatchArgs_t hd = EP_DISPATCH_ARGS_INITIALIZER;
+  hd.x = call.x.data();
+  hd.num_tokens = call.T;
+  hd.recv_x = call.recv_x.data();
+  hd.recv_capacity = kMaxTokens;
+  epHandle_t reuse = ll;
+  assert_result(epDispatch(g_comm, &hd, &reuse, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "epLowLatencyDispatch");
+  int64_t n = -1;
+  assert_result(epHandleRecvCount(ll, &n), epInvalidArgument);
+  assert_contains(epGetLastError(nullptr), "recv_count");
+
+  // The handle is still good for its own combine.
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  assert_ok(epLowLatencyCombine(g_comm, &c, ll, nullptr));
+  assert_ok(epHandleDestroy(ll));
+
+  // An epDispatch handle (on this communicator, which also does high throughput).
+  hd.topk_idx = call.idx.data();
+  hd.topk_idx_type = epInt64;
+  hd.num_topk = call.K;
+  epHandle_t ht = nullptr;
+  assert_ok(epDispatch(g_comm, &hd, &ht, nullptr));
+  assert_result(epLowLatencyCombine(g_comm, &c, ht, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "comes from epDispatch");
+  assert_result(epLowLatencyComplete(g_comm, ht, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "comes from epDispatch");
+  assert_ok(epHandleDestroy(ht));
+}
+
+void comm_stays_usable_after_argument_errors(void**) {
+  Call call(9, kMaxTokens, kMaxTopk);
+  epLowLatencyDispatchArgs_t bad = call.dispatchArgs(epBfloat16);
+  bad.num_tokens = 1000;
+  epHandle_t h = nullptr;
+  assert_result(epLowLatencyDispatch(g_comm, &bad, &h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "num_tokens = 1000");
+  assert_contains(epGetLastError(nullptr), "num_tokens = 1000");
+  checkRoundTrip(g_comm, call);
+  Call none(10, 0, 1);  // a rank may send no tokens
+  epLowLatencyDispatchArgs_t a = none.dispatchArgs(epFloat8E4M3);
+  assert_ok(epLowLatencyDispatch(g_comm, &a, &h, nullptr));
+  for (int e = 0; e < kExperts; e++) assert_int_equal(none.recv_count[e], 0);
+  epLowLatencyCombineArgs_t c = none.combineArgs();
+  c.out = nullptr;  // no tokens: no output
+  assert_ok(epLowLatencyCombine(g_comm, &c, h, nullptr));
+  assert_ok(epHandleDestroy(h));
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(round_trip_of_one_rank),
+      cmocka_unit_test(calls_need_a_low_latency_comm),
+      cmocka_unit_test(dispatch_args_header_is_checked),
+      cmocka_unit_test(dispatch_field_checks_name_the_field),
+      cmocka_unit_test(fp8_wire_needs_rows_of_16_bytes),
+      cmocka_unit_test(combine_checks_name_the_problem),
+      cmocka_unit_test(split_calls_are_checked),
+      cmocka_unit_test(handles_do_not_cross_modes),
+      cmocka_unit_test(comm_stays_usable_after_argument_errors),
+  };
+  return cmocka_run_group_tests_name("low-latency arguments", tests, groupSetup, groupTeardown);
+}
