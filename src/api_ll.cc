@@ -93,6 +93,12 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
       return setError(comm, epInvalidArgument, "%s: topk_idx[%zu][%zu] is not -1 or an expert id in [0, %d)", fn,
                       bad / a.num_topk, bad % a.num_topk, c.num_experts);
   }
+  if (comm->ll_uncombined.load() >= 2)
+    return setError(comm, epInvalidUsage,
+                    "%s: two low-latency dispatches of this communicator are not combined yet; combine one "
+                    "first (each holds one of the two buffer sets, and a third dispatch would wait for one "
+                    "forever; a handle destroyed without its combine keeps its set)",
+                    fn);
   auto h = std::make_unique<epHandle>();
   h->comm = comm;
   h->low_latency = true;
@@ -106,6 +112,7 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
     return res;
   }
   h->dispatched = true;
+  comm->ll_uncombined.fetch_add(1);
   commAddHandle(comm, h.get());
   *handle = h.release();
   return epSuccess;
@@ -138,6 +145,7 @@ EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineAr
     return setError(comm, epInvalidArgument, "%s: y and out must be 16-byte aligned", fn);
   EPCHECK(comm->backend->llCombine(a, handle, (a.flags & EP_LL_SEND_ONLY) != 0, stream));
   handle->ll_combined = true;
+  comm->ll_uncombined.fetch_sub(1);
   return epSuccess;
 }
 

@@ -88,6 +88,9 @@ struct epComm {
   std::atomic<int> broken{0};
   std::atomic<int> active_calls{0};  // public calls in flight (epCommAbort waits for them)
   uint64_t call_seq = 0;  // collective calls issued, to check ranks stay in step
+  // Low-latency dispatches not combined yet. Each holds one of the two buffer
+  // sets until its combine; a third dispatch would wait for one forever.
+  std::atomic<int> ll_uncombined{0};
   std::unique_ptr<ep::Backend> backend;
   std::mutex error_mu;
   std::string last_error;

@@ -2,8 +2,8 @@
 // epLowLatencyCombine, epLowLatencyComplete) on a one-rank host communicator
 // made with config.low_latency = 1: every bad argument returns a result whose
 // message names it, before anything is sent, and leaves no handle behind; a
-// handle of one mode is refused by the calls of the other; the communicator
-// stays usable afterwards.
+// third dispatch with two uncombined is refused; a handle of one mode is
+// refused by the calls of the other; the communicator stays usable afterwards.
 //
 // With one rank every (token, expert) pair lands here, so a valid call has a
 // known answer: recv_count[e] = pairs that chose e, and with a BF16 wire and
@@ -234,7 +234,35 @@ void dispatch_field_checks_name_the_field(void**) {
   a.recv_scales = nullptr;
   epHandle_t h = nullptr;
   assert_ok(epLowLatencyDispatch(g_comm, &a, &h, nullptr));
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  assert_ok(epLowLatencyCombine(g_comm, &c, h, nullptr));
   assert_ok(epHandleDestroy(h));
+}
+
+// Two buffer sets: a third dispatch before either of two earlier ones is
+// combined is refused (on GPUs it would wait for a set forever), and a handle
+// destroyed without its combine keeps its set.
+void third_uncombined_dispatch_is_refused(void**) {
+  epComm_t comm = nullptr;
+  assert_ok(makeComm(&comm, llConfig(kHidden)));
+  Call call(11, 4, 2);
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  epHandle_t h[4] = {nullptr, nullptr, nullptr, nullptr};
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[0], nullptr));
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[1], nullptr));
+  assert_result(epLowLatencyDispatch(comm, &a, &h[2], nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(comm), "not combined yet");
+  assert_null(h[2]);
+  assert_ok(epLowLatencyCombine(comm, &c, h[0], nullptr));
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[2], nullptr));  // h[0]'s set is free again
+  assert_ok(epHandleDestroy(h[1]));                           // never combined: keeps its set
+  assert_result(epLowLatencyDispatch(comm, &a, &h[3], nullptr), epInvalidUsage);
+  assert_ok(epLowLatencyCombine(comm, &c, h[2], nullptr));
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[3], nullptr));
+  assert_ok(epLowLatencyCombine(comm, &c, h[3], nullptr));
+  for (epHandle_t x : {h[0], h[2], h[3]}) assert_ok(epHandleDestroy(x));
+  assert_ok(epCommDestroy(comm));
 }
 
 // hidden = 8: a BF16 row is 16 bytes (the communicator is valid) but an FP8
@@ -395,6 +423,7 @@ int main() {
       cmocka_unit_test(fp8_wire_needs_rows_of_16_bytes),
       cmocka_unit_test(combine_checks_name_the_problem),
       cmocka_unit_test(split_calls_are_checked),
+      cmocka_unit_test(third_uncombined_dispatch_is_refused),
       cmocka_unit_test(handles_do_not_cross_modes),
       cmocka_unit_test(comm_stays_usable_after_argument_errors),
   };
