@@ -1,0 +1,110 @@
+#!/bin/bash
+# A/B of library revisions on the GPU machine, in one process tree so that the
+# runs share the machine state: builds libmoeep.so at each revision, builds
+# the benchmarks once from the working tree (the ABI is stable, so one binary
+# runs against every library through LD_LIBRARY_PATH), then runs them for each
+# revision in turn, `--rounds` times interleaved (A B C A B C ...), so that
+# drift of the machine shows as spread within a revision, not as a difference.
+#
+#   tests/gpu/ab.sh [--ll] [--ht "GPU_BENCH ARGS"] [--rounds N] [--build-only] REV...
+#     REV           a git revision (branch, tag, sha) or WORKTREE (the working
+#                   tree as it is, uncommitted changes included)
+#     --ll          low-latency kernel times and per-call figures
+#                   (gpu_ll_test --bench, EP_CUDA_LL_TIMING=1); the default
+#     --ht ARGS     the high-throughput benchmark (gpu_bench ARGS --no-nccl)
+#     --rounds N    runs per revision (default 2)
+#     --build-only  build everything, run nothing (works without a GPU)
+# Every revision must pass gpu_ll_test (or gpu_test for --ht) before it is
+# timed; a revision that fails is reported and skipped. Logs: $OUT or
+# build/ab-logs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+NVCC="$CUDA_HOME/bin/nvcc"
+ROOT=$PWD
+WORK=${AB_WORK:-/tmp/moeep-ab}
+LOGS=${OUT:-$ROOT/build/ab-logs}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+ll=0 ht="" rounds=2 build_only=0 revs=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ll) ll=1 ;;
+    --ht) ht="$2"; shift ;;
+    --rounds) rounds="$2"; shift ;;
+    --build-only) build_only=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -*) echo "ab.sh: unknown option $1" >&2; exit 2 ;;
+    *) revs+=("$1") ;;
+  esac
+  shift
+done
+[ ${#revs[@]} -ge 1 ] || { echo "ab.sh: name at least one revision (see --help)" >&2; exit 2; }
+[ -n "$ht" ] || ll=1
+mkdir -p "$WORK" "$LOGS" build/tests
+
+# The tree of each revision under $WORK/<name>, built there.
+names=()
+for rev in "${revs[@]}"; do
+  if [ "$rev" = WORKTREE ]; then
+    name=worktree
+    rm -rf "$WORK/$name" && mkdir -p "$WORK/$name"
+    git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -C "$WORK/$name" -xf -
+  else
+    sha=$(git rev-parse --short "$rev^{commit}") || { echo "ab.sh: no revision $rev" >&2; exit 2; }
+    name="$sha"
+    rm -rf "$WORK/$name" && mkdir -p "$WORK/$name"
+    git archive "$sha" | tar -C "$WORK/$name" -xf -
+  fi
+  echo "== build $rev ($name)"
+  (cd "$WORK/$name" && make -j"$(nproc)" CUDA=1 lib) >"$LOGS/build-$name.log" 2>&1 ||
+    { tail -20 "$LOGS/build-$name.log"; echo "ab.sh: $rev does not build"; exit 1; }
+  names+=("$name")
+done
+
+# The benchmarks, once, from the working tree.
+if [ $ll = 1 ]; then
+  "$NVCC" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_ll_test.cc -o build/tests/ab_ll_test \
+    -L"$WORK/${names[0]}/build/lib" -lmoeep || exit 1
+fi
+if [ -n "$ht" ]; then
+  "$NVCC" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_bench.cc -o build/tests/ab_bench \
+    -L"$WORK/${names[0]}/build/lib" -lmoeep -ldl || exit 1
+  g++ -std=c++17 -O2 -Iinclude -isystem "$CUDA_HOME/include" tests/gpu/gpu_test.cc -o build/tests/ab_test \
+    -L"$WORK/${names[0]}/build/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread || exit 1
+fi
+[ $build_only = 1 ] && { echo "ab.sh: built ${names[*]}"; exit 0; }
+nvidia-smi -L >/dev/null 2>&1 || { echo "ab.sh: no GPU visible (--build-only builds without one)"; exit 1; }
+
+# Correctness first.
+ok=()
+for name in "${names[@]}"; do
+  lib="$WORK/$name/build/lib"
+  good=1
+  if [ $ll = 1 ]; then
+    LD_LIBRARY_PATH="$lib" timeout 300 build/tests/ab_ll_test >"$LOGS/check-ll-$name.log" 2>&1 || good=0
+  fi
+  if [ -n "$ht" ]; then
+    LD_LIBRARY_PATH="$lib" timeout 540 build/tests/ab_test >"$LOGS/check-ht-$name.log" 2>&1 || good=0
+  fi
+  if [ $good = 1 ]; then ok+=("$name"); else echo "== $name: FAILED its tests (logs in $LOGS), not timed"; fi
+done
+
+# Interleaved timing.
+for round in $(seq 1 "$rounds"); do
+  for name in "${ok[@]}"; do
+    lib="$WORK/$name/build/lib"
+    if [ $ll = 1 ]; then
+      echo "== round $round $name: low latency"
+      LD_LIBRARY_PATH="$lib" EP_CUDA_LL_TIMING=1 EP_DEBUG=INFO EP_DEBUG_SUBSYS=CUDA timeout 300 build/tests/ab_ll_test --bench 2>&1 |
+        tee -a "$LOGS/ll-$name.log" | grep -E "kernel time|phase marks|graph without events" |
+        sed -e 's/^.*EP INFO //' -e 's/low-latency //' -e 's/, mean [^,]*, p99/, p99/'
+    fi
+    if [ -n "$ht" ]; then
+      echo "== round $round $name: high throughput"
+      # shellcheck disable=SC2086
+      LD_LIBRARY_PATH="$lib" timeout 400 build/tests/ab_bench $ht --no-nccl 2>&1 | tee -a "$LOGS/ht-$name.log" |
+        grep -vE '^\{' | grep -E ' us '
+    fi
+  done
+done
