@@ -152,9 +152,12 @@ EP_API epResult_t epCommInitRank(epComm_t *comm, int nranks, epUniqueId unique_i
  * the GPU backend; ignored on the host backend). */
 EP_API epResult_t epCommInitAll(epComm_t *comms, int nranks, const int *devices,
                                 const epConfig_t *config);
+/* Frees comm. Refused (epInvalidUsage) while a call on comm is in progress in
+ * another thread: unblock such a call with epCommAbort instead. */
 EP_API epResult_t epCommDestroy(epComm_t comm);
-/* Makes every call blocked on comm (and every later one) return epAborted, then
- * frees it. Safe from another thread. */
+/* Makes every call blocked on comm in other threads return epAborted, waits for
+ * them to leave, then frees comm: comm must not be used afterwards. Safe from
+ * another thread; one destroy or abort per communicator. */
 EP_API epResult_t epCommAbort(epComm_t comm);
 EP_API epResult_t epCommRank(epComm_t comm, int *rank);
 EP_API epResult_t epCommSize(epComm_t comm, int *size);
@@ -228,7 +231,8 @@ typedef struct {
   const float *x_scales;       /* FP8 only: [num_tokens, H/128] */
   size_t scales_token_stride;  /* elements between tokens' scales, 0: H/128 */
   size_t scales_block_stride;  /* elements between one token's scales, 0: 1 */
-  const void *topk_idx;        /* [num_tokens, num_topk]; not read by a cached re-dispatch */
+  const void *topk_idx;        /* [num_tokens, num_topk]; a cached re-dispatch only forwards it
+                                  to recv_topk_idx (NULL there: -1 rows; the routing is the handle's) */
   epDataType_t topk_idx_type;  /* epInt64 or epInt32 */
   const float *topk_weights;   /* [num_tokens, num_topk], optional */
   int num_tokens;              /* T */

@@ -127,9 +127,9 @@ epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_
   if (a.recv_capacity > 0 && a.recv_x == nullptr)
     return setError(comm, epInvalidArgument, "%s: recv_x is NULL with recv_capacity = %lld", fn,
                     (long long)a.recv_capacity);
-  if (a.expert_alignment < 0)
-    return setError(comm, epInvalidArgument, "%s: expert_alignment = %d is negative", fn,
-                    a.expert_alignment);
+  if (a.expert_alignment < 0 || a.expert_alignment > kMaxExpertAlignment)
+    return setError(comm, epInvalidArgument, "%s: expert_alignment = %d is outside 0..%d", fn,
+                    a.expert_alignment, kMaxExpertAlignment);
   if (a.topk_idx != nullptr && !new_routing && (a.num_topk < 1 || a.num_topk > c.max_topk))
     return setError(comm, epInvalidArgument, "%s: num_topk = %d is outside 1..%d", fn, a.num_topk, c.max_topk);
   return epSuccess;
@@ -226,7 +226,7 @@ EP_API epResult_t epCommNodes(epComm_t comm, int* num_nodes, int* node_of_rank) 
 EP_API epResult_t epLayout(epComm_t comm, const epLayoutArgs_t* user, epStream_t stream) {
   const char* fn = "epLayout";
   CallGuard g(comm);
-  EPCHECK(g.enter(fn));
+  EPCHECK(g.enterCollective(fn));
   epLayoutArgs_t a = EP_LAYOUT_ARGS_INITIALIZER;
   EPCHECK(readArgs(comm, user, EP_LAYOUT_ARGS_MAGIC, kLayoutV1, &a, fn, "epLayoutArgs_t"));
   EPCHECK(checkNumTokens(comm, fn, a.num_tokens));
@@ -238,7 +238,7 @@ EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t* user,
                                     epStream_t stream) {
   const char* fn = "epDispatchPrepare";
   CallGuard g(comm);
-  EPCHECK(g.enter(fn));
+  EPCHECK(g.enterCollective(fn));
   epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
   EPCHECK(readArgs(comm, user, EP_DISPATCH_ARGS_MAGIC, kDispatchV1, &a, fn, "epDispatchArgs_t"));
   if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
@@ -256,7 +256,7 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
                              epStream_t stream) {
   const char* fn = "epDispatch";
   CallGuard g(comm);
-  EPCHECK(g.enter(fn));
+  EPCHECK(g.enterCollective(fn));
   epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
   EPCHECK(readArgs(comm, user, EP_DISPATCH_ARGS_MAGIC, kDispatchV1, &a, fn, "epDispatchArgs_t"));
   if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
@@ -271,6 +271,10 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
     if (a.topk_idx != nullptr && a.num_topk != existing->routing.num_topk)
       return setError(comm, epInvalidArgument, "%s: num_topk = %d differs from the handle's %d", fn,
                       a.num_topk, existing->routing.num_topk);
+    // With ids, they are read (recv_topk_idx): checked like a new routing's.
+    // Without, the handle's K applies whatever num_topk says.
+    if (a.topk_idx != nullptr) EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
+    else a.num_topk = existing->routing.num_topk;
     EPCHECK(checkDispatchArgs(comm, fn, a, false));
     EPCHECK(comm->backend->dispatch(a, existing, stream));
     existing->dispatched = true;
@@ -326,7 +330,7 @@ EP_API epResult_t epCombine(epComm_t comm, const epCombineArgs_t* user, epHandle
                             epStream_t stream) {
   const char* fn = "epCombine";
   CallGuard g(comm);
-  EPCHECK(g.enter(fn));
+  EPCHECK(g.enterCollective(fn));
   epCombineArgs_t a = EP_COMBINE_ARGS_INITIALIZER;
   EPCHECK(readArgs(comm, user, EP_COMBINE_ARGS_MAGIC, kCombineV1, &a, fn, "epCombineArgs_t"));
   if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);

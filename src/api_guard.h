@@ -1,6 +1,9 @@
 // The entry guard of every public call on a communicator: refuses dead,
-// aborted or failed communicators and counts the call in flight, so that
-// epCommAbort can wait for calls in other threads to leave.
+// aborted, failed or closing communicators and counts the call in flight, so
+// that epCommAbort can wait for calls in other threads to leave and
+// epCommDestroy can refuse to free a communicator in use. Collective calls
+// (the data calls) also claim the communicator: two at once, from two
+// threads, would share its exchange state, so the second is refused.
 #pragma once
 
 #include "comm.h"
@@ -12,6 +15,7 @@ class CallGuard {
  public:
   explicit CallGuard(epComm* comm) : comm_(comm) {}
   ~CallGuard() {
+    if (collective_) comm_->collective_busy.store(0);
     if (counted_) comm_->active_calls.fetch_sub(1);
   }
   CallGuard(const CallGuard&) = delete;
@@ -25,6 +29,8 @@ class CallGuard {
     comm_->active_calls.fetch_add(1);
     counted_ = true;
     if (comm_->abort_flag.load()) return setError(comm_, epAborted, "%s: communicator was aborted", fn);
+    if (comm_->closing.load())
+      return setError(comm_, epInvalidUsage, "%s: the communicator is being destroyed in another thread", fn);
     int broken = comm_->broken.load();
     if (broken != epSuccess)
       return setError(comm_, epRemoteError,
@@ -34,9 +40,24 @@ class CallGuard {
     return epSuccess;
   }
 
+  // enter() for a collective call (layout, dispatch, combine, low latency).
+  epResult_t enterCollective(const char* fn) {
+    epResult_t res = enter(fn);
+    if (res != epSuccess) return res;
+    if (comm_->collective_busy.exchange(1) != 0)
+      return setError(comm_, epInvalidUsage,
+                      "%s: another call on this communicator is in progress in another thread; the data "
+                      "calls of one communicator must not overlap (use one thread, or one communicator "
+                      "per thread)",
+                      fn);
+    collective_ = true;
+    return epSuccess;
+  }
+
  private:
   epComm* comm_;
   bool counted_ = false;
+  bool collective_ = false;
 };
 
 }  // namespace ep

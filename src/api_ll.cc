@@ -53,7 +53,7 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
                                        epHandle_t* handle, epStream_t stream) {
   const char* fn = "epLowLatencyDispatch";
   CallGuard guard(comm);
-  EPCHECK(guard.enter(fn));
+  EPCHECK(guard.enterCollective(fn));
   EPCHECK(checkLowLatency(comm, fn));
   if (user == nullptr) return setError(comm, epInvalidArgument, "%s: args is NULL", fn);
   if (user->magic != EP_LL_DISPATCH_ARGS_MAGIC || user->size < kLLDispatchV1)
@@ -122,7 +122,7 @@ EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineAr
                                       epStream_t stream) {
   const char* fn = "epLowLatencyCombine";
   CallGuard guard(comm);
-  EPCHECK(guard.enter(fn));
+  EPCHECK(guard.enterCollective(fn));
   EPCHECK(checkLowLatency(comm, fn));
   if (user == nullptr) return setError(comm, epInvalidArgument, "%s: args is NULL", fn);
   if (user->magic != EP_LL_COMBINE_ARGS_MAGIC || user->size < kLLCombineV1)
@@ -152,7 +152,7 @@ EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineAr
 EP_API epResult_t epLowLatencyComplete(epComm_t comm, epHandle_t handle, epStream_t stream) {
   const char* fn = "epLowLatencyComplete";
   CallGuard guard(comm);
-  EPCHECK(guard.enter(fn));
+  EPCHECK(guard.enterCollective(fn));
   EPCHECK(checkLowLatency(comm, fn));
   EPCHECK(checkLLHandle(comm, fn, handle));
   if (handle->pending == epHandle::Pending::kNone)

@@ -56,6 +56,8 @@ void commStoreError(epComm* comm, const char* msg) {
 
 epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm* comm) {
   if (user == nullptr) return setError(comm, epInvalidArgument, "config is NULL");
+  if (nranks < 1 || nranks > kMaxCommRanks)
+    return setError(comm, epInvalidArgument, "nranks = %d is outside 1..%d", nranks, kMaxCommRanks);
   if (user->magic != EP_CONFIG_MAGIC)
     return setError(comm, epInvalidArgument,
                     "config.magic = 0x%x is not EP_CONFIG_MAGIC: initialise the config with "
@@ -99,15 +101,19 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
   r.max_nodes_per_token = c.max_nodes_per_token;
   r.low_latency = c.low_latency;
 
-  if (r.num_experts <= 0)
-    return setError(comm, epInvalidArgument, "config.num_experts = %d must be positive", r.num_experts);
+  // Upper bounds keep every buffer size computed from the config far from
+  // overflowing size_t (a larger buffer could not be allocated anyway).
+  if (r.num_experts <= 0 || r.num_experts > kMaxExperts)
+    return setError(comm, epInvalidArgument, "config.num_experts = %d is outside 1..%d", r.num_experts,
+                    kMaxExperts);
   if (r.num_experts % nranks != 0)
     return setError(comm, epInvalidArgument,
                     "config.num_experts = %d is not a multiple of the %d ranks", r.num_experts, nranks);
-  if (r.hidden <= 0) return setError(comm, epInvalidArgument, "config.hidden = %d must be positive", r.hidden);
-  if (r.max_tokens_per_rank < 0)
-    return setError(comm, epInvalidArgument, "config.max_tokens_per_rank = %d is negative",
-                    r.max_tokens_per_rank);
+  if (r.hidden <= 0 || r.hidden > kMaxHidden)
+    return setError(comm, epInvalidArgument, "config.hidden = %d is outside 1..%d", r.hidden, kMaxHidden);
+  if (r.max_tokens_per_rank < 0 || r.max_tokens_per_rank > kMaxTokensPerRank)
+    return setError(comm, epInvalidArgument, "config.max_tokens_per_rank = %d is outside 0..%d",
+                    r.max_tokens_per_rank, kMaxTokensPerRank);
   if (r.max_topk < 1 || r.max_topk > 32)
     return setError(comm, epInvalidArgument, "config.max_topk = %d is outside 1..32", r.max_topk);
   if (r.dispatch_type != epBfloat16 && r.dispatch_type != epFloat16 && r.dispatch_type != epFloat32 &&
@@ -372,6 +378,17 @@ EP_API epResult_t epCommDestroy(epComm_t comm) {
   if (comm == nullptr) return epSuccess;  // like free(NULL)
   if (comm->magic != kCommMagic)
     return setError(nullptr, epInvalidArgument, "comm is not a live communicator");
+  if (comm->closing.exchange(1) != 0)
+    return setError(nullptr, epInvalidUsage,
+                    "epCommDestroy: the communicator is already being destroyed or aborted in another thread");
+  // Freeing it under a call of another thread would pull the memory from
+  // under that call: refuse (epCommAbort is the way to unblock a call).
+  if (comm->active_calls.load() > 0) {
+    comm->closing.store(0);
+    return setError(comm, epInvalidUsage,
+                    "epCommDestroy: a call on this communicator is in progress in another thread; destroy "
+                    "it after the call returned, or unblock the call with epCommAbort");
+  }
   commFree(comm);
   return epSuccess;
 }
@@ -380,6 +397,9 @@ EP_API epResult_t epCommAbort(epComm_t comm) {
   if (comm == nullptr) return epSuccess;
   if (comm->magic != kCommMagic)
     return setError(nullptr, epInvalidArgument, "comm is not a live communicator");
+  if (comm->closing.exchange(1) != 0)
+    return setError(nullptr, epInvalidUsage,
+                    "epCommAbort: the communicator is already being destroyed or aborted in another thread");
   comm->abort_flag.store(1);
   if (comm->bootstrap) bootstrapAbort(comm->bootstrap);
   if (comm->backend) comm->backend->abort();

@@ -64,6 +64,14 @@ struct NodeMap {
 epResult_t buildNodeMap(const std::vector<epPeerInfo_v1_t>& peers, int node_size, NodeMap* out);
 
 // Records a new handle of comm / forgets it (epHandleDestroy).
+// Limits of a communicator (SEMANTICS.md): far above any model, low enough
+// that no buffer size computed from them overflows size_t.
+constexpr int kMaxCommRanks = 1 << 16;
+constexpr int kMaxExperts = 1 << 20;
+constexpr int kMaxHidden = 1 << 18;
+constexpr int kMaxTokensPerRank = 1 << 24;
+constexpr int kMaxExpertAlignment = 1 << 20;
+
 void commAddHandle(struct epComm* comm, struct epHandle* h);
 void commRemoveHandle(struct epComm* comm, struct epHandle* h);
 
@@ -87,6 +95,8 @@ struct epComm {
   // Non-zero (an epResult_t) once a peer failed or timed out: the comm is unusable.
   std::atomic<int> broken{0};
   std::atomic<int> active_calls{0};  // public calls in flight (epCommAbort waits for them)
+  std::atomic<int> collective_busy{0};  // a data call is in progress (CallGuard::enterCollective)
+  std::atomic<int> closing{0};          // epCommDestroy or epCommAbort has begun
   uint64_t call_seq = 0;  // collective calls issued, to check ranks stay in step
   // Low-latency dispatches not combined yet. Each holds one of the two buffer
   // sets until its combine; a third dispatch would wait for one forever.

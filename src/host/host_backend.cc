@@ -157,11 +157,17 @@ epResult_t HostBackend::init() {
   }
 
   // Size the rings: as large as the defaults ask, shrunk to the cap if one is set.
+  if (param::HOST_RING_SLOTS() < 2 || param::HOST_RING_SLOTS() > 1024)
+    return setError(comm_, epInvalidArgument, "EP_HOST_RING_SLOTS = %lld is outside 2..1024",
+                    (long long)param::HOST_RING_SLOTS());
+  if (param::HOST_CHUNK_TOKENS() < 1 || param::HOST_CHUNK_TOKENS() > (1 << 20))
+    return setError(comm_, epInvalidArgument, "EP_HOST_CHUNK_TOKENS = %lld is outside 1..%d",
+                    (long long)param::HOST_CHUNK_TOKENS(), 1 << 20);
   geo_.nranks = R;
-  geo_.slots = int(std::max<int64_t>(2, param::HOST_RING_SLOTS()));
+  geo_.slots = int(param::HOST_RING_SLOTS());
   geo_.record_bytes = std::max({dispatchRecord(cfg).total(), combineRecordBytes(cfg),
                                 host::llRecordBytes(cfg), size_t(16)});
-  geo_.chunk_records = int(std::max<int64_t>(1, param::HOST_CHUNK_TOKENS()));
+  geo_.chunk_records = int(param::HOST_CHUNK_TOKENS());
   if (cfg.buffer_bytes_cap > 0) {
     while (geo_.chunk_records > 1 && geo_.segmentBytes() > cfg.buffer_bytes_cap)
       geo_.chunk_records /= 2;

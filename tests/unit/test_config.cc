@@ -185,8 +185,33 @@ int childEnvNegativeTimeout() {
   return strstr(ep::threadLastError(), "EP_TIMEOUT_MS") != nullptr ? 0 : 2;
 }
 
+// A host communicator refuses ring sizes that do not fit its int fields
+// (they used to wrap: slots 0 hung the exchange, chunk tokens crashed it).
+int childEnvHostRingOutOfRange() {
+  epConfig_t c = validConfig();
+  c.backend = epBackendHost;
+  epUniqueId id;
+  if (epGetUniqueId(&id) != epSuccess) return 1;
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, 1, id, 0, &c) != epInvalidArgument) return 2;
+  if (comm != nullptr) return 3;
+  return strstr(epGetLastError(nullptr), "EP_HOST_RING_SLOTS = 4294967296 is outside 2..1024") ? 0 : 4;
+}
+
+int childEnvHostChunkOutOfRange() {
+  epConfig_t c = validConfig();
+  c.backend = epBackendHost;
+  epUniqueId id;
+  if (epGetUniqueId(&id) != epSuccess) return 1;
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, 1, id, 0, &c) != epInvalidArgument) return 2;
+  return strstr(epGetLastError(nullptr), "EP_HOST_CHUNK_TOKENS = 1099511627776") ? 0 : 3;
+}
+
 const std::vector<ChildCase>& childCases() {
   static const std::vector<ChildCase> cases = {
+      {"env_host_ring_out_of_range", {{"EP_HOST_RING_SLOTS", "4294967296"}}, childEnvHostRingOutOfRange},
+      {"env_host_chunk_out_of_range", {{"EP_HOST_CHUNK_TOKENS", "1099511627776"}}, childEnvHostChunkOutOfRange},
       {"env_fills_zero_fields",
        {{"EP_TIMEOUT_MS", "2500"}, {"EP_NUM_SMS", "0x10"}, {"EP_BUFFER_BYTES_CAP", "1048576"}},
        childEnvFillsZeroFields},
@@ -198,6 +223,10 @@ const std::vector<ChildCase>& childCases() {
 
 void env_fills_zero_fields_and_struct_wins(void**) { runInFreshProcess("env_fills_zero_fields"); }
 void env_malformed_timeout_keeps_default(void**) { runInFreshProcess("env_malformed_timeout"); }
+void env_host_ring_sizes_out_of_range_are_rejected(void**) {
+  runInFreshProcess("env_host_ring_out_of_range");
+  runInFreshProcess("env_host_chunk_out_of_range");
+}
 void env_negative_timeout_rejected_naming_variable(void**) {
   runInFreshProcess("env_negative_timeout");
 }
@@ -381,6 +410,34 @@ void resolve_rejects_negative_counts(void**) {
   expect_rejected(c, 1, "config.max_nodes_per_token");
 }
 
+// Upper bounds: far above any model, and low enough that every buffer size
+// computed from the config fits size_t (epLowLatencyBufferBytes included).
+void resolve_rejects_sizes_past_the_limits(void**) {
+  epConfig_t c = validConfig();
+  c.num_experts = ep::kMaxExperts + 1;
+  expect_rejected(c, 1, "config.num_experts = 1048577 is outside 1..1048576");
+  c = validConfig();
+  c.hidden = ep::kMaxHidden + 64;
+  expect_rejected(c, 1, "config.hidden = 262208 is outside 1..262144");
+  c = validConfig();
+  c.max_tokens_per_rank = ep::kMaxTokensPerRank + 1;
+  expect_rejected(c, 1, "config.max_tokens_per_rank");
+  c = validConfig();
+  expect_rejected(c, ep::kMaxCommRanks + 1, "nranks = 65537");
+  // The largest accepted config: its low-latency buffer size does not wrap.
+  c.num_experts = ep::kMaxExperts;
+  c.hidden = ep::kMaxHidden;
+  c.max_tokens_per_rank = ep::kMaxTokensPerRank;
+  c.max_topk = 32;
+  expect_accepted(c, ep::kMaxCommRanks);
+  size_t bytes = 0;
+  assert_int_equal(epLowLatencyBufferBytes(&c, ep::kMaxCommRanks, &bytes), epSuccess);
+  const double expect = 2.0 * ep::kMaxCommRanks * double(ep::kMaxTokensPerRank) *
+                        (double(ep::kMaxHidden) * 6);  // BF16 record + float32 combine row, at least
+  assert_true(double(bytes) >= expect);
+  assert_true(bytes < (size_t(1) << 63));
+}
+
 void resolve_rejects_negative_timeout(void**) {
   // 0 means "EP_TIMEOUT_MS"; a negative value is a caller error, not "use the default".
   epConfig_t c = validConfig();
@@ -536,6 +593,8 @@ int main(int argc, char** argv) {
       cmocka_unit_test(resolve_checks_topk_range),
       cmocka_unit_test(resolve_rejects_unknown_types_and_backend),
       cmocka_unit_test(resolve_rejects_negative_counts),
+      cmocka_unit_test(resolve_rejects_sizes_past_the_limits),
+      cmocka_unit_test(env_host_ring_sizes_out_of_range_are_rejected),
       cmocka_unit_test(resolve_rejects_negative_timeout),
       cmocka_unit_test(resolve_rejects_negative_num_sms),
       cmocka_unit_test(data_type_sizes_and_names),

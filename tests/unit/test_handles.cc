@@ -421,7 +421,7 @@ void cached_redispatch_moves_new_x(void**) {
   epHandle_t h = nullptr;
   assert_ok(epDispatch(g_comm, &a, &h, nullptr));
 
-  // New activations, same routing; topk_idx is not given (and not read).
+  // New activations, same routing; topk_idx is not given.
   Tokens tk2 = makeTokens(5, 20, 4);
   Buf<uint16_t> recv_x2(size_t(kMaxTokens) * kHidden);
   std::vector<int> per_expert2(kExperts, -1);
@@ -445,6 +445,25 @@ void cached_redispatch_moves_new_x(void**) {
     assert_int_equal(recv_idx2[i], -1);
     assert_true(recv_w2[i] == 0.0f);
   }
+
+  // Without ids num_topk is not used (the handle's K applies): a stray value is harmless.
+  b.num_topk = -3;
+  assert_ok(epDispatch(g_comm, &b, &cached, nullptr));
+  checkRecvRows(tk, tk2.x.data(), recv_x2);
+  b.num_topk = tk.K;
+
+  // Ids given to a cached dispatch are forwarded, so they are checked like a new routing's.
+  std::vector<int64_t> bad_ids = tk.idx;
+  bad_ids[3 * size_t(tk.K) + 1] = int64_t(1) << 35;
+  b.topk_idx = bad_ids.data();
+  assert_result(epDispatch(g_comm, &b, &cached, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "topk_idx[3][1]");
+  b.topk_idx = tk.idx.data();
+  b.topk_idx_type = epFloat32;
+  assert_result(epDispatch(g_comm, &b, &cached, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "topk_idx_type");
+  b.topk_idx_type = epInt64;
+  b.topk_idx = nullptr;
 
   // A cached dispatch must keep the token count of the routing.
   b.num_tokens = 19;
@@ -751,6 +770,7 @@ void dispatch_field_checks_name_the_field(void**) {
       {"recv_capacity = -1", [](epDispatchArgs_t& a) { a.recv_capacity = -1; }},
       {"recv_x is NULL", [](epDispatchArgs_t& a) { a.recv_x = nullptr; }},
       {"expert_alignment = -2", [](epDispatchArgs_t& a) { a.expert_alignment = -2; }},
+      {"expert_alignment = 2147483647", [](epDispatchArgs_t& a) { a.expert_alignment = 2147483647; }},
   };
   for (const Bad& bad : cases) {
     epDispatchArgs_t a = dispatchArgs(tk, recv_x, kMaxTokens);

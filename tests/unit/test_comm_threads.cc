@@ -1,0 +1,138 @@
+// A communicator used from several threads: a data call while another thread
+// is inside one is refused, epCommDestroy is refused while a call is in
+// progress, epCommAbort unblocks it. Two host ranks of one process
+// (epCommInitAll); rank 0's dispatch blocks until rank 1 joins, which gives
+// each case a call that is certainly in progress.
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+constexpr int kExperts = 4, kHidden = 64, kTokens = 8, kTopk = 2;
+
+epConfig_t config() {
+  epConfig_t c = EP_CONFIG_INITIALIZER;
+  c.num_experts = kExperts;
+  c.hidden = kHidden;
+  c.max_tokens_per_rank = kTokens;
+  c.max_topk = kTopk;
+  c.backend = epBackendHost;
+  c.timeout_ms = 20000;
+  return c;
+}
+
+// One rank's dispatch inputs and outputs (every token to experts 0 and 3: both ranks).
+struct Rank {
+  std::vector<uint16_t> x = std::vector<uint16_t>(size_t(kTokens) * kHidden, 0x3f80);  // bf16 1.0
+  std::vector<int64_t> idx;
+  std::vector<uint16_t> recv_x = std::vector<uint16_t>(size_t(2 * kTokens) * kHidden + 64);
+  Rank() {
+    for (int t = 0; t < kTokens; t++) idx.insert(idx.end(), {0, 3});
+  }
+  epDispatchArgs_t args() {
+    epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+    a.x = x.data();
+    a.x_type = epBfloat16;
+    a.topk_idx = idx.data();
+    a.topk_idx_type = epInt64;
+    a.num_tokens = kTokens;
+    a.num_topk = kTopk;
+    a.recv_x = recv_x.data();
+    a.recv_capacity = 2 * kTokens;
+    return a;
+  }
+};
+
+// Runs rank 0's dispatch in a thread, waits until it is surely blocked on
+// rank 1, runs `during` (on this thread), then lets rank 1 dispatch.
+template <typename During>
+void withBlockedDispatch(epComm_t comms[2], During during) {
+  Rank r0, r1;
+  std::atomic<int> res0{-1};
+  epHandle_t h0 = nullptr, h1 = nullptr;
+  std::thread t0([&] {
+    epDispatchArgs_t a = r0.args();
+    res0 = epDispatch(comms[0], &a, &h0, nullptr);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  assert_int_equal(res0.load(), -1);  // still waiting for rank 1
+  during();
+  epDispatchArgs_t a = r1.args();
+  assert_ok(epDispatch(comms[1], &a, &h1, nullptr));
+  t0.join();
+  assert_int_equal(res0.load(), epSuccess);
+  assert_ok(epHandleDestroy(h0));
+  assert_ok(epHandleDestroy(h1));
+}
+
+void second_data_call_from_another_thread_is_refused(void**) {
+  epComm_t comms[2] = {nullptr, nullptr};
+  epConfig_t cfg = config();
+  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  withBlockedDispatch(comms, [&] {
+    Rank other;
+    epDispatchArgs_t a = other.args();
+    epHandle_t h = nullptr;
+    assert_result(epDispatch(comms[0], &a, &h, nullptr), epInvalidUsage);
+    assert_contains(epGetLastError(nullptr), "in progress in another thread");
+    assert_null(h);
+    // Queries are not data calls: they still answer.
+    int rank = -1;
+    assert_ok(epCommRank(comms[0], &rank));
+    assert_int_equal(rank, 0);
+  });
+  // The communicator works afterwards (the refused call left no claim behind).
+  withBlockedDispatch(comms, [] {});
+  assert_ok(epCommDestroy(comms[0]));
+  assert_ok(epCommDestroy(comms[1]));
+}
+
+void destroy_during_a_call_is_refused(void**) {
+  epComm_t comms[2] = {nullptr, nullptr};
+  epConfig_t cfg = config();
+  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  withBlockedDispatch(comms, [&] {
+    assert_result(epCommDestroy(comms[0]), epInvalidUsage);
+    assert_contains(epGetLastError(nullptr), "epCommAbort");
+  });
+  assert_ok(epCommDestroy(comms[0]));  // once the call returned
+  assert_ok(epCommDestroy(comms[1]));
+}
+
+void abort_unblocks_a_call_then_frees(void**) {
+  epComm_t comms[2] = {nullptr, nullptr};
+  epConfig_t cfg = config();
+  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  Rank r0;
+  std::atomic<int> res0{-1};
+  epHandle_t h0 = nullptr;
+  std::thread t0([&] {
+    epDispatchArgs_t a = r0.args();
+    res0 = epDispatch(comms[0], &a, &h0, nullptr);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  assert_ok(epCommAbort(comms[0]));
+  t0.join();
+  assert_int_equal(res0.load(), epAborted);
+  assert_null(h0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  assert_true(s < 5.0);  // not the 20 s timeout
+  assert_ok(epCommAbort(comms[1]));  // rank 1 never called: nothing to unblock
+}
+
+}  // namespace
+
+int main() {
+  eptest::unsetAllParams();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(second_data_call_from_another_thread_is_refused),
+      cmocka_unit_test(destroy_during_a_call_is_refused),
+      cmocka_unit_test(abort_unblocks_a_call_then_frees),
+  };
+  return cmocka_run_group_tests_name("communicator and threads", tests, nullptr, nullptr);
+}
