@@ -183,7 +183,7 @@ typedef enum {
 /* The topology of xml_path (NULL: EP_TOPO_XML, else this machine): GPUs, NICs,
  * NUMA nodes, PCI distances, the NIC of each GPU and why; with ranks_per_node
  * and num_nodes > 0 also the plan of such a job (a dry run: local rank i
- * drives GPU i). */
+ * drives GPU i; at most 2048 ranks in all). */
 EP_API epResult_t epTopologyReport(const char *xml_path, int ranks_per_node, int num_nodes, char *buf,
                                    size_t *bytes);
 /* The plan of a communicator: the path to each peer, rail peers, NIC, IB settings. */

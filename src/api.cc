@@ -367,7 +367,9 @@ EP_API epResult_t epCombine(epComm_t comm, const epCombineArgs_t* user, epHandle
 
 EP_API epResult_t epGetParam(int index, const char** name, const char** default_value,
                              const char** value, const char** doc) {
-  if (index < 0 || index >= paramCount()) return epInvalidArgument;
+  clearThreadError();
+  if (index < 0 || index >= paramCount())
+    return setError(nullptr, epInvalidArgument, "epGetParam: index = %d is outside [0, %d)", index, paramCount());
   const ParamInfo& p = paramInfo(index);
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
@@ -383,7 +385,10 @@ EP_API epResult_t epGetParam(int index, const char** name, const char** default_
 
 EP_API epResult_t epGetTransport(int index, const char** name, int* available, const char** detail) {
   const auto& list = transportList();
-  if (index < 0 || index >= int(list.size())) return epInvalidArgument;
+  clearThreadError();
+  if (index < 0 || index >= int(list.size()))
+    return setError(nullptr, epInvalidArgument, "epGetTransport: index = %d is outside [0, %d)", index,
+                    int(list.size()));
   const TransportEntry& e = list[index];
   if (name) *name = e.table->name;
   if (available) *available = e.available ? 1 : 0;

@@ -12,15 +12,19 @@ using namespace ep;
 
 namespace {
 
+// The dry-run plan of epTopologyReport is quadratic in ranks: bounded so
+// that a typo cannot ask for gigabytes (4096 ranks took ~300 MB).
+constexpr int kMaxPlanRanks = 2048;
+
 // Runs print into a memory stream and hands the text out by the size protocol
 // of moeep.h.
 template <typename Print>
-epResult_t reportTo(const char* fn, char* buf, size_t* bytes, Print print) {
-  if (bytes == nullptr) return setError(nullptr, epInvalidArgument, "%s: bytes is NULL", fn);
+epResult_t reportTo(epComm* comm, const char* fn, char* buf, size_t* bytes, Print print) {
+  if (bytes == nullptr) return setError(comm, epInvalidArgument, "%s: bytes is NULL", fn);
   char* text = nullptr;
   size_t len = 0;
   FILE* f = open_memstream(&text, &len);
-  if (f == nullptr) return setError(nullptr, epSystemError, "%s: open_memstream failed", fn);
+  if (f == nullptr) return setError(comm, epSystemError, "%s: open_memstream failed", fn);
   epResult_t res = print(f);
   fclose(f);
   if (res != epSuccess) {
@@ -33,7 +37,7 @@ epResult_t reportTo(const char* fn, char* buf, size_t* bytes, Print print) {
     *bytes = need;
     free(text);
     if (buf == nullptr) return epSuccess;
-    return setError(nullptr, epInvalidArgument, "%s: buf holds %zu bytes, the report needs %zu", fn, had, need);
+    return setError(comm, epInvalidArgument, "%s: buf holds %zu bytes, the report needs %zu", fn, had, need);
   }
   memcpy(buf, text, need);
   *bytes = need;
@@ -52,14 +56,18 @@ EP_API epResult_t epTopologyReport(const char* xml_path, int ranks_per_node, int
     return setError(nullptr, epInvalidArgument,
                     "epTopologyReport: ranks_per_node = %d and num_nodes = %d must be both 0 or both positive",
                     ranks_per_node, num_nodes);
-  return reportTo("epTopologyReport", buf, bytes,
+  if (int64_t(ranks_per_node) * num_nodes > kMaxPlanRanks)
+    return setError(nullptr, epInvalidArgument,
+                    "epTopologyReport: a dry-run plan covers up to %d ranks (asked: %d nodes of %d)", kMaxPlanRanks,
+                    num_nodes, ranks_per_node);
+  return reportTo(nullptr, "epTopologyReport", buf, bytes,
                   [&](FILE* f) { return topoReport(f, xml_path, ranks_per_node, num_nodes); });
 }
 
 EP_API epResult_t epCommPlanReport(epComm_t comm, char* buf, size_t* bytes) {
   CallGuard guard(comm);
   EPCHECK(guard.enter("epCommPlanReport"));
-  return reportTo("epCommPlanReport", buf, bytes, [&](FILE* f) {
+  return reportTo(comm, "epCommPlanReport", buf, bytes, [&](FILE* f) {
     planPrint(f, comm->plan);
     return epSuccess;
   });

@@ -279,7 +279,23 @@ void built_in_shm_transport_is_listed_and_available(void**) {
   if (!found) print_error("epGetTransport lists %d transports and no \"shm\"\n", n);
   assert_true(found);
   assert_result(epGetTransport(n, &name, &available, &detail), epInvalidArgument);
+  assert_contains(epGetLastError(nullptr), "epGetTransport: index");
   assert_result(epGetTransport(-1, &name, &available, &detail), epInvalidArgument);
+}
+
+// The end of a list is an error with a message of its own, not a stale one.
+void param_list_end_has_its_own_message(void**) {
+  assert_result(epGetVersion(nullptr), epInvalidArgument);  // leaves an unrelated message
+  const char* name = nullptr;
+  assert_result(epGetParam(100000, &name, nullptr, nullptr, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(nullptr), "epGetParam: index = 100000");
+}
+
+// A dry-run plan of a million ranks is refused at once instead of eating memory.
+void topology_dry_run_is_bounded(void**) {
+  size_t bytes = 0;
+  assert_result(epTopologyReport(nullptr, 1000000, 1000000, nullptr, &bytes), epInvalidArgument);
+  assert_contains(epGetLastError(nullptr), "up to 2048 ranks");
 }
 
 }  // namespace
@@ -302,6 +318,8 @@ int main() {
       cmocka_unit_test(calls_with_dead_handle_are_rejected),
       cmocka_unit_test(handle_recv_count_needs_output_and_known_counts),
       cmocka_unit_test(built_in_shm_transport_is_listed_and_available),
+      cmocka_unit_test(param_list_end_has_its_own_message),
+      cmocka_unit_test(topology_dry_run_is_bounded),
   };
   return cmocka_run_group_tests_name("errors", tests, groupSetup, nullptr);
 }

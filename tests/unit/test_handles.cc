@@ -840,6 +840,20 @@ void combine_field_checks_name_the_field(void**) {
   assert_ok(epHandleDestroy(h));
 }
 
+// Errors of the report calls are kept on the communicator too (not a stale message).
+void plan_report_errors_are_kept_on_the_comm(void**) {
+  assert_result(epCommNodes(g_comm, nullptr, nullptr), epInvalidArgument);  // an earlier, unrelated error
+  assert_result(epCommPlanReport(g_comm, nullptr, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "epCommPlanReport: bytes is NULL");
+  size_t bytes = 0;
+  assert_ok(epCommPlanReport(g_comm, nullptr, &bytes));
+  assert_true(bytes > 1);
+  char small[1];
+  size_t have = 1;
+  assert_result(epCommPlanReport(g_comm, small, &have), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "the report needs");
+}
+
 void comm_stays_usable_after_argument_errors(void**) {
   epDispatchArgs_t bad = EP_DISPATCH_ARGS_INITIALIZER;
   bad.num_tokens = 1000;
@@ -954,6 +968,7 @@ int main() {
       cmocka_unit_test(recv_capacity_too_small_keeps_comm_usable),
       cmocka_unit_test(dispatch_field_checks_name_the_field),
       cmocka_unit_test(combine_field_checks_name_the_field),
+      cmocka_unit_test(plan_report_errors_are_kept_on_the_comm),
       cmocka_unit_test(comm_stays_usable_after_argument_errors),
       cmocka_unit_test(node_limited_bound_counts_distinct_nodes),
       cmocka_unit_test(abort_on_idle_comm_succeeds),
