@@ -16,24 +16,26 @@ namespace {
 
 size_t roundUp16(size_t v) { return (v + 15) / 16 * 16; }
 
-// Wire record of one token to one rank: its row on the wire, its index on the
-// source, and all K expert ids and weights (the receiver keeps those of its
-// own experts).
+// Wire record of one token to one rank: its row on the wire (an FP8 row is
+// followed by its scales), its index on the source, the wire type, and
+// config.max_topk expert ids and weights (the source's K of them, then -1):
+// one layout for every rank and wire type, so ranks may pass different
+// num_topk, and a rank that asked for another wire type can tell.
 struct LLDispatchRecord {
   size_t row_bytes, scale_bytes;
-  int num_topk;
+  int max_topk;
   size_t tokenOffset() const { return row_bytes + scale_bytes; }
-  size_t idsOffset() const { return tokenOffset() + 4; }
-  size_t weightsOffset() const { return idsOffset() + size_t(num_topk) * 4; }
-  size_t total() const { return roundUp16(weightsOffset() + size_t(num_topk) * 4); }
+  size_t wireOffset() const { return tokenOffset() + 4; }
+  size_t idsOffset() const { return tokenOffset() + 8; }
+  size_t weightsOffset() const { return idsOffset() + size_t(max_topk) * 4; }
+  size_t total() const { return roundUp16(weightsOffset() + size_t(max_topk) * 4); }
 };
 
-LLDispatchRecord llRecord(const Config& c, bool fp8, int num_topk) {
+LLDispatchRecord llRecord(const Config& c) {
   LLDispatchRecord r;
-  const int nblocks = (c.hidden + 127) / 128;
-  r.row_bytes = fp8 ? size_t(c.hidden) : size_t(c.hidden) * 2;
-  r.scale_bytes = fp8 ? size_t(nblocks) * 4 : 0;
-  r.num_topk = num_topk;
+  r.row_bytes = size_t(c.hidden) * 2;                       // BF16, the larger row
+  r.scale_bytes = size_t((c.hidden + 127) / 128) * 4;       // room for FP8 scales past an FP8 row
+  r.max_topk = c.max_topk;
   return r;
 }
 
@@ -121,7 +123,7 @@ void finishCombine(epComm* comm, LLState* st) {
 
 size_t llRecordBytes(const Config& cfg) {
   if (!cfg.low_latency) return 0;
-  const size_t dispatch = llRecord(cfg, false, cfg.max_topk).total();  // BF16 is the larger row
+  const size_t dispatch = llRecord(cfg).total();
   const size_t combine = roundUp16(size_t(cfg.hidden) * 4);
   return std::max(dispatch, combine);
 }
@@ -131,7 +133,8 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
   const Config& c = comm->cfg;
   const int R = comm->nranks, K = a.num_topk, L = comm->num_local_experts;
   const bool fp8 = a.wire_type == epFloat8E4M3;
-  const LLDispatchRecord rec = llRecord(c, fp8, K);
+  const LLDispatchRecord rec = llRecord(c);
+  const int KM = c.max_topk;
   Placement pl;
   pl.num_experts = c.num_experts;
   pl.nranks = R;
@@ -161,13 +164,14 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
       for (int i = 0; i < n; i++, out += rec.total()) {
         const int t = rt.send_tokens[rt.send_offset[d] + first + i];
         memcpy(out, &wire[size_t(t) * rec.tokenOffset()], rec.tokenOffset());
-        int32_t token = t;
+        const int32_t token = t, wire = int32_t(a.wire_type);
         memcpy(out + rec.tokenOffset(), &token, 4);
+        memcpy(out + rec.wireOffset(), &wire, 4);
         int32_t* ids = reinterpret_cast<int32_t*>(out + rec.idsOffset());
         float* weights = reinterpret_cast<float*>(out + rec.weightsOffset());
-        for (int k = 0; k < K; k++) {
-          ids[k] = int32_t(topkAt(a.topk_idx, a.topk_idx_type, size_t(t) * K + k));
-          weights[k] = a.topk_weights ? a.topk_weights[size_t(t) * K + k] : 1.0f;
+        for (int k = 0; k < KM; k++) {
+          ids[k] = k < K ? int32_t(topkAt(a.topk_idx, a.topk_idx_type, size_t(t) * K + k)) : -1;
+          weights[k] = k >= K ? 0.0f : a.topk_weights ? a.topk_weights[size_t(t) * K + k] : 1.0f;
         }
       }
     };
@@ -175,6 +179,8 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
   st->dispatch_records.resize(size_t(rt.num_recv) * rec.total());
   st->arrivals.reserve(size_t(rt.num_recv));
   const int first_expert = comm->first_expert;
+  int other_wire_from = -1;  // a source that sent another wire type than this rank asked for
+  int other_wire = 0;
   for (int s = 0; s < R; s++) {
     recvs[s].records = rt.recv_count[s];
     recvs[s].unpack = [&, s](int first, int n, const uint8_t* in) {
@@ -183,9 +189,15 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
         LLState::Arrival arr;
         arr.src = s;
         memcpy(&arr.token, in + rec.tokenOffset(), 4);
+        int32_t wire = 0;
+        memcpy(&wire, in + rec.wireOffset(), 4);
+        if (wire != int32_t(a.wire_type) && other_wire_from < 0) {
+          other_wire_from = s;
+          other_wire = wire;
+        }
         const int32_t* ids = reinterpret_cast<const int32_t*>(in + rec.idsOffset());
         const float* weights = reinterpret_cast<const float*>(in + rec.weightsOffset());
-        for (int k = 0; k < K; k++) {
+        for (int k = 0; k < KM; k++) {
           if (ids[k] < first_expert || ids[k] >= first_expert + L) continue;
           arr.local_expert.push_back(ids[k] - first_expert);
           arr.weight.push_back(weights[k]);
@@ -196,6 +208,11 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
     };
   }
   EPCHECK(ex.run(kChunkDispatch, ++comm->call_seq, sends, recvs, "low-latency dispatch"));
+  if (other_wire_from >= 0)
+    return setError(comm, epInvalidUsage,
+                    "epLowLatencyDispatch: rank %d sent %s rows and this rank asked for %s: wire_type must be "
+                    "the same on every rank of a call",
+                    other_wire_from, dataTypeName(epDataType_t(other_wire)), dataTypeName(a.wire_type));
   h->backend_state = st.release();
   h->low_latency = true;
   if (send_only) {

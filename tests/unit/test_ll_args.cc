@@ -10,6 +10,7 @@
 // y = recv_x the combine gives sum_k w[t][k] * x[t].
 #include <cmath>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "comm.h"
@@ -412,6 +413,89 @@ void comm_stays_usable_after_argument_errors(void**) {
   assert_ok(epHandleDestroy(h));
 }
 
+// Two ranks (threads of this process): ranks may pass different num_topk (up
+// to config.max_topk), and a wire type that differs between ranks is an error
+// on the ranks that receive the other's rows, after which the communicators
+// still work.
+void ranks_with_different_topk_and_wire_types(void**) {
+  epComm_t comms[2] = {nullptr, nullptr};
+  epConfig_t cfg = llConfig(kHidden);
+  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  const int L = kExperts / 2;
+  // Rank 0 with K = 2, rank 1 with K = 4; every token picks an expert of each rank.
+  Call calls[2] = {Call(21, 6, 2), Call(22, 5, 4)};
+  for (int r = 0; r < 2; r++)
+    for (int t = 0; t < calls[r].T; t++)
+      for (int k = 0; k < calls[r].K; k++)
+        calls[r].idx[size_t(t) * calls[r].K + k] = k % 2 == 0 ? (t + k / 2) % L : L + (t + k / 2) % L;
+  auto both = [&](auto&& body) {
+    std::thread other([&] { body(1); });
+    body(0);
+    other.join();
+  };
+  epResult_t res[2];
+  epHandle_t h[2] = {nullptr, nullptr};
+  both([&](int r) {
+    epLowLatencyDispatchArgs_t a = calls[r].dispatchArgs(epBfloat16);
+    res[r] = epLowLatencyDispatch(comms[r], &a, &h[r], nullptr);
+  });
+  assert_ok(res[0]);
+  assert_ok(res[1]);
+  for (int r = 0; r < 2; r++)
+    for (int e = 0; e < L; e++) {
+      int pairs = 0;
+      for (const Call& c : calls)
+        for (int64_t id : c.idx) pairs += id == r * L + e;
+      assert_int_equal(calls[r].recv_count[e], pairs);
+    }
+  both([&](int r) {
+    epLowLatencyCombineArgs_t c = calls[r].combineArgs();
+    res[r] = epLowLatencyCombine(comms[r], &c, h[r], nullptr);
+  });
+  assert_ok(res[0]);
+  assert_ok(res[1]);
+  for (const Call& call : calls)
+    for (int t = 0; t < call.T; t++) {
+      float wsum = 0.0f;
+      for (int k = 0; k < call.K; k++) wsum += call.w[size_t(t) * call.K + k];
+      for (int j = 0; j < kHidden; j++) {
+        const float want = wsum * ep::bf16ToFloat(call.x[size_t(t) * kHidden + j]);
+        const float got = ep::bf16ToFloat(call.out[size_t(t) * kHidden + j]);
+        if (std::fabs(got - want) > 1e-2f * (1.0f + std::fabs(want))) {
+          print_error("token %d [%d] = %g, expected %g\n", t, j, got, want);
+          fail();
+        }
+      }
+    }
+  for (epHandle_t x : h) assert_ok(epHandleDestroy(x));
+
+  // Rank 0 asks for FP8, rank 1 for BF16: both receive rows of the other type.
+  both([&](int r) {
+    epLowLatencyDispatchArgs_t a = calls[r].dispatchArgs(r == 0 ? epFloat8E4M3 : epBfloat16);
+    epHandle_t x = nullptr;
+    res[r] = epLowLatencyDispatch(comms[r], &a, &x, nullptr);
+    if (x != nullptr) epHandleDestroy(x);
+  });
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(res[r], epInvalidUsage);
+    assert_contains(epGetLastError(comms[r]), "wire_type must be the same on every rank");
+  }
+  // Still in step: a matching call works.
+  both([&](int r) {
+    epLowLatencyDispatchArgs_t a = calls[r].dispatchArgs(epFloat8E4M3);
+    epHandle_t x = nullptr;
+    res[r] = epLowLatencyDispatch(comms[r], &a, &x, nullptr);
+    if (res[r] == epSuccess) {
+      epLowLatencyCombineArgs_t c = calls[r].combineArgs();
+      res[r] = epLowLatencyCombine(comms[r], &c, x, nullptr);
+    }
+    epHandleDestroy(x);
+  });
+  assert_ok(res[0]);
+  assert_ok(res[1]);
+  for (epComm_t c : comms) assert_ok(epCommDestroy(c));
+}
+
 }  // namespace
 
 int main() {
@@ -426,6 +510,7 @@ int main() {
       cmocka_unit_test(third_uncombined_dispatch_is_refused),
       cmocka_unit_test(handles_do_not_cross_modes),
       cmocka_unit_test(comm_stays_usable_after_argument_errors),
+      cmocka_unit_test(ranks_with_different_topk_and_wire_types),
   };
   return cmocka_run_group_tests_name("low-latency arguments", tests, groupSetup, groupTeardown);
 }
