@@ -49,6 +49,21 @@ bool Exchanger::peerAlive(int rank) const {
   return !(paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
 }
 
+bool Exchanger::peerClosed(int rank) const {
+  const int me = comm_->rank;
+  return loadAcquire(&geo_.ctrl(segments_[me], rank)->source_closed) != 0 ||
+         loadAcquire(&geo_.ctrl(segments_[rank], me)->owner_closed) != 0;
+}
+
+void Exchanger::announceClose() {
+  const int me = comm_->rank;
+  for (int r = 0; r < comm_->nranks; r++) {
+    if (r == me) continue;
+    storeRelease(&geo_.ctrl(segments_[r], me)->source_closed, 1);  // the ring this rank writes, in r's segment
+    storeRelease(&geo_.ctrl(segments_[me], r)->owner_closed, 1);   // the ring r writes, in this rank's
+  }
+}
+
 epResult_t Exchanger::failTimeout(const std::vector<StreamSpec>& sends,
                                   const std::vector<StreamSpec>& recvs, const std::vector<int>& sent,
                                   int recv_cursor, const std::vector<int>& received, const char* what,
@@ -168,13 +183,18 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
       for (int r = 0; r < R; r++) {
         if (r == me) continue;
         bool waiting_on_r = (r == recv_cursor) || (sent[r] < sends[r].records);
-        if (waiting_on_r && !peerAlive(r)) {
+        const bool closed = waiting_on_r && peerClosed(r);
+        if (waiting_on_r && (closed || !peerAlive(r))) {
           if (exited_suspect != r) {  // look at the rings once more first
             exited_suspect = r;
             idle_rounds = 63;  // the next idle round checks again
             break;
           }
           comm_->broken.store(epRemoteError);
+          if (closed)
+            return setError(comm_, epRemoteError,
+                            "%s (call %llu): rank %d destroyed or aborted its communicator before taking part",
+                            what, (unsigned long long)call_seq, r);
           return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what,
                           (unsigned long long)call_seq, r, comm_->peers[r].pid);
         }

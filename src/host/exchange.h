@@ -34,9 +34,13 @@ class Exchanger {
   // one sends it (r's send side), and fills r's receive side from what every
   // rank says it sends here.
   epResult_t exchangeCounts(uint64_t call_seq, Routing* r, const char* what);
+  // Marks this rank's rings closed, in its own segment and in its peers'
+  // (the communicator is going away): peers waiting on it stop waiting.
+  void announceClose();
 
  private:
   bool peerAlive(int rank) const;
+  bool peerClosed(int rank) const;
   epResult_t failTimeout(const std::vector<StreamSpec>& sends, const std::vector<StreamSpec>& recvs,
                          const std::vector<int>& sent, int recv_cursor, const std::vector<int>& received,
                          const char* what, uint64_t call_seq);

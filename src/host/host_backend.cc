@@ -132,6 +132,7 @@ class HostBackend : public Backend {
 };
 
 HostBackend::~HostBackend() {
+  if (exchanger_) exchanger_->announceClose();
   exchanger_.reset();
   if (shm_ == nullptr) return;
   for (void* c : conns_)

@@ -15,6 +15,8 @@
 // since every rank issues the same collectives in the same order, the chunks
 // of one call never mix with another's. Each chunk says which call it
 // belongs to, so ranks that fall out of step get an error, not wrong data.
+// A rank that destroys its communicator marks its rings closed on both ends,
+// so a peer still waiting on it fails at once instead of at its timeout.
 #pragma once
 
 #include <cstddef>
@@ -25,9 +27,11 @@ namespace host {
 
 struct alignas(64) RingCtrl {
   uint64_t head;
-  char pad0[56];
+  uint64_t source_closed;  // 1: the source destroyed (or aborted) its communicator
+  char pad0[48];
   uint64_t tail;
-  char pad1[56];
+  uint64_t owner_closed;   // 1: the owner destroyed (or aborted) its communicator
+  char pad1[48];
 };
 static_assert(sizeof(RingCtrl) == 128, "RingCtrl layout");
 

@@ -1,6 +1,7 @@
 // A communicator used from several threads: a data call while another thread
 // is inside one is refused, epCommDestroy is refused while a call is in
-// progress, epCommAbort unblocks it. Two host ranks of one process
+// progress, epCommAbort unblocks it, a peer that destroys its communicator
+// ends the wait at once. Two host ranks of one process
 // (epCommInitAll); rank 0's dispatch blocks until rank 1 joins, which gives
 // each case a call that is certainly in progress.
 #include <atomic>
@@ -125,6 +126,31 @@ void abort_unblocks_a_call_then_frees(void**) {
   assert_ok(epCommAbort(comms[1]));  // rank 1 never called: nothing to unblock
 }
 
+// A peer that destroys its communicator while this rank waits for it: the
+// wait ends at once with a message naming it, not at the timeout.
+void peer_destroyed_fails_the_wait_at_once(void**) {
+  epComm_t comms[2] = {nullptr, nullptr};
+  epConfig_t cfg = config();
+  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  Rank r0;
+  std::atomic<int> res0{-1};
+  epHandle_t h0 = nullptr;
+  std::thread t0([&] {
+    epDispatchArgs_t a = r0.args();
+    res0 = epDispatch(comms[0], &a, &h0, nullptr);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  assert_ok(epCommDestroy(comms[1]));
+  t0.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  assert_int_equal(res0.load(), epRemoteError);
+  assert_contains(epGetLastError(comms[0]), "rank 1 destroyed or aborted its communicator");
+  assert_true(s < 5.0);  // the timeout is 20 s
+  assert_null(h0);
+  assert_ok(epCommDestroy(comms[0]));
+}
+
 }  // namespace
 
 int main() {
@@ -133,6 +159,7 @@ int main() {
       cmocka_unit_test(second_data_call_from_another_thread_is_refused),
       cmocka_unit_test(destroy_during_a_call_is_refused),
       cmocka_unit_test(abort_unblocks_a_call_then_frees),
+      cmocka_unit_test(peer_destroyed_fails_the_wait_at_once),
   };
   return cmocka_run_group_tests_name("communicator and threads", tests, nullptr, nullptr);
 }
