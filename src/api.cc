@@ -2,8 +2,11 @@
 // combine. Every argument is checked here, before any communication, so an
 // argument error leaves the communicator usable and the caller's buffers
 // untouched.
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -137,6 +140,25 @@ epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_
 
 }  // namespace
 
+epResult_t ep::apiException(const char* fn, epComm* comm) noexcept {
+  epResult_t code = epInternalError;
+  char what[160] = "unknown exception";
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    code = epOutOfMemory;
+    snprintf(what, sizeof(what), "out of host memory");
+  } catch (const std::exception& e) {
+    snprintf(what, sizeof(what), "internal exception: %s", e.what());
+  } catch (...) {
+  }
+  if (comm != nullptr && comm->magic == kCommMagic) {
+    comm->broken.store(code);
+    return setError(comm, code, "%s: %s; the communicator cannot be used further", fn, what);
+  }
+  return setError(nullptr, code, "%s: %s", fn, what);
+}
+
 extern "C" {
 
 EP_API epResult_t epGetVersion(int* version) {
@@ -172,30 +194,36 @@ EP_API const char* epGetLastError(epComm_t comm) {
   return copy.c_str();
 }
 
-EP_API epResult_t epGetUniqueId(epUniqueId* id) {
+EP_API epResult_t epGetUniqueId(epUniqueId* id) try {
   clearThreadError();
   if (id == nullptr) return setError(nullptr, epInvalidArgument, "epGetUniqueId: unique_id is NULL");
   paramWarnUnknown();
   return bootstrapGetUniqueId(id);
+} catch (...) {
+  return apiException("epGetUniqueId", nullptr);
 }
 
-EP_API epResult_t epCommRank(epComm_t comm, int* rank) {
+EP_API epResult_t epCommRank(epComm_t comm, int* rank) try {
   CallGuard g(comm);
   EPCHECK(g.enter("epCommRank"));
   if (rank == nullptr) return setError(comm, epInvalidArgument, "epCommRank: rank is NULL");
   *rank = comm->rank;
   return epSuccess;
+} catch (...) {
+  return apiException("epCommRank", nullptr);
 }
 
-EP_API epResult_t epCommSize(epComm_t comm, int* size) {
+EP_API epResult_t epCommSize(epComm_t comm, int* size) try {
   CallGuard g(comm);
   EPCHECK(g.enter("epCommSize"));
   if (size == nullptr) return setError(comm, epInvalidArgument, "epCommSize: size is NULL");
   *size = comm->nranks;
   return epSuccess;
+} catch (...) {
+  return apiException("epCommSize", nullptr);
 }
 
-EP_API epResult_t epCommLocalExperts(epComm_t comm, int* first, int* count) {
+EP_API epResult_t epCommLocalExperts(epComm_t comm, int* first, int* count) try {
   CallGuard g(comm);
   EPCHECK(g.enter("epCommLocalExperts"));
   if (first == nullptr || count == nullptr)
@@ -203,17 +231,21 @@ EP_API epResult_t epCommLocalExperts(epComm_t comm, int* first, int* count) {
   *first = comm->first_expert;
   *count = comm->num_local_experts;
   return epSuccess;
+} catch (...) {
+  return apiException("epCommLocalExperts", nullptr);
 }
 
-EP_API epResult_t epCommBufferBytes(epComm_t comm, size_t* bytes) {
+EP_API epResult_t epCommBufferBytes(epComm_t comm, size_t* bytes) try {
   CallGuard g(comm);
   EPCHECK(g.enter("epCommBufferBytes"));
   if (bytes == nullptr) return setError(comm, epInvalidArgument, "epCommBufferBytes: bytes is NULL");
   *bytes = comm->backend->bufferBytes();
   return epSuccess;
+} catch (...) {
+  return apiException("epCommBufferBytes", nullptr);
 }
 
-EP_API epResult_t epCommNodes(epComm_t comm, int* num_nodes, int* node_of_rank) {
+EP_API epResult_t epCommNodes(epComm_t comm, int* num_nodes, int* node_of_rank) try {
   CallGuard g(comm);
   EPCHECK(g.enter("epCommNodes"));
   if (num_nodes == nullptr) return setError(comm, epInvalidArgument, "epCommNodes: num_nodes is NULL");
@@ -221,9 +253,11 @@ EP_API epResult_t epCommNodes(epComm_t comm, int* num_nodes, int* node_of_rank) 
   if (node_of_rank)
     for (int r = 0; r < comm->nranks; r++) node_of_rank[r] = comm->nodes.node_of_rank[r];
   return epSuccess;
+} catch (...) {
+  return apiException("epCommNodes", nullptr);
 }
 
-EP_API epResult_t epLayout(epComm_t comm, const epLayoutArgs_t* user, epStream_t stream) {
+EP_API epResult_t epLayout(epComm_t comm, const epLayoutArgs_t* user, epStream_t stream) try {
   const char* fn = "epLayout";
   CallGuard g(comm);
   EPCHECK(g.enterCollective(fn));
@@ -232,10 +266,12 @@ EP_API epResult_t epLayout(epComm_t comm, const epLayoutArgs_t* user, epStream_t
   EPCHECK(checkNumTokens(comm, fn, a.num_tokens));
   EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
   return comm->backend->layout(a, stream);
+} catch (...) {
+  return apiException("epLayout", comm);
 }
 
 EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t* user, epHandle_t* handle,
-                                    epStream_t stream) {
+                                    epStream_t stream) try {
   const char* fn = "epDispatchPrepare";
   CallGuard g(comm);
   EPCHECK(g.enterCollective(fn));
@@ -250,10 +286,12 @@ EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t* user,
   commAddHandle(comm, h.get());
   *handle = h.release();
   return epSuccess;
+} catch (...) {
+  return apiException("epDispatchPrepare", comm);
 }
 
 EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHandle_t* handle,
-                             epStream_t stream) {
+                             epStream_t stream) try {
   const char* fn = "epDispatch";
   CallGuard g(comm);
   EPCHECK(g.enterCollective(fn));
@@ -293,9 +331,11 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
   commAddHandle(comm, h.get());
   *handle = h.release();
   return epSuccess;
+} catch (...) {
+  return apiException("epDispatch", comm);
 }
 
-EP_API epResult_t epHandleRecvCount(epHandle_t handle, int64_t* num_recv) {
+EP_API epResult_t epHandleRecvCount(epHandle_t handle, int64_t* num_recv) try {
   clearThreadError();
   if (handle == nullptr || handle->magic != kHandleMagic)
     return setError(nullptr, epInvalidArgument, "epHandleRecvCount: handle is not a live routing handle");
@@ -310,9 +350,11 @@ EP_API epResult_t epHandleRecvCount(epHandle_t handle, int64_t* num_recv) {
                     "dispatch with EP_DISPATCH_NO_HOST_SYNC)");
   *num_recv = handle->routing.num_recv;
   return epSuccess;
+} catch (...) {
+  return apiException("epHandleRecvCount", nullptr);
 }
 
-EP_API epResult_t epHandleDestroy(epHandle_t handle) {
+EP_API epResult_t epHandleDestroy(epHandle_t handle) try {
   if (handle == nullptr) return epSuccess;
   if (handle->magic != kHandleMagic)
     return setError(nullptr, epInvalidArgument, "epHandleDestroy: handle is not a live routing handle");
@@ -324,10 +366,12 @@ EP_API epResult_t epHandleDestroy(epHandle_t handle) {
   handle->magic = kDeadMagic;
   delete handle;
   return epSuccess;
+} catch (...) {
+  return apiException("epHandleDestroy", nullptr);
 }
 
 EP_API epResult_t epCombine(epComm_t comm, const epCombineArgs_t* user, epHandle_t handle,
-                            epStream_t stream) {
+                            epStream_t stream) try {
   const char* fn = "epCombine";
   CallGuard g(comm);
   EPCHECK(g.enterCollective(fn));
@@ -363,10 +407,12 @@ EP_API epResult_t epCombine(epComm_t comm, const epCombineArgs_t* user, epHandle
     return setError(comm, epInvalidArgument, "%s: num_topk = %d differs from the dispatch's %d", fn,
                     a.num_topk, handle->routing.num_topk);
   return comm->backend->combine(a, handle, stream);
+} catch (...) {
+  return apiException("epCombine", comm);
 }
 
 EP_API epResult_t epGetParam(int index, const char** name, const char** default_value,
-                             const char** value, const char** doc) {
+                             const char** value, const char** doc) try {
   clearThreadError();
   if (index < 0 || index >= paramCount())
     return setError(nullptr, epInvalidArgument, "epGetParam: index = %d is outside [0, %d)", index, paramCount());
@@ -381,9 +427,11 @@ EP_API epResult_t epGetParam(int index, const char** name, const char** default_
   if (value) *value = paramEnv(p.name);
   if (doc) *doc = p.doc;
   return epSuccess;
+} catch (...) {
+  return apiException("epGetParam", nullptr);
 }
 
-EP_API epResult_t epGetTransport(int index, const char** name, int* available, const char** detail) {
+EP_API epResult_t epGetTransport(int index, const char** name, int* available, const char** detail) try {
   const auto& list = transportList();
   clearThreadError();
   if (index < 0 || index >= int(list.size()))
@@ -394,6 +442,8 @@ EP_API epResult_t epGetTransport(int index, const char** name, int* available, c
   if (available) *available = e.available ? 1 : 0;
   if (detail) *detail = e.available ? e.origin.c_str() : e.reason.c_str();
   return epSuccess;
+} catch (...) {
+  return apiException("epGetTransport", nullptr);
 }
 
 }  // extern "C"

@@ -11,6 +11,12 @@
 
 namespace ep {
 
+// The catch of every public call (a function-try-block around its body): an
+// exception from below (std::bad_alloc above all) becomes a result and a
+// message instead of terminating the caller's process. A data call that threw
+// may have left its peers mid-exchange, so its communicator is marked failed.
+epResult_t apiException(const char* fn, epComm* comm) noexcept;
+
 class CallGuard {
  public:
   explicit CallGuard(epComm* comm) : comm_(comm) {}

@@ -39,7 +39,7 @@ epResult_t checkLLHandle(epComm* comm, const char* fn, epHandle* h) {
 
 extern "C" {
 
-EP_API epResult_t epLowLatencyBufferBytes(const epConfig_t* config, int nranks, size_t* bytes) {
+EP_API epResult_t epLowLatencyBufferBytes(const epConfig_t* config, int nranks, size_t* bytes) try {
   clearThreadError();
   if (bytes == nullptr) return setError(nullptr, epInvalidArgument, "epLowLatencyBufferBytes: bytes is NULL");
   if (nranks < 1) return setError(nullptr, epInvalidArgument, "epLowLatencyBufferBytes: nranks = %d", nranks);
@@ -47,10 +47,12 @@ EP_API epResult_t epLowLatencyBufferBytes(const epConfig_t* config, int nranks, 
   EPCHECK(configResolve(config, nranks, &c, nullptr));
   *bytes = llBufferBytes(nranks, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
   return epSuccess;
+} catch (...) {
+  return apiException("epLowLatencyBufferBytes", nullptr);
 }
 
 EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatchArgs_t* user,
-                                       epHandle_t* handle, epStream_t stream) {
+                                       epHandle_t* handle, epStream_t stream) try {
   const char* fn = "epLowLatencyDispatch";
   CallGuard guard(comm);
   EPCHECK(guard.enterCollective(fn));
@@ -116,10 +118,12 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
   commAddHandle(comm, h.get());
   *handle = h.release();
   return epSuccess;
+} catch (...) {
+  return apiException("epLowLatencyDispatch", comm);
 }
 
 EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineArgs_t* user, epHandle_t handle,
-                                      epStream_t stream) {
+                                      epStream_t stream) try {
   const char* fn = "epLowLatencyCombine";
   CallGuard guard(comm);
   EPCHECK(guard.enterCollective(fn));
@@ -147,9 +151,11 @@ EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineAr
   handle->ll_combined = true;
   comm->ll_uncombined.fetch_sub(1);
   return epSuccess;
+} catch (...) {
+  return apiException("epLowLatencyCombine", comm);
 }
 
-EP_API epResult_t epLowLatencyComplete(epComm_t comm, epHandle_t handle, epStream_t stream) {
+EP_API epResult_t epLowLatencyComplete(epComm_t comm, epHandle_t handle, epStream_t stream) try {
   const char* fn = "epLowLatencyComplete";
   CallGuard guard(comm);
   EPCHECK(guard.enterCollective(fn));
@@ -158,6 +164,8 @@ EP_API epResult_t epLowLatencyComplete(epComm_t comm, epHandle_t handle, epStrea
   if (handle->pending == epHandle::Pending::kNone)
     return setError(comm, epInvalidUsage, "%s: the handle has no send-only call to finish", fn);
   return comm->backend->llComplete(handle, stream);
+} catch (...) {
+  return apiException("epLowLatencyComplete", comm);
 }
 
 }  // extern "C"

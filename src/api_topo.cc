@@ -50,7 +50,7 @@ epResult_t reportTo(epComm* comm, const char* fn, char* buf, size_t* bytes, Prin
 extern "C" {
 
 EP_API epResult_t epTopologyReport(const char* xml_path, int ranks_per_node, int num_nodes, char* buf,
-                                   size_t* bytes) {
+                                   size_t* bytes) try {
   clearThreadError();
   if (ranks_per_node < 0 || num_nodes < 0 || (ranks_per_node > 0) != (num_nodes > 0))
     return setError(nullptr, epInvalidArgument,
@@ -62,18 +62,22 @@ EP_API epResult_t epTopologyReport(const char* xml_path, int ranks_per_node, int
                     num_nodes, ranks_per_node);
   return reportTo(nullptr, "epTopologyReport", buf, bytes,
                   [&](FILE* f) { return topoReport(f, xml_path, ranks_per_node, num_nodes); });
+} catch (...) {
+  return apiException("epTopologyReport", nullptr);
 }
 
-EP_API epResult_t epCommPlanReport(epComm_t comm, char* buf, size_t* bytes) {
+EP_API epResult_t epCommPlanReport(epComm_t comm, char* buf, size_t* bytes) try {
   CallGuard guard(comm);
   EPCHECK(guard.enter("epCommPlanReport"));
   return reportTo(comm, "epCommPlanReport", buf, bytes, [&](FILE* f) {
     planPrint(f, comm->plan);
     return epSuccess;
   });
+} catch (...) {
+  return apiException("epCommPlanReport", nullptr);
 }
 
-EP_API epResult_t epCommPeerPath(epComm_t comm, int peer, epPathKind_t* kind, int* via_rank) {
+EP_API epResult_t epCommPeerPath(epComm_t comm, int peer, epPathKind_t* kind, int* via_rank) try {
   CallGuard guard(comm);
   EPCHECK(guard.enter("epCommPeerPath"));
   if (peer < 0 || peer >= comm->nranks)
@@ -85,6 +89,8 @@ EP_API epResult_t epCommPeerPath(epComm_t comm, int peer, epPathKind_t* kind, in
   *kind = epPathKind_t(int(p.kind));
   if (via_rank) *via_rank = p.via;
   return epSuccess;
+} catch (...) {
+  return apiException("epCommPeerPath", nullptr);
 }
 
 }  // extern "C"

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "api_guard.h"
 #include "backend.h"
 #include "bootstrap.h"
 #include "checks.h"
@@ -304,7 +305,7 @@ using namespace ep;
 extern "C" {
 
 EP_API epResult_t epCommInitRank(epComm_t* out, int nranks, epUniqueId id, int rank,
-                                 const epConfig_t* config) {
+                                 const epConfig_t* config) try {
   clearThreadError();
   paramWarnUnknown();
   if (out == nullptr) return setError(nullptr, epInvalidArgument, "comm is NULL");
@@ -335,10 +336,12 @@ EP_API epResult_t epCommInitRank(epComm_t* out, int nranks, epUniqueId id, int r
   }
   *out = comm;
   return epSuccess;
+} catch (...) {
+  return apiException("epCommInitRank", nullptr);
 }
 
 EP_API epResult_t epCommInitAll(epComm_t* comms, int nranks, const int* devices,
-                                const epConfig_t* config) {
+                                const epConfig_t* config) try {
   clearThreadError();
   if (comms == nullptr) return setError(nullptr, epInvalidArgument, "comms is NULL");
   if (nranks < 1) return setError(nullptr, epInvalidArgument, "nranks = %d must be at least 1", nranks);
@@ -372,9 +375,11 @@ EP_API epResult_t epCommInitAll(epComm_t* comms, int nranks, const int* devices,
     return setError(nullptr, results[r], "rank %d: %s", r, errors[r].c_str());
   }
   return epSuccess;
+} catch (...) {
+  return apiException("epCommInitAll", nullptr);
 }
 
-EP_API epResult_t epCommDestroy(epComm_t comm) {
+EP_API epResult_t epCommDestroy(epComm_t comm) try {
   if (comm == nullptr) return epSuccess;  // like free(NULL)
   if (comm->magic != kCommMagic)
     return setError(nullptr, epInvalidArgument, "comm is not a live communicator");
@@ -391,9 +396,11 @@ EP_API epResult_t epCommDestroy(epComm_t comm) {
   }
   commFree(comm);
   return epSuccess;
+} catch (...) {
+  return apiException("epCommDestroy", nullptr);
 }
 
-EP_API epResult_t epCommAbort(epComm_t comm) {
+EP_API epResult_t epCommAbort(epComm_t comm) try {
   if (comm == nullptr) return epSuccess;
   if (comm->magic != kCommMagic)
     return setError(nullptr, epInvalidArgument, "comm is not a live communicator");
@@ -411,6 +418,8 @@ EP_API epResult_t epCommAbort(epComm_t comm) {
     return setError(nullptr, epInternalError, "epCommAbort: a call on this communicator did not return");
   commFree(comm);
   return epSuccess;
+} catch (...) {
+  return apiException("epCommAbort", nullptr);
 }
 
 }  // extern "C"

@@ -1,0 +1,128 @@
+// Out of host memory inside a public call: the call returns epOutOfMemory with
+// a message instead of terminating the process, and a data call that failed
+// that way marks its communicator failed (its peers may be mid-exchange).
+// This program replaces operator new so that a chosen allocation throws.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+// -1: never fail; n >= 0: allocations left before one throws std::bad_alloc.
+std::atomic<long> g_fail_after{-1};
+}  // namespace
+
+void* operator new(size_t n) {
+  long left = g_fail_after.load();
+  while (left >= 0 && !g_fail_after.compare_exchange_weak(left, left - 1)) {
+  }
+  if (left == 0) throw std::bad_alloc();
+  void* p = malloc(n ? n : 1);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void* operator new[](size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { free(p); }
+void operator delete(void* p, size_t) noexcept { free(p); }
+void operator delete[](void* p) noexcept { free(p); }
+void operator delete[](void* p, size_t) noexcept { free(p); }
+
+namespace {
+
+constexpr int kExperts = 4, kHidden = 64, kTokens = 8, kTopk = 2;
+
+epConfig_t config() {
+  epConfig_t c = EP_CONFIG_INITIALIZER;
+  c.num_experts = kExperts;
+  c.hidden = kHidden;
+  c.max_tokens_per_rank = kTokens;
+  c.max_topk = kTopk;
+  c.backend = epBackendHost;
+  c.timeout_ms = 20000;
+  return c;
+}
+
+epResult_t oneRankComm(epComm_t* comm) {
+  epUniqueId id;
+  epResult_t res = epGetUniqueId(&id);
+  if (res != epSuccess) return res;
+  epConfig_t c = config();
+  return epCommInitRank(comm, 1, id, 0, &c);
+}
+
+void dispatch_out_of_memory_is_a_result(void**) {
+  epComm_t comm = nullptr;
+  assert_ok(oneRankComm(&comm));
+  std::vector<uint16_t> x(size_t(kTokens) * kHidden, 0x3f80);
+  std::vector<int64_t> idx(size_t(kTokens) * kTopk, 1);
+  for (int t = 0; t < kTokens; t++) idx[size_t(t) * kTopk + 1] = 2;
+  std::vector<uint16_t> recv_x(size_t(kTokens) * kHidden + 64);
+  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+  a.x = x.data();
+  a.topk_idx = idx.data();
+  a.num_tokens = kTokens;
+  a.num_topk = kTopk;
+  a.recv_x = recv_x.data();
+  a.recv_capacity = kTokens;
+  epHandle_t h = nullptr;
+  g_fail_after = 0;  // the first allocation inside the call throws
+  epResult_t res = epDispatch(comm, &a, &h, nullptr);
+  g_fail_after = -1;
+  assert_int_equal(res, epOutOfMemory);
+  assert_contains(epGetLastError(comm), "epDispatch: out of host memory");
+  assert_null(h);
+  // It may have stopped mid-exchange: the communicator refuses further data calls.
+  assert_result(epDispatch(comm, &a, &h, nullptr), epRemoteError);
+  assert_ok(epCommDestroy(comm));
+}
+
+void every_allocation_of_init_can_fail(void**) {
+  // Fail the 1st, 2nd, ... allocation of epCommInitRank in turn: each run must
+  // return a result at once (success once the failure point is past init).
+  int succeeded = 0;
+  for (long k = 0; k < 400 && succeeded < 3; k++) {
+    epComm_t comm = nullptr;
+    epUniqueId id;
+    assert_ok(epGetUniqueId(&id));
+    epConfig_t c = config();
+    g_fail_after = k;
+    epResult_t res = epCommInitRank(&comm, 1, id, 0, &c);
+    g_fail_after = -1;
+    if (res == epSuccess) {
+      if (succeeded++ == 0) print_message("init succeeds from allocation %ld on\n", k);
+      assert_non_null(comm);
+      assert_ok(epCommDestroy(comm));
+    } else {
+      // Any error with a message (where the bootstrap root's side fails, the
+      // rank sees the root close the connection: epRemoteError).
+      assert_null(comm);
+      assert_true(strlen(epGetLastError(nullptr)) > 0);
+      if (res == epTimeout) print_error("allocation %ld failing: %s\n", k, epGetLastError(nullptr));
+      assert_int_not_equal(res, epTimeout);  // no failure may turn into a wait
+    }
+  }
+  assert_true(succeeded >= 1);
+}
+
+void topology_report_out_of_memory_is_a_result(void**) {
+  size_t bytes = 0;
+  g_fail_after = 0;
+  epResult_t res = epTopologyReport(nullptr, 2, 2, nullptr, &bytes);
+  g_fail_after = -1;
+  assert_int_equal(res, epOutOfMemory);
+  assert_contains(epGetLastError(nullptr), "epTopologyReport: out of host memory");
+}
+
+}  // namespace
+
+int main() {
+  eptest::unsetAllParams();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(dispatch_out_of_memory_is_a_result),
+      cmocka_unit_test(every_allocation_of_init_can_fail),
+      cmocka_unit_test(topology_report_out_of_memory_is_a_result),
+  };
+  return cmocka_run_group_tests_name("out of memory", tests, nullptr, nullptr);
+}
