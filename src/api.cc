@@ -313,12 +313,6 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
     // Without, the handle's K applies whatever num_topk says.
     if (a.topk_idx != nullptr) EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
     else a.num_topk = existing->routing.num_topk;
-    // Per-expert counts come from the ids of the handle's first dispatch.
-    if (a.topk_idx == nullptr && a.recv_tokens_per_expert != nullptr && !existing->dispatched)
-      return setError(comm, epInvalidArgument,
-                      "%s: recv_tokens_per_expert needs the expert ids: pass topk_idx to the first dispatch "
-                      "of a prepared handle",
-                      fn);
     EPCHECK(checkDispatchArgs(comm, fn, a, false));
     EPCHECK(comm->backend->dispatch(a, existing, stream));
     existing->dispatched = true;
