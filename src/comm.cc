@@ -204,6 +204,10 @@ uint64_t hostHash() {
 struct ConfigDigest {
   int num_experts, hidden, max_tokens_per_rank, max_topk;
   int dispatch_type, combine_type, backend_kind, nranks, low_latency;
+  // The host backend's ring geometry: peers write into each other's rings,
+  // so they must lay them out alike.
+  int host_chunk_tokens, host_ring_slots;
+  unsigned long long buffer_bytes_cap;
 };
 
 struct RankInfo {
@@ -229,7 +233,15 @@ epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
     EP_CHECK_FIELD(combine_type)
     EP_CHECK_FIELD(backend_kind)
     EP_CHECK_FIELD(low_latency)
+    if (mine.backend_kind == int(epBackendHost)) {
+      EP_CHECK_FIELD(host_chunk_tokens)
+      EP_CHECK_FIELD(host_ring_slots)
+    }
 #undef EP_CHECK_FIELD
+    if (d.buffer_bytes_cap != mine.buffer_bytes_cap)
+      return setError(comm, epInvalidArgument,
+                      "config differs across ranks: rank %d has buffer_bytes_cap = %llu, rank %d has %llu", r,
+                      d.buffer_bytes_cap, comm->rank, mine.buffer_bytes_cap);
   }
   return epSuccess;
 }
@@ -276,7 +288,9 @@ epResult_t commInit(epComm* comm, const epUniqueId& id) {
   }
   me.digest = {comm->cfg.num_experts, comm->cfg.hidden, comm->cfg.max_tokens_per_rank,
                comm->cfg.max_topk, int(comm->cfg.dispatch_type), int(comm->cfg.combine_type),
-               int(kind), comm->nranks, comm->cfg.low_latency};
+               int(kind), comm->nranks, comm->cfg.low_latency,
+               int(param::HOST_CHUNK_TOKENS()), int(param::HOST_RING_SLOTS()),
+               (unsigned long long)comm->cfg.buffer_bytes_cap};
   EPCHECK(bootstrapAllGather(comm->bootstrap, infos.data(), sizeof(RankInfo)));
   EPCHECK(checkDigests(comm, infos));
   comm->peers.resize(comm->nranks);

@@ -180,24 +180,34 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
     struct timespec nap = {0, idle_rounds < 4096 ? 2000L : 200000L};
     nanosleep(&nap, nullptr);
     if ((idle_rounds & 63) == 0) {
-      for (int r = 0; r < R; r++) {
-        if (r == me) continue;
-        bool waiting_on_r = (r == recv_cursor) || (sent[r] < sends[r].records);
-        const bool closed = waiting_on_r && peerClosed(r);
-        if (waiting_on_r && (closed || !peerAlive(r))) {
-          if (exited_suspect != r) {  // look at the rings once more first
-            exited_suspect = r;
-            idle_rounds = 63;  // the next idle round checks again
-            break;
-          }
-          comm_->broken.store(epRemoteError);
-          if (closed)
-            return setError(comm_, epRemoteError,
-                            "%s (call %llu): rank %d destroyed or aborted its communicator before taking part",
-                            what, (unsigned long long)call_seq, r);
+      // A waited-on peer that exited, else one that closed its communicator.
+      auto waitingOn = [&](int r) { return r != me && ((r == recv_cursor) || (sent[r] < sends[r].records)); };
+      int gone = -1;
+      bool closed = false;
+      for (int r = 0; r < R && gone < 0; r++)
+        if (waitingOn(r) && !peerAlive(r)) gone = r;
+      for (int r = 0; r < R && gone < 0; r++)
+        if (waitingOn(r) && peerClosed(r)) gone = r, closed = true;
+      if (gone >= 0 && exited_suspect != gone) {  // look at the rings once more first
+        exited_suspect = gone;
+        idle_rounds = 63;  // the next idle round checks again
+      } else if (gone >= 0) {
+        comm_->broken.store(epRemoteError);
+        if (!closed)
           return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what,
-                          (unsigned long long)call_seq, r, comm_->peers[r].pid);
-        }
+                          (unsigned long long)call_seq, gone, comm_->peers[gone].pid);
+        // It left after an error of its own, most likely: name an exited rank if there is one.
+        int exited = -1;
+        for (int r = 0; r < R && exited < 0; r++)
+          if (r != me && !peerAlive(r)) exited = r;
+        if (exited >= 0)
+          return setError(comm_, epRemoteError,
+                          "%s (call %llu): rank %d left the call (destroyed or aborted its communicator); "
+                          "rank %d (pid %d) exited",
+                          what, (unsigned long long)call_seq, gone, exited, comm_->peers[exited].pid);
+        return setError(comm_, epRemoteError,
+                        "%s (call %llu): rank %d left the call (destroyed or aborted its communicator)", what,
+                        (unsigned long long)call_seq, gone);
       }
       if (Clock::now() - last_progress > timeout)
         return failTimeout(sends, recvs, sent, recv_cursor, received, what, call_seq);

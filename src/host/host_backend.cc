@@ -168,7 +168,9 @@ epResult_t HostBackend::init() {
   geo_.slots = int(param::HOST_RING_SLOTS());
   geo_.record_bytes = std::max({dispatchRecord(cfg).total(), combineRecordBytes(cfg),
                                 host::llRecordBytes(cfg), size_t(16)});
-  geo_.chunk_records = int(param::HOST_CHUNK_TOKENS());
+  // A call sends a peer at most max_tokens_per_rank records: larger chunks
+  // would only cost memory (ranks x slots x chunk records per segment).
+  geo_.chunk_records = int(std::min<int64_t>(param::HOST_CHUNK_TOKENS(), std::max(1, cfg.max_tokens_per_rank)));
   if (cfg.buffer_bytes_cap > 0) {
     while (geo_.chunk_records > 1 && geo_.segmentBytes() > cfg.buffer_bytes_cap)
       geo_.chunk_records /= 2;
@@ -272,6 +274,7 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
   }
   std::vector<int> per_expert(comm_->num_local_experts, 0);
   bool all_had_topk = true;
+  int wider_from = -1, wider_k = 0;  // a source that passed more top-k columns than this rank
   for (int s = 0; s < R; s++) {
     recvs[s].records = rt.recv_count[s];
     recvs[s].unpack = [&, s](int first, int n, const uint8_t* in) {
@@ -286,6 +289,10 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
         uint32_t sender_k;
         memcpy(&sender_k, in + rec.flagOffset(), 4);
         if (sender_k == 0) all_had_topk = false;  // a cached re-dispatch without ids
+        if (int(sender_k) > K && wider_from < 0) {
+          wider_from = s;
+          wider_k = int(sender_k);
+        }
         // Columns past the sender's top-k (or all, without ids) read -1 / 0.
         const int kk = std::min(K, int(sender_k));
         for (int k = 0; k < K; k++) {
@@ -303,6 +310,11 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
     };
   }
   EPCHECK(exchanger_->run(host::kChunkDispatch, ++comm_->call_seq, sends, recvs, "dispatch"));
+  if (wider_from >= 0)
+    return setError(comm_, epInvalidUsage,
+                    "epDispatch: rank %d passed num_topk = %d, more than this rank's %d (the columns of "
+                    "recv_topk_idx): a rank may pass fewer top-k columns than its peers, not more",
+                    wider_from, wider_k, K);
   if (!fits)
     return setError(comm_, epInvalidArgument,
                     "recv_capacity = %lld is less than the %lld rows this rank receives (the rows "

@@ -84,6 +84,21 @@ int configMismatch(const LaunchInfo& li, Tally* t) {
   return 0;
 }
 
+// Ranks whose host rings are laid out differently (EP_HOST_CHUNK_TOKENS on one
+// rank only) would write past each other's rings: init refuses, naming it.
+int ringMismatch(const LaunchInfo& li, Tally* t) {
+  if (li.rank == 1) setenv("EP_HOST_CHUNK_TOKENS", "16", 1);  // read first by this init
+  epConfig_t cfg = smallConfig();
+  epComm_t comm = nullptr;
+  epResult_t res = epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg);
+  t->check(res == epInvalidArgument, "ring mismatch gives epInvalidArgument", li.rank);
+  t->check(contains(epGetLastError(nullptr), "config differs") &&
+               contains(epGetLastError(nullptr), "host_chunk_tokens"),
+           "message names the ring setting", li.rank);
+  t->check(comm == nullptr, "no communicator on failure", li.rank);
+  return 0;
+}
+
 int missingRank(const LaunchInfo& li, Tally* t) {
   if (li.rank == 2) _exit(0);  // never arrives
   epConfig_t cfg = smallConfig();
@@ -262,6 +277,7 @@ const Scenario kScenarios[] = {
     {"config-mismatch", 2, configMismatch}, {"missing-rank", 3, missingRank},
     {"rank-exits", 2, rankExits},           {"abort", 2, abortUnblocks},
     {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
+    {"ring-mismatch", 3, ringMismatch},
 };
 
 }  // namespace

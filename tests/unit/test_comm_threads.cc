@@ -145,10 +145,43 @@ void peer_destroyed_fails_the_wait_at_once(void**) {
   t0.join();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   assert_int_equal(res0.load(), epRemoteError);
-  assert_contains(epGetLastError(comms[0]), "rank 1 destroyed or aborted its communicator");
+  assert_contains(epGetLastError(comms[0]), "rank 1 left the call (destroyed or aborted its communicator)");
   assert_true(s < 5.0);  // the timeout is 20 s
   assert_null(h0);
   assert_ok(epCommDestroy(comms[0]));
+}
+
+// A rank may pass fewer top-k columns than its peers, not more: the wider
+// rows do not fit the receiver's recv_topk_idx, and it says so.
+void wider_topk_of_a_peer_is_reported(void**) {
+  epComm_t comms[2] = {nullptr, nullptr};
+  epConfig_t cfg = config();
+  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  Rank r0, r1;
+  std::vector<int64_t> narrow(kTokens, 3);  // rank 1: K = 1, expert 3 (rank 1's)
+  narrow[0] = 1;                            // one token to rank 0
+  std::vector<int64_t> recv_idx(size_t(2 * kTokens) * kTopk);
+  epResult_t res[2];
+  epHandle_t h[2] = {nullptr, nullptr};
+  std::thread t0([&] {
+    epDispatchArgs_t a = r0.args();  // K = 2: every token to ranks 0 and 1
+    a.recv_topk_idx = recv_idx.data();
+    res[0] = epDispatch(comms[0], &a, &h[0], nullptr);
+  });
+  epDispatchArgs_t a = r1.args();
+  a.topk_idx = narrow.data();
+  a.num_topk = 1;
+  std::vector<int64_t> recv_idx1(size_t(2 * kTokens));
+  a.recv_topk_idx = recv_idx1.data();
+  res[1] = epDispatch(comms[1], &a, &h[1], nullptr);
+  t0.join();
+  assert_int_equal(res[0], epSuccess);  // narrower rows fit
+  assert_int_equal(res[1], epInvalidUsage);
+  assert_contains(epGetLastError(comms[1]), "rank 0 passed num_topk = 2, more than this rank's 1");
+  assert_null(h[1]);
+  assert_ok(epHandleDestroy(h[0]));
+  assert_ok(epCommDestroy(comms[0]));
+  assert_ok(epCommDestroy(comms[1]));
 }
 
 }  // namespace
@@ -160,6 +193,7 @@ int main() {
       cmocka_unit_test(destroy_during_a_call_is_refused),
       cmocka_unit_test(abort_unblocks_a_call_then_frees),
       cmocka_unit_test(peer_destroyed_fails_the_wait_at_once),
+      cmocka_unit_test(wider_topk_of_a_peer_is_reported),
   };
   return cmocka_run_group_tests_name("communicator and threads", tests, nullptr, nullptr);
 }
