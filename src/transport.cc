@@ -52,6 +52,13 @@ void transportLog(epTransportLogLevel_t level, const char* transport, const char
 
 const char* transportGetParam(const char* name) { return paramEnv(name); }
 
+}  // namespace
+
+void transportClearWarning() { tls_last_transport_warning.clear(); }
+const std::string& transportLastWarning() { return tls_last_transport_warning; }
+
+namespace {
+
 const epTransportEnv_v1_t kEnv = {EP_TRANSPORT_ABI_VERSION, transportLog, transportGetParam};
 
 // EP_TRANSPORTS: "a,b" keeps only those, "^a,b" drops those, "" keeps all.

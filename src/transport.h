@@ -25,6 +25,10 @@ void transportsInit();
 const std::vector<TransportEntry>& transportList();
 // The available transport called name, or nullptr (with reason, if known).
 const TransportEntry* transportFind(const char* name, std::string* reason = nullptr);
+// Clears / returns the last warning a transport logged on this thread: the
+// cause to show when one of its calls fails.
+void transportClearWarning();
+const std::string& transportLastWarning();
 
 }  // namespace ep
 

@@ -189,12 +189,14 @@ epResult_t HostBackend::init() {
   // Register this rank's segment and exchange handles.
   std::vector<char> handles(size_t(R) * EP_TRANSPORT_HANDLE_BYTES, 0);
   void* own_ptr = nullptr;
+  transportClearWarning();
   epResult_t res = shm_->table->reg_mem(shm_->ctx, geo_.segmentBytes(), EP_TRANSPORT_MEM_HOST,
                                         &own_ptr, &handles[size_t(comm_->rank) * EP_TRANSPORT_HANDLE_BYTES],
                                         &own_mem_);
   if (res != epSuccess)
-    return setError(comm_, res, "host backend: cannot allocate a %zu-byte shared segment (EP_SHM_DIR=%s)",
-                    geo_.segmentBytes(), param::SHM_DIR());
+    return setError(comm_, res, "host backend: cannot allocate a %zu-byte shared segment (EP_SHM_DIR=%s): %s",
+                    geo_.segmentBytes(), param::SHM_DIR(),
+                    transportLastWarning().empty() ? "no reason given" : transportLastWarning().c_str());
   EPCHECK(bootstrapAllGather(comm_->bootstrap, handles.data(), EP_TRANSPORT_HANDLE_BYTES));
   segments_.assign(R, nullptr);
   conns_.assign(R, nullptr);

@@ -208,8 +208,27 @@ int childEnvHostChunkOutOfRange() {
   return strstr(epGetLastError(nullptr), "EP_HOST_CHUNK_TOKENS = 1099511627776") ? 0 : 3;
 }
 
+// EP_SHM_DIR problems are named with their cause.
+int childShmDir(const char* needle) {
+  epConfig_t c = validConfig();
+  c.backend = epBackendHost;
+  epUniqueId id;
+  if (epGetUniqueId(&id) != epSuccess) return 1;
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, 1, id, 0, &c) == epSuccess) return 2;
+  if (strstr(epGetLastError(nullptr), needle) == nullptr) {
+    fprintf(stderr, "message: %s\n", epGetLastError(nullptr));
+    return 3;
+  }
+  return 0;
+}
+int childShmDirProc() { return childShmDir("cannot create /proc/moeep-"); }
+int childShmDirFile() { return childShmDir("/dev/null is not a directory"); }
+
 const std::vector<ChildCase>& childCases() {
   static const std::vector<ChildCase> cases = {
+      {"shm_dir_proc", {{"EP_SHM_DIR", "/proc"}}, childShmDirProc},
+      {"shm_dir_file", {{"EP_SHM_DIR", "/dev/null"}}, childShmDirFile},
       {"env_host_ring_out_of_range", {{"EP_HOST_RING_SLOTS", "4294967296"}}, childEnvHostRingOutOfRange},
       {"env_host_chunk_out_of_range", {{"EP_HOST_CHUNK_TOKENS", "1099511627776"}}, childEnvHostChunkOutOfRange},
       {"env_fills_zero_fields",
@@ -223,6 +242,11 @@ const std::vector<ChildCase>& childCases() {
 
 void env_fills_zero_fields_and_struct_wins(void**) { runInFreshProcess("env_fills_zero_fields"); }
 void env_malformed_timeout_keeps_default(void**) { runInFreshProcess("env_malformed_timeout"); }
+void shm_dir_problems_name_their_cause(void**) {
+  runInFreshProcess("shm_dir_proc");
+  runInFreshProcess("shm_dir_file");
+}
+
 void env_host_ring_sizes_out_of_range_are_rejected(void**) {
   runInFreshProcess("env_host_ring_out_of_range");
   runInFreshProcess("env_host_chunk_out_of_range");
@@ -595,6 +619,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(resolve_rejects_negative_counts),
       cmocka_unit_test(resolve_rejects_sizes_past_the_limits),
       cmocka_unit_test(env_host_ring_sizes_out_of_range_are_rejected),
+      cmocka_unit_test(shm_dir_problems_name_their_cause),
       cmocka_unit_test(resolve_rejects_negative_timeout),
       cmocka_unit_test(resolve_rejects_negative_num_sms),
       cmocka_unit_test(data_type_sizes_and_names),

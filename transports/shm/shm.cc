@@ -34,7 +34,7 @@ static_assert(sizeof(ShmHandle) <= EP_TRANSPORT_HANDLE_BYTES, "handle too large"
 
 struct ShmContext {
   const epTransportEnv_v1_t* env;
-  char dir[128];
+  char dir[sizeof(ShmHandle::path) - 40];  // room left for "/moeep-<pid>-<n>-<random>"
 };
 
 struct ShmMem {
@@ -56,10 +56,22 @@ epResult_t shmInit(const epTransportEnv_v1_t* env, void** out) {
   if (ctx == nullptr) return epOutOfMemory;
   ctx->env = env;
   const char* dir = env->get_param("SHM_DIR");
-  snprintf(ctx->dir, sizeof(ctx->dir), "%s", dir ? dir : "/dev/shm");
+  if (dir == nullptr || *dir == '\0') dir = "/dev/shm";
+  if (strlen(dir) >= sizeof(ctx->dir)) {
+    SHM_LOG(ctx, epTransportLogWarn, "EP_SHM_DIR is %zu characters long, more than the %zu this transport takes",
+            strlen(dir), sizeof(ctx->dir) - 1);
+    delete ctx;
+    return epInvalidArgument;
+  }
+  snprintf(ctx->dir, sizeof(ctx->dir), "%s", dir);
   struct stat st;
-  if (stat(ctx->dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    SHM_LOG(ctx, epTransportLogWarn, "directory %s is missing: shm transport disabled", ctx->dir);
+  if (stat(ctx->dir, &st) != 0) {
+    SHM_LOG(ctx, epTransportLogWarn, "directory %s: %s: shm transport disabled", ctx->dir, strerror(errno));
+    delete ctx;
+    return epSystemError;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    SHM_LOG(ctx, epTransportLogWarn, "%s is not a directory: shm transport disabled", ctx->dir);
     delete ctx;
     return epSystemError;
   }
