@@ -142,7 +142,11 @@ EP_API epResult_t epGetParam(int index, const char **name, const char **default_
 EP_API epResult_t epGetTransport(int index, const char **name, int *available, const char **detail);
 
 /* ---- Communicator ---------------------------------------------------------- */
-/* Creates a unique id on the root; starts the bootstrap root in this process. */
+/* Creates a unique id on the root; starts the bootstrap root in this process,
+ * which serves one communicator and waits for its ranks for EP_TIMEOUT_MS
+ * (default 60 s; config.timeout_ms is not known yet). With EP_COMM_ID the id
+ * is derived from that string alone: two jobs must not share one EP_COMM_ID
+ * at the same time. */
 EP_API epResult_t epGetUniqueId(epUniqueId *unique_id);
 /* Collective over nranks processes or threads. Blocks until every rank arrived,
  * or returns epTimeout naming the ranks that did not within the timeout. */

@@ -168,8 +168,14 @@ bool checkModeOptions(Options* opt, bool type_given, std::string* error) {
     *error = "--pow2-scales needs --mode ll with the fp8 wire";
   else if (opt->split && !ll)
     *error = "--split is for --mode ll";
-  else
+  else {
+    for (const auto& s : opt->shapes)
+      if (ll && s.tokens < 1) {
+        *error = "--mode ll needs at least 1 token per rank in --shape (T sizes the low-latency buffers)";
+        return false;
+      }
     return true;
+  }
   return false;
 }
 

@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -283,6 +284,7 @@ int commPlans(int host_ranks) {
   cfg.max_topk = 8;
   cfg.timeout_ms = 30000;
   int n = host_ranks;
+  cfg.num_experts = 64 * (n > 0 ? n : 8);  // a multiple of any rank count
   std::vector<epComm_t> comms(size_t(n > 0 ? n : 8), nullptr);
   epResult_t res = epCommInitAll(comms.data(), n, nullptr, &cfg);  // backend auto: GPUs when present
   if (res != epSuccess) {
@@ -338,6 +340,19 @@ int jobPlan() {
   return rc;
 }
 
+// A whole number in [lo, hi] from an option's value, else a message and false.
+bool parseCount(const char* option, const char* text, int lo, int hi, int* out) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = strtol(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) {
+    fprintf(stderr, "moeep_info: %s '%s' is not a whole number in %d..%d\n", option, text, lo, hi);
+    return false;
+  }
+  *out = int(v);
+  return true;
+}
+
 int visibleGpus() {
   // moeep_info links only libmoeep: count GPUs through sysfs' NVIDIA driver entries.
   int n = 0;
@@ -365,7 +380,7 @@ int main(int argc, char** argv) {
       {nullptr, 0, nullptr, 0}};
   int c;
   opterr = 0;
-  while ((c = getopt_long(argc, argv, "vtpcah", long_options, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, ":vtpcah", long_options, nullptr)) != -1) {
     switch (c) {
       case 'v': version = true; break;
       case 't': transports = true; break;
@@ -375,13 +390,23 @@ int main(int argc, char** argv) {
       case kTopo: topo = true; break;
       case kTopoXml: topo_xml = optarg; break;
       case kPlan: plan = true; break;
-      case kRanksPerNode: ranks_per_node = atoi(optarg); break;
-      case kNodes: nodes = atoi(optarg); break;
+      case kRanksPerNode:
+        if (!parseCount("--ranks-per-node", optarg, 1, 2048, &ranks_per_node)) return 2;
+        break;
+      case kNodes:
+        if (!parseCount("--nodes", optarg, 1, 2048, &nodes)) return 2;
+        break;
       case kComm: comm_plan = true; break;
-      case kRanks: comm_ranks = atoi(optarg); break;
+      case kRanks:
+        if (!parseCount("--ranks", optarg, 1, 64, &comm_ranks)) return 2;
+        break;
       case 'h':
         usage(stdout);
         return 0;
+      case ':':
+        fprintf(stderr, "moeep_info: option %s needs a value\n", argv[optind - 1]);
+        usage(stderr);
+        return 2;
       default:
         fprintf(stderr, "moeep_info: unknown option %s\n", argv[optind - 1]);
         usage(stderr);
