@@ -4,6 +4,7 @@
 // The group setup clears every EP_* variable, so the cases see the library
 // defaults; the cases about EP_* precedence run in a forked child that sets
 // its variables before the library first reads them (accessors cache).
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -222,12 +223,42 @@ int childShmDir(const char* needle) {
   }
   return 0;
 }
+// Segments of inits that never finished (creator gone, older than ten
+// minutes) are removed by the next init in that directory; others stay.
+const char kStaleDir[] = "/tmp/moeep-test-stale-shm";
+int childShmStale() {
+  char stale[256], recent[256], live[256];
+  FILE* pf = fopen("/tmp/moeep-test-stale-shm/pids", "r");
+  int dead = 0;
+  if (pf == nullptr || fscanf(pf, "%d", &dead) != 1) return 1;
+  fclose(pf);
+  snprintf(stale, sizeof(stale), "%s/moeep-%d-0-0000dead", kStaleDir, dead);
+  snprintf(recent, sizeof(recent), "%s/moeep-%d-1-0000beef", kStaleDir, dead);
+  snprintf(live, sizeof(live), "%s/moeep-%d-0-00000001", kStaleDir, int(getpid()));
+  FILE* lf = fopen(live, "w");  // old, but its creator (this process) lives
+  if (lf == nullptr) return 6;
+  fclose(lf);
+  struct timeval hour_ago[2] = {{time(nullptr) - 3600, 0}, {time(nullptr) - 3600, 0}};
+  if (utimes(live, hour_ago) != 0) return 7;
+  epConfig_t c = validConfig();
+  c.backend = epBackendHost;
+  epUniqueId id;
+  epComm_t comm = nullptr;
+  if (epGetUniqueId(&id) != epSuccess || epCommInitRank(&comm, 1, id, 0, &c) != epSuccess) return 2;
+  epCommDestroy(comm);
+  if (access(stale, F_OK) == 0) return 3;   // removed
+  if (access(recent, F_OK) != 0) return 4;  // too young to judge
+  if (access(live, F_OK) != 0) return 5;    // its process lives
+  return 0;
+}
+
 int childShmDirProc() { return childShmDir("cannot create /proc/moeep-"); }
 int childShmDirFile() { return childShmDir("/dev/null is not a directory"); }
 
 const std::vector<ChildCase>& childCases() {
   static const std::vector<ChildCase> cases = {
       {"shm_dir_proc", {{"EP_SHM_DIR", "/proc"}}, childShmDirProc},
+      {"shm_stale", {{"EP_SHM_DIR", kStaleDir}}, childShmStale},
       {"shm_dir_file", {{"EP_SHM_DIR", "/dev/null"}}, childShmDirFile},
       {"env_host_ring_out_of_range", {{"EP_HOST_RING_SLOTS", "4294967296"}}, childEnvHostRingOutOfRange},
       {"env_host_chunk_out_of_range", {{"EP_HOST_CHUNK_TOKENS", "1099511627776"}}, childEnvHostChunkOutOfRange},
@@ -242,6 +273,27 @@ const std::vector<ChildCase>& childCases() {
 
 void env_fills_zero_fields_and_struct_wins(void**) { runInFreshProcess("env_fills_zero_fields"); }
 void env_malformed_timeout_keeps_default(void**) { runInFreshProcess("env_malformed_timeout"); }
+void stale_segments_of_dead_processes_are_removed(void**) {
+  // A pid that is surely dead: a child that exited and was reaped.
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  assert_int_equal(waitpid(pid, nullptr, 0), pid);
+  assert_int_equal(system("rm -rf /tmp/moeep-test-stale-shm && mkdir -p /tmp/moeep-test-stale-shm"), 0);
+  FILE* f = fopen("/tmp/moeep-test-stale-shm/pids", "w");
+  assert_non_null(f);
+  fprintf(f, "%d\n", int(pid));
+  fclose(f);
+  char cmd[512];
+  // Old with a dead creator, young with a dead creator (the child adds an old
+  // one of its own, alive).
+  snprintf(cmd, sizeof(cmd),
+           "cd /tmp/moeep-test-stale-shm && touch -d '-1 hour' moeep-%d-0-0000dead && touch moeep-%d-1-0000beef",
+           int(pid), int(pid));
+  assert_int_equal(system(cmd), 0);
+  runInFreshProcess("shm_stale");
+  assert_int_equal(system("rm -rf /tmp/moeep-test-stale-shm"), 0);
+}
+
 void shm_dir_problems_name_their_cause(void**) {
   runInFreshProcess("shm_dir_proc");
   runInFreshProcess("shm_dir_file");
@@ -620,6 +672,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(resolve_rejects_sizes_past_the_limits),
       cmocka_unit_test(env_host_ring_sizes_out_of_range_are_rejected),
       cmocka_unit_test(shm_dir_problems_name_their_cause),
+      cmocka_unit_test(stale_segments_of_dead_processes_are_removed),
       cmocka_unit_test(resolve_rejects_negative_timeout),
       cmocka_unit_test(resolve_rejects_negative_num_sms),
       cmocka_unit_test(data_type_sizes_and_names),

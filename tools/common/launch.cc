@@ -1,5 +1,6 @@
 #include "launch.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -23,12 +24,32 @@ const char* firstEnv(std::initializer_list<const char*> names) {
   return nullptr;
 }
 
+// Id files of earlier jobs of this user: nobody reads them after the job's
+// ranks started, so those older than ten minutes go.
+void removeStaleIdFiles() {
+  DIR* d = opendir("/tmp");
+  if (d == nullptr) return;
+  const std::string suffix = "-" + std::to_string(getuid()) + ".id";
+  const time_t old = time(nullptr) - 600;
+  while (struct dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("moeep-launch-", 0) != 0 || name.size() < suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string path = "/tmp/" + name;
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && st.st_mtime < old) unlink(path.c_str());
+  }
+  closedir(d);
+}
+
 // Rank 0 publishes the id in a file; the others wait for it (write + rename is atomic).
 int shareIdByFile(LaunchInfo* info) {
   const char* job = firstEnv({"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_JOBID", "SLURM_JOB_ID"});
   std::string path = std::string("/tmp/moeep-launch-") + (job ? job : "nojob") + "-" +
                      std::to_string(getuid()) + ".id";
   if (info->rank == 0) {
+    removeStaleIdFiles();
     if (epGetUniqueId(&info->id) != epSuccess) {
       fprintf(stderr, "launch: epGetUniqueId failed: %s\n", epGetLastError(nullptr));
       return 1;

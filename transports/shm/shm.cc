@@ -6,7 +6,9 @@
 // file's path; peers map it in connect. Once every peer is connected the core
 // calls `connected` and the name is unlinked, so nothing is left behind when
 // the processes exit, however they exit.
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +17,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <new>
 #include <random>
 
@@ -51,6 +54,27 @@ struct ShmConn {
 
 #define SHM_LOG(ctx, level, ...) (ctx)->env->log((level), "shm", __VA_ARGS__)
 
+// A segment is unlinked as soon as every peer mapped it, so one that is still
+// there belongs to an init that never finished. Those whose creator process
+// is gone and that are older than any init can last are removed here (a rank
+// killed during init would otherwise leave its segment behind for good).
+void removeStaleSegments(ShmContext* ctx) {
+  DIR* d = opendir(ctx->dir);
+  if (d == nullptr) return;
+  const time_t old = time(nullptr) - 600;
+  while (struct dirent* e = readdir(d)) {
+    int pid = 0;
+    if (sscanf(e->d_name, "moeep-%d-", &pid) != 1 || pid <= 0) continue;
+    if (kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    char path[sizeof(ShmHandle::path) + 256];
+    snprintf(path, sizeof(path), "%s/%s", ctx->dir, e->d_name);
+    struct stat st;
+    if (stat(path, &st) != 0 || st.st_mtime > old) continue;
+    if (unlink(path) == 0) SHM_LOG(ctx, epTransportLogInfo, "removed %s, left by process %d", path, pid);
+  }
+  closedir(d);
+}
+
 epResult_t shmInit(const epTransportEnv_v1_t* env, void** out) {
   auto* ctx = new (std::nothrow) ShmContext();
   if (ctx == nullptr) return epOutOfMemory;
@@ -75,6 +99,7 @@ epResult_t shmInit(const epTransportEnv_v1_t* env, void** out) {
     delete ctx;
     return epSystemError;
   }
+  removeStaleSegments(ctx);
   *out = ctx;
   return epSuccess;
 }
