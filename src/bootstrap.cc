@@ -3,7 +3,7 @@
 // Protocol (all structs are fixed-size, host byte order: every rank of a job
 // runs the same build on the same architecture):
 //   rank -> root : RootHello  {magic, nonce, rank, nranks, timeout, time left, listen address}
-//   root -> rank : RootReply  {status, address of rank (rank+1)%nranks, message}
+//   root -> rank : RootReply  {status, magic, address of rank (rank+1)%nranks, message}
 //   rank -> next : RingHello  {magic, nonce, rank, nranks}      (on the ring connection)
 //   each collective: OpHeader exchanged with the neighbours first, so that ranks
 //   that call different collectives or sizes fail with a message instead of hanging.
@@ -40,6 +40,7 @@ constexpr char kIdMagic[8] = {'m', 'o', 'e', 'e', 'p', 'B', 'S', '1'};
 constexpr uint64_t kRootHelloMagic = 0x6570426f6f74486cull;  // "epBootHl"
 constexpr uint64_t kRingHelloMagic = 0x6570426f6f745267ull;  // "epBootRg"
 constexpr uint32_t kOpMagic = 0x65704f70u;                    // 'epOp'
+constexpr int32_t kRootReplyMagic = 0x65705252;               // 'epRR'
 // How much longer a rank waits for the root's reply than its own timeout: the
 // root times out at the same moment and its reply (naming the missing ranks) is
 // far more useful than "the root did not answer".
@@ -74,7 +75,7 @@ static_assert(sizeof(RootHello) == 56, "wire format");
 
 struct RootReply {
   int32_t status;  // epResult_t
-  int32_t reserved;
+  int32_t magic;   // kRootReplyMagic: tells the root from another program on its port
   PackedAddress next;
   char message[488];
 };
@@ -333,6 +334,7 @@ class Root {
     RootReply reply;
     memset(&reply, 0, sizeof(reply));
     reply.status = status;
+    reply.magic = kRootReplyMagic;
     if (next != nullptr) reply.next = *next;
     snprintf(reply.message, sizeof(reply.message), "%s", msg.c_str());
     // Best effort: a rank that is gone cannot be told anything anyway.
@@ -664,6 +666,11 @@ epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout
   if (!r.ok())
     return ioFailure(comm, r, rank, "waiting for the root at " + root_text, timeout);
   root_fd.reset();
+  if (reply.magic != kRootReplyMagic)
+    return setError(comm, epRemoteError,
+                    "bootstrap: rank %d: %s answered with something that is not a moeep bootstrap reply (another "
+                    "program on that port?)",
+                    rank, root_text.c_str());
   reply.message[sizeof(reply.message) - 1] = '\0';
   if (reply.status != epSuccess) {
     epResult_t status = reply.status >= int(epUnhandledCudaError) && reply.status <= int(epOutOfMemory)

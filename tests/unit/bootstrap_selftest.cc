@@ -236,6 +236,41 @@ int caseCommId() {
   return 0;
 }
 
+// EP_COMM_ID names a port where another program answers: the rank says so
+// (it used to report the program's bytes as an internal error of the library).
+int caseForeignRoot() {
+  ep::SocketAddress a, bound;
+  ep::Fd server;
+  std::string err;
+  CHECK(ep::parseSocketAddress("127.0.0.1:0", AF_INET, &a, &err) && ep::listenSocket(a, &server, &bound, &err), "%s",
+        err.c_str());
+  std::thread foreign([&server] {
+    int fd = accept(server.get(), nullptr, nullptr);
+    if (fd < 0) return;
+    char hello[56];
+    ssize_t got = recv(fd, hello, sizeof(hello), MSG_WAITALL);
+    (void)got;
+    std::string page = "HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\n\r\n";
+    page.resize(1024, 'x');
+    ssize_t sent = send(fd, page.data(), page.size(), MSG_NOSIGNAL);
+    (void)sent;
+    close(fd);
+  });
+  setenv("EP_COMM_ID", bound.toString().c_str(), 1);
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  ep::Bootstrap* b = nullptr;
+  auto t0 = Clock::now();
+  epResult_t res = ep::bootstrapInit(id, 1, 2, 3000, nullptr, nullptr, &b);
+  foreign.join();
+  const char* msg = ep::threadLastError();
+  CHECK(res == epRemoteError, "got %d (%s)", res, msg);
+  CHECK(contains(msg, "not a moeep bootstrap reply"), "message \"%s\"", msg);
+  CHECK(msSince(t0) < 2500, "took %ld ms", msSince(t0));
+  CHECK(b == nullptr, "no bootstrap on failure");
+  return 0;
+}
+
 // (a) ranks 0 and 1 of 3 come, rank 2 never does.
 int caseMissingRank() {
   epUniqueId id;
@@ -450,6 +485,7 @@ int main() {
       {"4 ranks", [] { return caseHappy(4); }},
       {"3 ranks over IPv6", caseIpv6},
       {"2 ranks with EP_COMM_ID", caseCommId},
+      {"another program on the EP_COMM_ID port", caseForeignRoot},
       {"missing rank times out naming it", caseMissingRank},
       {"abort flag unblocks init", caseAbortInit},
       {"bad unique id rejected", caseBadId},
