@@ -408,21 +408,16 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
 
 }  // namespace
 
+const char kUsage[] =
+    "usage: gpu_bench [--mode ht|ll] [--quick] [--tokens N,..] [--sms A,B,..] [--types bf16|fp8|both] [--no-nccl]\n"
+    "  --mode ll   the low-latency table (128 tokens, split halves, 1 token) on all GPUs, at most 8\n"
+    "  --quick     32 SMs only\n"
+    "  --no-nccl   skip NCCL's all-to-all of the same bytes\n";
+
 int main(int argc, char** argv) {
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
-    printf("SKIPPED gpu_bench: needs 2 GPUs, %d visible\n", ndev);
-    return 0;
-  }
-  // --mode ll: the low-latency table instead (ll::benchStandard: 128 tokens,
-  // split halves, 1 token; on all GPUs of the machine, at most 8).
-  for (int i = 1; i + 1 < argc; i++)
-    if (std::string(argv[i]) == "--mode" && std::string(argv[i + 1]) == "ll") {
-      ll::benchStandard(std::min(ndev, 8));
-      return 0;
-    }
   // --quick: 32 SMs only; --tokens N; --sms A,B,..; --types bf16|fp8|both;
-  // --no-nccl: skip the NCCL all-to-all reference.
+  // --no-nccl: skip the NCCL all-to-all reference; --mode ll: the low-latency table.
+  bool low_latency = false;
   std::vector<int> sms_list = {24, 32, 64};
   std::vector<int> tokens = {4096, 8192};
   std::vector<epDataType_t> types = {epBfloat16, epFloat8E4M3};
@@ -438,15 +433,48 @@ int main(int argc, char** argv) {
   };
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
     if (arg == "--quick") sms_list = {32};
-    else if (arg == "--tokens" && i + 1 < argc) tokens = ints(argv[++i]);
-    else if (arg == "--sms" && i + 1 < argc) sms_list = ints(argv[++i]);
-    else if (arg == "--types" && i + 1 < argc) {
+    else if (arg == "--tokens" && has_value) tokens = ints(argv[++i]);
+    else if (arg == "--sms" && has_value) sms_list = ints(argv[++i]);
+    else if (arg == "--types" && has_value) {
       std::string t = argv[++i];
+      if (t != "bf16" && t != "fp8" && t != "both") {
+        fprintf(stderr, "gpu_bench: --types %s: bf16, fp8 or both\n%s", t.c_str(), kUsage);
+        return 2;
+      }
       types = t == "bf16" ? std::vector<epDataType_t>{epBfloat16}
               : t == "fp8" ? std::vector<epDataType_t>{epFloat8E4M3}
                            : std::vector<epDataType_t>{epBfloat16, epFloat8E4M3};
+    } else if (arg == "--mode" && has_value) {
+      std::string m = argv[++i];
+      if (m != "ht" && m != "ll") {
+        fprintf(stderr, "gpu_bench: --mode %s: ht or ll\n%s", m.c_str(), kUsage);
+        return 2;
+      }
+      low_latency = m == "ll";
     } else if (arg == "--no-nccl") nccl = false;
+    else if (arg == "--help" || arg == "-h") {
+      fputs(kUsage, stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "gpu_bench: unknown or incomplete argument %s\n%s", arg.c_str(), kUsage);
+      return 2;
+    }
+  }
+  for (int t : tokens)
+    if (t < 1) {
+      fprintf(stderr, "gpu_bench: --tokens values must be at least 1\n");
+      return 2;
+    }
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
+    printf("SKIPPED gpu_bench: needs 2 GPUs, %d visible\n", ndev);
+    return 0;
+  }
+  if (low_latency) {
+    ll::benchStandard(std::min(ndev, 8));
+    return 0;
   }
   for (int sms : sms_list)
     if (sms < 1 || sms > 64) {
