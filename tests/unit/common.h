@@ -19,6 +19,7 @@ extern "C" {
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "debug.h"
@@ -64,6 +65,42 @@ struct Rng {
   float real(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
   uint32_t bits32() { return uint32_t(gen()); }
 };
+
+// 64-byte aligned, zero-filled storage of `count` elements (with a spare cache
+// line after them, so a stray write past the end is not a heap corruption).
+template <typename T>
+struct Buf {
+  std::unique_ptr<T[], void (*)(void*)> mem{nullptr, free};
+  size_t n = 0;
+  Buf() = default;
+  explicit Buf(size_t count) : n(count) {
+    const size_t bytes = ((count * sizeof(T) + 63) / 64 + 1) * 64;
+    mem.reset(static_cast<T*>(aligned_alloc(64, bytes)));
+    memset(mem.get(), 0, bytes);
+  }
+  T* data() const { return mem.get(); }
+  T& operator[](size_t i) const { return mem.get()[i]; }
+};
+
+// A host-backend config of the given shape, BF16 both ways, 20 s timeout.
+inline epConfig_t hostConfig(int experts, int hidden, int max_tokens, int max_topk) {
+  epConfig_t c = EP_CONFIG_INITIALIZER;
+  c.num_experts = experts;
+  c.hidden = hidden;
+  c.max_tokens_per_rank = max_tokens;
+  c.max_topk = max_topk;
+  c.backend = epBackendHost;
+  c.timeout_ms = 20000;
+  return c;
+}
+
+// A communicator of one rank (a fresh unique id) with cfg.
+inline epResult_t makeOneRankComm(epComm_t* comm, const epConfig_t& cfg) {
+  epUniqueId id;
+  epResult_t res = epGetUniqueId(&id);
+  if (res != epSuccess) return res;
+  return epCommInitRank(comm, 1, id, 0, &cfg);
+}
 
 // Unsets every EP_* variable the library knows, so that a suite runs with the
 // defaults whatever the caller's environment holds. Call before the first use

@@ -15,16 +15,7 @@ namespace {
 
 constexpr int kExperts = 4, kHidden = 64, kTokens = 8, kTopk = 2;
 
-epConfig_t config() {
-  epConfig_t c = EP_CONFIG_INITIALIZER;
-  c.num_experts = kExperts;
-  c.hidden = kHidden;
-  c.max_tokens_per_rank = kTokens;
-  c.max_topk = kTopk;
-  c.backend = epBackendHost;
-  c.timeout_ms = 20000;
-  return c;
-}
+epConfig_t config() { return eptest::hostConfig(kExperts, kHidden, kTokens, kTopk); }
 
 // One rank's dispatch inputs and outputs (every token to experts 0 and 3: both ranks).
 struct Rank {
@@ -48,25 +39,44 @@ struct Rank {
   }
 };
 
-// Runs rank 0's dispatch in a thread, waits until it is surely blocked on
-// rank 1, runs `during` (on this thread), then lets rank 1 dispatch.
+// Rank 0's dispatch in a thread of its own; start() returns once it is
+// surely blocked waiting for rank 1, finish() joins it.
+struct BlockedDispatch {
+  Rank rank;
+  std::atomic<int> result{-1};
+  epHandle_t handle = nullptr;
+  std::thread thread;
+  void start(epComm_t comm) {
+    thread = std::thread([this, comm] {
+      epDispatchArgs_t a = rank.args();
+      result = epDispatch(comm, &a, &handle, nullptr);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    assert_int_equal(result.load(), -1);  // still waiting for rank 1
+  }
+  int finish() {
+    thread.join();
+    return result.load();
+  }
+};
+
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Rank 0 blocked in a dispatch while `during` runs (on this thread); then
+// rank 1 dispatches and both complete.
 template <typename During>
 void withBlockedDispatch(epComm_t comms[2], During during) {
-  Rank r0, r1;
-  std::atomic<int> res0{-1};
-  epHandle_t h0 = nullptr, h1 = nullptr;
-  std::thread t0([&] {
-    epDispatchArgs_t a = r0.args();
-    res0 = epDispatch(comms[0], &a, &h0, nullptr);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  assert_int_equal(res0.load(), -1);  // still waiting for rank 1
+  BlockedDispatch blocked;
+  blocked.start(comms[0]);
   during();
+  Rank r1;
+  epHandle_t h1 = nullptr;
   epDispatchArgs_t a = r1.args();
   assert_ok(epDispatch(comms[1], &a, &h1, nullptr));
-  t0.join();
-  assert_int_equal(res0.load(), epSuccess);
-  assert_ok(epHandleDestroy(h0));
+  assert_int_equal(blocked.finish(), epSuccess);
+  assert_ok(epHandleDestroy(blocked.handle));
   assert_ok(epHandleDestroy(h1));
 }
 
@@ -108,21 +118,13 @@ void abort_unblocks_a_call_then_frees(void**) {
   epComm_t comms[2] = {nullptr, nullptr};
   epConfig_t cfg = config();
   assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
-  Rank r0;
-  std::atomic<int> res0{-1};
-  epHandle_t h0 = nullptr;
-  std::thread t0([&] {
-    epDispatchArgs_t a = r0.args();
-    res0 = epDispatch(comms[0], &a, &h0, nullptr);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  BlockedDispatch blocked;
+  blocked.start(comms[0]);
   const auto start = std::chrono::steady_clock::now();
   assert_ok(epCommAbort(comms[0]));
-  t0.join();
-  assert_int_equal(res0.load(), epAborted);
-  assert_null(h0);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  assert_true(s < 5.0);  // not the 20 s timeout
+  assert_int_equal(blocked.finish(), epAborted);
+  assert_null(blocked.handle);
+  assert_true(secondsSince(start) < 5.0);  // not the 20 s timeout
   assert_ok(epCommAbort(comms[1]));  // rank 1 never called: nothing to unblock
 }
 
@@ -132,22 +134,14 @@ void peer_destroyed_fails_the_wait_at_once(void**) {
   epComm_t comms[2] = {nullptr, nullptr};
   epConfig_t cfg = config();
   assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
-  Rank r0;
-  std::atomic<int> res0{-1};
-  epHandle_t h0 = nullptr;
-  std::thread t0([&] {
-    epDispatchArgs_t a = r0.args();
-    res0 = epDispatch(comms[0], &a, &h0, nullptr);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  BlockedDispatch blocked;
+  blocked.start(comms[0]);
   const auto start = std::chrono::steady_clock::now();
   assert_ok(epCommDestroy(comms[1]));
-  t0.join();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  assert_int_equal(res0.load(), epRemoteError);
+  assert_int_equal(blocked.finish(), epRemoteError);
   assert_contains(epGetLastError(comms[0]), "rank 1 left the call (destroyed or aborted its communicator)");
-  assert_true(s < 5.0);  // the timeout is 20 s
-  assert_null(h0);
+  assert_true(secondsSince(start) < 5.0);  // the timeout is 20 s
+  assert_null(blocked.handle);
   assert_ok(epCommDestroy(comms[0]));
 }
 

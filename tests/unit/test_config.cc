@@ -186,43 +186,31 @@ int childEnvNegativeTimeout() {
   return strstr(ep::threadLastError(), "EP_TIMEOUT_MS") != nullptr ? 0 : 2;
 }
 
-// A host communicator refuses ring sizes that do not fit its int fields
-// (they used to wrap: slots 0 hung the exchange, chunk tokens crashed it).
-int childEnvHostRingOutOfRange() {
+// A one-rank host init under the child's EP_* variables must fail with a
+// message containing needle: 0 when it does, else the failed step.
+int childInitFails(const char* needle) {
   epConfig_t c = validConfig();
   c.backend = epBackendHost;
   epUniqueId id;
   if (epGetUniqueId(&id) != epSuccess) return 1;
   epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, 1, id, 0, &c) != epInvalidArgument) return 2;
-  if (comm != nullptr) return 3;
-  return strstr(epGetLastError(nullptr), "EP_HOST_RING_SLOTS = 4294967296 is outside 2..1024") ? 0 : 4;
-}
-
-int childEnvHostChunkOutOfRange() {
-  epConfig_t c = validConfig();
-  c.backend = epBackendHost;
-  epUniqueId id;
-  if (epGetUniqueId(&id) != epSuccess) return 1;
-  epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, 1, id, 0, &c) != epInvalidArgument) return 2;
-  return strstr(epGetLastError(nullptr), "EP_HOST_CHUNK_TOKENS = 1099511627776") ? 0 : 3;
-}
-
-// EP_SHM_DIR problems are named with their cause.
-int childShmDir(const char* needle) {
-  epConfig_t c = validConfig();
-  c.backend = epBackendHost;
-  epUniqueId id;
-  if (epGetUniqueId(&id) != epSuccess) return 1;
-  epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, 1, id, 0, &c) == epSuccess) return 2;
+  if (epCommInitRank(&comm, 1, id, 0, &c) == epSuccess || comm != nullptr) return 2;
   if (strstr(epGetLastError(nullptr), needle) == nullptr) {
     fprintf(stderr, "message: %s\n", epGetLastError(nullptr));
     return 3;
   }
   return 0;
 }
+
+// Ring sizes that do not fit the host backend's int fields (they used to
+// wrap: slots 0 hung the exchange, chunk tokens crashed it).
+int childEnvHostRingOutOfRange() { return childInitFails("EP_HOST_RING_SLOTS = 4294967296 is outside 2..1024"); }
+int childEnvHostChunkOutOfRange() { return childInitFails("EP_HOST_CHUNK_TOKENS = 1099511627776"); }
+
+// EP_SHM_DIR problems are named with their cause.
+int childShmDirProc() { return childInitFails("cannot create /proc/moeep-"); }
+int childShmDirFile() { return childInitFails("/dev/null is not a directory"); }
+
 // Segments of inits that never finished (creator gone, older than ten
 // minutes) are removed by the next init in that directory; others stay.
 const char kStaleDir[] = "/tmp/moeep-test-stale-shm";
@@ -251,9 +239,6 @@ int childShmStale() {
   if (access(live, F_OK) != 0) return 5;    // its process lives
   return 0;
 }
-
-int childShmDirProc() { return childShmDir("cannot create /proc/moeep-"); }
-int childShmDirFile() { return childShmDir("/dev/null is not a directory"); }
 
 const std::vector<ChildCase>& childCases() {
   static const std::vector<ChildCase> cases = {

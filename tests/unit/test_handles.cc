@@ -98,12 +98,7 @@ epConfig_t testConfig() {
   return c;
 }
 
-epResult_t makeComm(epComm_t* comm, const epConfig_t& cfg) {
-  epUniqueId id;
-  epResult_t res = epGetUniqueId(&id);
-  if (res != epSuccess) return res;
-  return epCommInitRank(comm, 1, id, 0, &cfg);
-}
+epResult_t makeComm(epComm_t* comm, const epConfig_t& cfg) { return eptest::makeOneRankComm(comm, cfg); }
 
 int groupSetup(void**) {
   eptest::unsetAllParams();
@@ -121,20 +116,7 @@ int groupTeardown(void**) {
   return epCommDestroy(g_comm) == epSuccess ? 0 : -1;
 }
 
-// 64-byte aligned, zero-filled storage.
-template <typename T>
-struct Buf {
-  std::unique_ptr<T[], void (*)(void*)> mem{nullptr, free};
-  size_t n = 0;
-  Buf() = default;
-  explicit Buf(size_t count) : n(count) {
-    size_t bytes = ((count * sizeof(T) + 63) / 64 + 1) * 64;
-    mem.reset(static_cast<T*>(aligned_alloc(64, bytes)));
-    memset(mem.get(), 0, bytes);
-  }
-  T* data() const { return mem.get(); }
-  T& operator[](size_t i) const { return mem.get()[i]; }
-};
+using eptest::Buf;
 
 // One rank's tokens with a random routing and its known one-rank answers.
 struct Tokens {

@@ -24,23 +24,12 @@ constexpr int kExperts = 8, kHidden = 64, kMaxTokens = 16, kMaxTopk = 4;
 epComm_t g_comm = nullptr;  // low_latency = 1, shared by the cases
 
 epConfig_t llConfig(int hidden) {
-  epConfig_t c = EP_CONFIG_INITIALIZER;
-  c.num_experts = kExperts;
-  c.hidden = hidden;
-  c.max_tokens_per_rank = kMaxTokens;
-  c.max_topk = kMaxTopk;
-  c.backend = epBackendHost;
-  c.timeout_ms = 20000;
+  epConfig_t c = eptest::hostConfig(kExperts, hidden, kMaxTokens, kMaxTopk);
   c.low_latency = 1;
   return c;
 }
 
-epResult_t makeComm(epComm_t* comm, const epConfig_t& cfg) {
-  epUniqueId id;
-  epResult_t res = epGetUniqueId(&id);
-  if (res != epSuccess) return res;
-  return epCommInitRank(comm, 1, id, 0, &cfg);
-}
+epResult_t makeComm(epComm_t* comm, const epConfig_t& cfg) { return eptest::makeOneRankComm(comm, cfg); }
 
 int groupSetup(void**) {
   eptest::unsetAllParams();
@@ -55,18 +44,7 @@ int groupSetup(void**) {
 
 int groupTeardown(void**) { return epCommDestroy(g_comm) == epSuccess ? 0 : -1; }
 
-// 64-byte aligned, zero-filled storage.
-template <typename T>
-struct Buf {
-  std::unique_ptr<T[], void (*)(void*)> mem{nullptr, free};
-  explicit Buf(size_t count) {
-    const size_t bytes = ((count * sizeof(T) + 63) / 64 + 1) * 64;
-    mem.reset(static_cast<T*>(aligned_alloc(64, bytes)));
-    memset(mem.get(), 0, bytes);
-  }
-  T* data() const { return mem.get(); }
-  T& operator[](size_t i) const { return mem.get()[i]; }
-};
+using eptest::Buf;
 
 // One call's inputs and the output buffers of the low-latency layout.
 struct Call {
@@ -116,19 +94,8 @@ struct Call {
   }
 };
 
-// A BF16-wire dispatch + combine with y = recv_x: the counts and the weighted sums.
-void checkRoundTrip(epComm_t comm, Call& call) {
-  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
-  epHandle_t h = nullptr;
-  assert_ok(epLowLatencyDispatch(comm, &a, &h, nullptr));
-  assert_non_null(h);
-  for (int e = 0; e < kExperts; e++) {
-    int pairs = 0;
-    for (int64_t id : call.idx) pairs += id == e;
-    assert_int_equal(call.recv_count[e], pairs);
-  }
-  epLowLatencyCombineArgs_t c = call.combineArgs();
-  assert_ok(epLowLatencyCombine(comm, &c, h, nullptr));
+// With a BF16 wire and y = recv_x, out[t] = (sum of t's weights) * x[t], up to rounding.
+void checkWeightedSums(const Call& call) {
   for (int t = 0; t < call.T; t++) {
     float wsum = 0.0f;
     for (int k = 0; k < call.K; k++)
@@ -142,6 +109,22 @@ void checkRoundTrip(epComm_t comm, Call& call) {
       }
     }
   }
+}
+
+// A BF16-wire dispatch + combine with y = recv_x: the counts and the weighted sums.
+void checkRoundTrip(epComm_t comm, Call& call) {
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
+  epHandle_t h = nullptr;
+  assert_ok(epLowLatencyDispatch(comm, &a, &h, nullptr));
+  assert_non_null(h);
+  for (int e = 0; e < kExperts; e++) {
+    int pairs = 0;
+    for (int64_t id : call.idx) pairs += id == e;
+    assert_int_equal(call.recv_count[e], pairs);
+  }
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  assert_ok(epLowLatencyCombine(comm, &c, h, nullptr));
+  checkWeightedSums(call);
   assert_ok(epHandleDestroy(h));
 }
 
@@ -454,19 +437,7 @@ void ranks_with_different_topk_and_wire_types(void**) {
   });
   assert_ok(res[0]);
   assert_ok(res[1]);
-  for (const Call& call : calls)
-    for (int t = 0; t < call.T; t++) {
-      float wsum = 0.0f;
-      for (int k = 0; k < call.K; k++) wsum += call.w[size_t(t) * call.K + k];
-      for (int j = 0; j < kHidden; j++) {
-        const float want = wsum * ep::bf16ToFloat(call.x[size_t(t) * kHidden + j]);
-        const float got = ep::bf16ToFloat(call.out[size_t(t) * kHidden + j]);
-        if (std::fabs(got - want) > 1e-2f * (1.0f + std::fabs(want))) {
-          print_error("token %d [%d] = %g, expected %g\n", t, j, got, want);
-          fail();
-        }
-      }
-    }
+  for (const Call& call : calls) checkWeightedSums(call);
   for (epHandle_t x : h) assert_ok(epHandleDestroy(x));
 
   // Rank 0 asks for FP8, rank 1 for BF16: both receive rows of the other type.

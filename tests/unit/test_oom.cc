@@ -33,24 +33,9 @@ namespace {
 
 constexpr int kExperts = 4, kHidden = 64, kTokens = 8, kTopk = 2;
 
-epConfig_t config() {
-  epConfig_t c = EP_CONFIG_INITIALIZER;
-  c.num_experts = kExperts;
-  c.hidden = kHidden;
-  c.max_tokens_per_rank = kTokens;
-  c.max_topk = kTopk;
-  c.backend = epBackendHost;
-  c.timeout_ms = 20000;
-  return c;
-}
+epConfig_t config() { return eptest::hostConfig(kExperts, kHidden, kTokens, kTopk); }
 
-epResult_t oneRankComm(epComm_t* comm) {
-  epUniqueId id;
-  epResult_t res = epGetUniqueId(&id);
-  if (res != epSuccess) return res;
-  epConfig_t c = config();
-  return epCommInitRank(comm, 1, id, 0, &c);
-}
+epResult_t oneRankComm(epComm_t* comm) { return eptest::makeOneRankComm(comm, config()); }
 
 void dispatch_out_of_memory_is_a_result(void**) {
   epComm_t comm = nullptr;
