@@ -7,8 +7,10 @@
 # drift of the machine shows as spread within a revision, not as a difference.
 #
 #   tests/gpu/ab.sh [--ll] [--ht "GPU_BENCH ARGS"] [--rounds N] [--build-only] REV...
-#     REV           a git revision (branch, tag, sha) or WORKTREE (the working
-#                   tree as it is, uncommitted changes included)
+#     REV           a git revision (branch, tag, sha), WORKTREE (the working
+#                   tree as it is, uncommitted changes included), or dir:PATH
+#                   (a source tree exported elsewhere, e.g. with git archive,
+#                   where this checkout has no git history)
 #     --ll          low-latency kernel times and per-call figures
 #                   (gpu_ll_test --bench, EP_CUDA_LL_TIMING=1); the default
 #     --ht ARGS     the high-throughput benchmark (gpu_bench ARGS --no-nccl)
@@ -50,6 +52,12 @@ for rev in "${revs[@]}"; do
     name=worktree
     rm -rf "$WORK/$name" && mkdir -p "$WORK/$name"
     git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -C "$WORK/$name" -xf -
+  elif [ "${rev#dir:}" != "$rev" ]; then
+    src="${rev#dir:}"
+    [ -f "$src/Makefile" ] || { echo "ab.sh: $src is not a source tree" >&2; exit 2; }
+    name="dir-$(basename "$src")"
+    rm -rf "$WORK/$name" && mkdir -p "$WORK/$name"
+    tar -C "$src" --exclude=./build -cf - . | tar -C "$WORK/$name" -xf -
   else
     sha=$(git rev-parse --short "$rev^{commit}") || { echo "ab.sh: no revision $rev" >&2; exit 2; }
     name="$sha"
