@@ -63,7 +63,6 @@ struct NodeMap {
 // consecutive blocks of node_size when node_size > 0.
 epResult_t buildNodeMap(const std::vector<epPeerInfo_v1_t>& peers, int node_size, NodeMap* out);
 
-// Records a new handle of comm / forgets it (epHandleDestroy).
 // Limits of a communicator (SEMANTICS.md): far above any model, low enough
 // that no buffer size computed from them overflows size_t.
 constexpr int kMaxCommRanks = 1 << 16;
@@ -72,6 +71,7 @@ constexpr int kMaxHidden = 1 << 18;
 constexpr int kMaxTokensPerRank = 1 << 24;
 constexpr int kMaxExpertAlignment = 1 << 20;
 
+// Records a new handle of comm / forgets it (epHandleDestroy).
 void commAddHandle(struct epComm* comm, struct epHandle* h);
 void commRemoveHandle(struct epComm* comm, struct epHandle* h);
 
