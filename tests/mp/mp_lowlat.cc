@@ -14,8 +14,9 @@ using namespace mp;
 namespace {
 
 struct LLShape {
-  int nranks, hidden, topk, experts, max_tokens;
+  int nranks, hidden, topk, experts, max_tokens;  // topk: config.max_topk
   int tokens[16];
+  int topk_of[16];  // each rank's num_topk (every fourth case: not all equal)
   bool fp8, pow2, split;
   uint64_t seed;
 };
@@ -33,6 +34,7 @@ LLShape makeShape(int nranks, uint64_t seed, int c) {
   s.experts = epr * nranks;
   s.max_tokens = 1 + rng.below(s.hidden >= 2064 ? 24 : 130);
   for (int r = 0; r < nranks; r++) s.tokens[r] = rng.below(s.max_tokens + 1);
+  for (int r = 0; r < nranks; r++) s.topk_of[r] = c % 4 == 3 ? std::max(1, s.topk - r % 3) : s.topk;
   if (c % 3 == 1) s.tokens[rng.below(nranks)] = 0;  // a rank that sends nothing
   s.fp8 = c % 2 == 0;
   s.pow2 = c % 4 == 2;
@@ -50,22 +52,22 @@ struct Input {
 Input makeInput(const LLShape& s, int rank) {
   Rng rng(s.seed * 1000 + uint64_t(rank));
   Input in;
-  const int T = s.tokens[rank];
+  const int T = s.tokens[rank], K = s.topk_of[rank];
   in.x.resize(size_t(T) * s.hidden);
   for (auto& v : in.x) v = toBf16((rng.uniform() * 2.0f - 1.0f) * (rng.below(4) == 0 ? 30.0f : 1.0f));
-  in.topk.resize(size_t(T) * s.topk);
-  in.w.resize(size_t(T) * s.topk);
+  in.topk.resize(size_t(T) * K);
+  in.w.resize(size_t(T) * K);
   for (int t = 0; t < T; t++)
-    for (int k = 0; k < s.topk; k++) {
+    for (int k = 0; k < K; k++) {
       int64_t e;
       bool dup;
       do {
         e = rng.below(s.experts);
         dup = false;
-        for (int j = 0; j < k; j++) dup |= in.topk[size_t(t) * s.topk + j] == e;
+        for (int j = 0; j < k; j++) dup |= in.topk[size_t(t) * K + j] == e;
       } while (dup);
-      in.topk[size_t(t) * s.topk + k] = (rng.below(12) == 0) ? -1 : e;
-      in.w[size_t(t) * s.topk + k] = rng.uniform();
+      in.topk[size_t(t) * K + k] = (rng.below(12) == 0) ? -1 : e;
+      in.w[size_t(t) * K + k] = rng.uniform();
     }
   return in;
 }
@@ -82,14 +84,14 @@ float yValue(uint64_t seed, int rank, int expert, int src, int token, int j) {
 }
 
 void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally* tally) {
-  const int rank = li.rank, R = s.nranks, L = s.experts / R, M = s.max_tokens, H = s.hidden, K = s.topk;
+  const int rank = li.rank, R = s.nranks, L = s.experts / R, M = s.max_tokens, H = s.hidden, K = s.topk_of[rank];
   const size_t cap = size_t(R) * M;
   const int nblocks = (H + 127) / 128;
   epConfig_t cfg = EP_CONFIG_INITIALIZER;
   cfg.num_experts = s.experts;
   cfg.hidden = H;
   cfg.max_tokens_per_rank = M;
-  cfg.max_topk = K;
+  cfg.max_topk = s.topk;
   cfg.backend = epBackendHost;
   cfg.low_latency = 1;
   epComm_t comm = nullptr;
@@ -130,7 +132,8 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally
     for (int src = 0; src < R; src++)
       for (int t = 0; t < s.tokens[src]; t++) {
         bool selects = false;
-        for (int k = 0; k < K; k++) selects |= all[src].topk[size_t(t) * K + k] == int64_t(rank) * L + e;
+        const int Ks = s.topk_of[src];
+        for (int k = 0; k < Ks; k++) selects |= all[src].topk[size_t(t) * Ks + k] == int64_t(rank) * L + e;
         if (!selects) continue;
         if (recv_src[size_t(e) * cap + slot] != src * M + t) layout_ok = false;
         const uint16_t* x = &all[src].x[size_t(t) * H];
