@@ -193,7 +193,7 @@ __device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p, LLKer
     mask = next_mask;
   }
   llMark(v, pair, kind, 5);
-  llSignalReadDone(v, kLLCombineRead, set);
+  llSignal(v, kLLCombineRead, set);
   llMark(v, pair, kind, 6);
 }
 

@@ -129,27 +129,22 @@ __device__ __forceinline__ uint64_t* llCounter(const LLView& v, int r, LLCounter
   return reinterpret_cast<uint64_t*>(llCtrl(v, r)) + (int(kind) * 2 + set) * kMaxRanks + src;
 }
 
-// This block's stores are issued: add 1 to counter [kind][set][me] in every
-// rank. The CTA barrier orders every thread's stores before the release
-// reduction of threads < R (release is cumulative).
+// This block is done with the step `kind` signals: add 1 to counter
+// [kind][set][me] in every rank, after a CTA barrier.
+// - Data signals (dispatch sent, combine sent) are release reductions: the
+//   barrier orders every thread's stores before them (release is cumulative).
+// - kLLCombineRead only says "this block has read what it needed": every value
+//   it loaded was consumed before the barrier, so the loads are complete and a
+//   relaxed reduction suffices. A release would also wait for the block's own
+//   output stores, which no peer reads (measured: 1-1.5 us).
 __device__ __forceinline__ void llSignal(const LLView& v, LLCounter kind, int set) {
   __syncthreads();
   if (threadIdx.x < v.nranks) {
     uint64_t* c = llCounter(v, threadIdx.x, kind, set, v.rank);
-    asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
-  }
-}
-
-// The same for a signal that only says "this block has read what it needed"
-// (kLLCombineRead): every value it loaded was consumed by an instruction
-// before the CTA barrier, so the loads are complete and a relaxed reduction
-// suffices. A release would also wait for the block's own output stores to
-// reach memory, which nobody on the other side reads (measured: 1-1.5 us).
-__device__ __forceinline__ void llSignalReadDone(const LLView& v, LLCounter kind, int set) {
-  __syncthreads();
-  if (threadIdx.x < v.nranks) {
-    uint64_t* c = llCounter(v, threadIdx.x, kind, set, v.rank);
-    asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+    if (kind == kLLCombineRead)
+      asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+    else
+      asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
   }
 }
 
