@@ -107,7 +107,9 @@ epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_
   if (a.flags & ~EP_DISPATCH_NO_HOST_SYNC)
     return setError(comm, epInvalidArgument, "%s: args.flags = 0x%x has unknown bits", fn, a.flags);
   EPCHECK(checkNumTokens(comm, fn, a.num_tokens));
-  if (new_routing) EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
+  // A cached re-dispatch given ids forwards them (recv_topk_idx): checked like a new routing's.
+  if (new_routing || a.topk_idx != nullptr)
+    EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
   if (a.x_type != c.dispatch_type)
     return setError(comm, epInvalidArgument, "%s: x_type = %s but config.dispatch_type = %s", fn,
                     dataTypeName(a.x_type), dataTypeName(c.dispatch_type));
@@ -133,8 +135,6 @@ epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_
   if (a.expert_alignment < 0 || a.expert_alignment > kMaxExpertAlignment)
     return setError(comm, epInvalidArgument, "%s: expert_alignment = %d is outside 0..%d", fn,
                     a.expert_alignment, kMaxExpertAlignment);
-  if (a.topk_idx != nullptr && !new_routing && (a.num_topk < 1 || a.num_topk > c.max_topk))
-    return setError(comm, epInvalidArgument, "%s: num_topk = %d is outside 1..%d", fn, a.num_topk, c.max_topk);
   return epSuccess;
 }
 
@@ -309,10 +309,7 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
     if (a.topk_idx != nullptr && a.num_topk != existing->routing.num_topk)
       return setError(comm, epInvalidArgument, "%s: num_topk = %d differs from the handle's %d", fn,
                       a.num_topk, existing->routing.num_topk);
-    // With ids, they are read (recv_topk_idx): checked like a new routing's.
-    // Without, the handle's K applies whatever num_topk says.
-    if (a.topk_idx != nullptr) EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
-    else a.num_topk = existing->routing.num_topk;
+    if (a.topk_idx == nullptr) a.num_topk = existing->routing.num_topk;  // without ids, the handle's K applies
     EPCHECK(checkDispatchArgs(comm, fn, a, false));
     EPCHECK(comm->backend->dispatch(a, existing, stream));
     existing->dispatched = true;
