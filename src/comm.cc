@@ -310,6 +310,16 @@ epResult_t commInit(epComm* comm, const epUniqueId& id) {
   return epSuccess;
 }
 
+// The one destroy or abort of a live communicator: the first caller gets it,
+// a second one racing it is refused (both would free it).
+epResult_t claimClose(epComm* comm, const char* fn) {
+  if (comm->magic != kCommMagic) return setError(nullptr, epInvalidArgument, "%s: comm is not a live communicator", fn);
+  if (comm->closing.exchange(1) != 0)
+    return setError(nullptr, epInvalidUsage,
+                    "%s: the communicator is already being destroyed or aborted in another thread", fn);
+  return epSuccess;
+}
+
 }  // namespace
 
 }  // namespace ep
@@ -395,11 +405,7 @@ EP_API epResult_t epCommInitAll(epComm_t* comms, int nranks, const int* devices,
 
 EP_API epResult_t epCommDestroy(epComm_t comm) try {
   if (comm == nullptr) return epSuccess;  // like free(NULL)
-  if (comm->magic != kCommMagic)
-    return setError(nullptr, epInvalidArgument, "comm is not a live communicator");
-  if (comm->closing.exchange(1) != 0)
-    return setError(nullptr, epInvalidUsage,
-                    "epCommDestroy: the communicator is already being destroyed or aborted in another thread");
+  EPCHECK(claimClose(comm, "epCommDestroy"));
   // Freeing it under a call of another thread would pull the memory from
   // under that call: refuse (epCommAbort is the way to unblock a call).
   if (comm->active_calls.load() > 0) {
@@ -416,11 +422,7 @@ EP_API epResult_t epCommDestroy(epComm_t comm) try {
 
 EP_API epResult_t epCommAbort(epComm_t comm) try {
   if (comm == nullptr) return epSuccess;
-  if (comm->magic != kCommMagic)
-    return setError(nullptr, epInvalidArgument, "comm is not a live communicator");
-  if (comm->closing.exchange(1) != 0)
-    return setError(nullptr, epInvalidUsage,
-                    "epCommAbort: the communicator is already being destroyed or aborted in another thread");
+  EPCHECK(claimClose(comm, "epCommAbort"));
   comm->abort_flag.store(1);
   if (comm->bootstrap) bootstrapAbort(comm->bootstrap);
   if (comm->backend) comm->backend->abort();
