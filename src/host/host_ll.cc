@@ -54,8 +54,6 @@ struct LLState {
   // Receive halves still owed.
   epLowLatencyDispatchArgs_t dispatch_args;
   std::vector<uint8_t> dispatch_records;  // all arrived records, in order
-  size_t dispatch_record_bytes = 0;
-  bool dispatch_fp8 = false;
   epLowLatencyCombineArgs_t combine_args;
   std::vector<float> partial_sum;  // [T, H]: sum over ranks in ascending order
 };
@@ -90,8 +88,10 @@ void expandDispatch(epComm* comm, LLState* st) {
   const int L = comm->num_local_experts, R = comm->nranks, M = c.max_tokens_per_rank, H = c.hidden;
   const int nblocks = (H + 127) / 128;
   const size_t cap = size_t(R) * M;
-  const size_t row_bytes = st->dispatch_fp8 ? size_t(H) : size_t(H) * 2;
+  const bool fp8 = a.wire_type == epFloat8E4M3;
+  const size_t row_bytes = fp8 ? size_t(H) : size_t(H) * 2;
   std::vector<int> count(L, 0);
+  const size_t record_bytes = llRecord(c).total();  // one layout for every rank and wire
   const uint8_t* rec = st->dispatch_records.data();
   for (LLState::Arrival& arr : st->arrivals) {
     for (size_t i = 0; i < arr.local_expert.size(); i++) {
@@ -99,13 +99,13 @@ void expandDispatch(epComm* comm, LLState* st) {
       const int slot = count[e]++;
       arr.slot[i] = slot;
       memcpy(static_cast<uint8_t*>(a.recv_x) + (size_t(e) * cap + slot) * row_bytes, rec, row_bytes);
-      if (st->dispatch_fp8) {
+      if (fp8) {
         const float* scales = reinterpret_cast<const float*>(rec + H);
         for (int b = 0; b < nblocks; b++) a.recv_scales[(size_t(e) * nblocks + b) * cap + slot] = scales[b];
       }
       if (a.recv_src) a.recv_src[size_t(e) * cap + slot] = arr.src * M + arr.token;
     }
-    rec += st->dispatch_record_bytes;
+    rec += record_bytes;
   }
   for (int e = 0; e < L; e++) a.recv_count[e] = count[e];
   st->dispatch_records.clear();
@@ -144,8 +144,6 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
   st->num_tokens = a.num_tokens;
   st->num_topk = K;
   st->dispatch_args = a;
-  st->dispatch_fp8 = fp8;
-  st->dispatch_record_bytes = rec.total();
   buildSendSide(pl, a.topk_idx, a.topk_idx_type, a.num_tokens, K, &st->routing);
 
   // Counts first (each rank learns how many tokens each source sends), then
