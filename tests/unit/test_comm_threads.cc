@@ -60,6 +60,12 @@ struct BlockedDispatch {
   }
 };
 
+// Two host ranks of this process, fresh for each case (cases destroy or abort them).
+void initTwoRanks(epComm_t comms[2]) {
+  epConfig_t cfg = config();
+  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+}
+
 double secondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -82,8 +88,7 @@ void withBlockedDispatch(epComm_t comms[2], During during) {
 
 void second_data_call_from_another_thread_is_refused(void**) {
   epComm_t comms[2] = {nullptr, nullptr};
-  epConfig_t cfg = config();
-  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  initTwoRanks(comms);
   withBlockedDispatch(comms, [&] {
     Rank other;
     epDispatchArgs_t a = other.args();
@@ -104,8 +109,7 @@ void second_data_call_from_another_thread_is_refused(void**) {
 
 void destroy_during_a_call_is_refused(void**) {
   epComm_t comms[2] = {nullptr, nullptr};
-  epConfig_t cfg = config();
-  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  initTwoRanks(comms);
   withBlockedDispatch(comms, [&] {
     assert_result(epCommDestroy(comms[0]), epInvalidUsage);
     assert_contains(epGetLastError(nullptr), "epCommAbort");
@@ -116,8 +120,7 @@ void destroy_during_a_call_is_refused(void**) {
 
 void abort_unblocks_a_call_then_frees(void**) {
   epComm_t comms[2] = {nullptr, nullptr};
-  epConfig_t cfg = config();
-  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  initTwoRanks(comms);
   BlockedDispatch blocked;
   blocked.start(comms[0]);
   const auto start = std::chrono::steady_clock::now();
@@ -132,8 +135,7 @@ void abort_unblocks_a_call_then_frees(void**) {
 // wait ends at once with a message naming it, not at the timeout.
 void peer_destroyed_fails_the_wait_at_once(void**) {
   epComm_t comms[2] = {nullptr, nullptr};
-  epConfig_t cfg = config();
-  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  initTwoRanks(comms);
   BlockedDispatch blocked;
   blocked.start(comms[0]);
   const auto start = std::chrono::steady_clock::now();
@@ -149,8 +151,7 @@ void peer_destroyed_fails_the_wait_at_once(void**) {
 // rows do not fit the receiver's recv_topk_idx, and it says so.
 void wider_topk_of_a_peer_is_reported(void**) {
   epComm_t comms[2] = {nullptr, nullptr};
-  epConfig_t cfg = config();
-  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  initTwoRanks(comms);
   Rank r0, r1;
   std::vector<int64_t> narrow(kTokens, 3);  // rank 1: K = 1, expert 3 (rank 1's)
   narrow[0] = 1;                            // one token to rank 0
