@@ -115,6 +115,7 @@ class CudaBackend : public Backend {
   // Measured on 2 x H200, EP2, 4096 and 8192 tokens, 32 SMs (docs/BENCHMARKS.md);
   // the dispatch split depends on the row size (set in init).
   int send_warps_ = 6, recv_warps_ = 10, push_warps_ = 4, reduce_warps_ = 12;
+  int chunk_tokens_ = 16;
   size_t row_stride_ = 0, meta_stride_ = 0, rows_off_ = 0, meta_off_ = 0, buffer_bytes_ = 0;
   size_t slot_bytes_ = 0, tok_pos_off_ = 0, chan_off_ = 0, expert_off_ = 0;
   const TransportEntry* ipc_ = nullptr;
@@ -201,6 +202,10 @@ epResult_t CudaBackend::init() {
   }
   parseWarps("CUDA_DISPATCH_WARPS", &send_warps_, &recv_warps_);
   parseWarps("CUDA_COMBINE_WARPS", &push_warps_, &reduce_warps_);
+  if (const int64_t chunk = param::CUDA_DISPATCH_CHUNK(); chunk != 0) {
+    if (chunk >= 1 && chunk <= 1024) chunk_tokens_ = int(chunk);
+    else EP_WARN(kSubsysCuda, "EP_CUDA_DISPATCH_CHUNK=%lld is not in 1..1024: ignored", (long long)chunk);
+  }
 
   std::string why;
   ipc_ = transportFind("cuda_ipc", &why);
@@ -248,8 +253,8 @@ epResult_t CudaBackend::init() {
                     "config.buffer_bytes_cap = %zu is too small: the CUDA backend needs %zu bytes for %d "
                     "ranks x %d tokens of %zu-byte rows",
                     cfg.buffer_bytes_cap, buffer_bytes_, R, cfg.max_tokens_per_rank, row_stride_);
-  EP_INFO(kSubsysInit, "cuda backend: device %d, %d channels, dispatch warps %d+%d, combine warps %d+%d, buffer %zu bytes",
-          dev_, channels_, send_warps_, recv_warps_, push_warps_, reduce_warps_, buffer_bytes_);
+  EP_INFO(kSubsysInit, "cuda backend: device %d, %d channels, dispatch warps %d+%d (chunk %d tokens), combine warps %d+%d, buffer %zu bytes",
+          dev_, channels_, send_warps_, recv_warps_, chunk_tokens_, push_warps_, reduce_warps_, buffer_bytes_);
 
   // Register, exchange, map.
   std::vector<char> handles(size_t(R) * EP_TRANSPORT_HANDLE_BYTES, 0);
@@ -506,6 +511,7 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
   p.capacity_mode = capacity_mode ? 1 : 0;
   p.send_warps = send_warps_;
   p.recv_warps = recv_warps_;
+  p.chunk_tokens = chunk_tokens_;
   CUDACHECK(cudaError_t(cuda::launchDispatch(p, channels_, s)));
   if (too_small)
     return setError(comm_, epInvalidArgument,

@@ -138,6 +138,7 @@ struct DispatchParams {
   int drop;           // the host knows the rows do not fit: move nothing into recv_*
   int capacity_mode;  // NO_HOST_SYNC: mark unused rows, write num_recv on the device
   int send_warps, recv_warps;
+  int chunk_tokens;   // tokens between two progress signals of a channel
 };
 
 struct CombineParams {

@@ -24,8 +24,6 @@ namespace ep {
 namespace cuda {
 namespace {
 
-constexpr int kChunkTokens = 16;
-
 // Copies row_bytes (multiple of 16) from src to the destinations in dmask
 // (warp-uniform); lane d holds destination d's pointer in my_dst. kU 16-byte
 // loads per lane are in flight per pass (the copies are load-latency bound).
@@ -104,8 +102,8 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
       dst_first = hs->dst_base[lane];
     }
     const int SW = p.send_warps;
-    for (int a = t0; a < t1; a += kChunkTokens) {
-      const int b = min(a + kChunkTokens, t1);
+    for (int a = t0; a < t1; a += p.chunk_tokens) {
+      const int b = min(a + p.chunk_tokens, t1);
       int t = a + warp;
       int v = (t < b && lane < R) ? tp[size_t(t) * R + lane] : 0;
       for (; t < b; t += SW) {
