@@ -10,7 +10,8 @@
 #     REV           a git revision (branch, tag, sha), WORKTREE (the working
 #                   tree as it is, uncommitted changes included), or dir:PATH
 #                   (a source tree exported elsewhere, e.g. with git archive,
-#                   where this checkout has no git history)
+#                   where this checkout has no git history), or lib:PATH (a
+#                   libmoeep.so built elsewhere: PATH is its directory)
 #     --ll          low-latency kernel times and per-call figures
 #                   (gpu_ll_test --bench, EP_CUDA_LL_TIMING=1); the default
 #     --ht ARGS     the high-throughput benchmark (gpu_bench ARGS --no-nccl)
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     --ht) ht="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --build-only) build_only=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) echo "ab.sh: unknown option $1" >&2; exit 2 ;;
     *) revs+=("$1") ;;
   esac
@@ -48,7 +49,16 @@ mkdir -p "$WORK" "$LOGS" build/tests
 # The tree of each revision under $WORK/<name>, built there.
 names=()
 for rev in "${revs[@]}"; do
-  if [ "$rev" = WORKTREE ]; then
+  if [ "${rev#lib:}" != "$rev" ]; then
+    src="${rev#lib:}"
+    [ -f "$src/libmoeep.so" ] || { echo "ab.sh: no libmoeep.so in $src" >&2; exit 2; }
+    name="lib-$(basename "$src")"
+    rm -rf "$WORK/$name" && mkdir -p "$WORK/$name/build/lib"
+    cp -a "$src"/libmoeep.so* "$WORK/$name/build/lib/"
+    echo "== prebuilt $rev ($name)"
+    names+=("$name")
+    continue
+  elif [ "$rev" = WORKTREE ]; then
     name=worktree
     rm -rf "$WORK/$name" && mkdir -p "$WORK/$name"
     git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -C "$WORK/$name" -xf -
