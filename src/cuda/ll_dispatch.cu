@@ -180,25 +180,26 @@ __device__ __forceinline__ void loadIdRound(const LLDispatchParams& p, int t0, i
   }
 }
 
-// For experts e = blockIdx.x + b * gridDim.x, numbers the (token, k) pairs
-// that chose e in (token, k) order — the receiver's slot order within a
-// source, as the host backend — and sends the count to e's rank. `first_ids`
-// holds the first round's ids (loaded before the caller's stores).
-__device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, const long long (&first_ids)[kIdRegs]) {
+// Numbering block `nb` of `G`: for experts e = nb + b * G, numbers the
+// (token, k) pairs that chose e in (token, k) order — the receiver's slot
+// order within a source, as the host backend — and sends the count to e's
+// rank. `first_ids` holds the first round's ids (loaded at kernel start).
+__device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, int nb, int G,
+                                            const long long (&first_ids)[kIdRegs]) {
   const LLView& v = p.v;
-  const int K = p.num_topk, T = p.num_tokens, E = v.num_experts, L = v.local_experts, G = gridDim.x;
+  const int K = p.num_topk, T = p.num_tokens, E = v.num_experts, L = v.local_experts;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ int s_ids[kIdStage];
   __shared__ int s_run[kBlockExperts];
   const int tok_per_round = kIdStage / K;
-  for (int first = blockIdx.x; first < E; first += G * kBlockExperts) {
+  for (int first = nb; first < E; first += G * kBlockExperts) {
     const int nbe = min(kBlockExperts, (E - first + G - 1) / G);
     __syncthreads();  // s_run / s_ids of the previous batch are no longer read
     if (threadIdx.x < nbe) s_run[threadIdx.x] = 0;
     for (int t0 = 0; t0 < T; t0 += tok_per_round) {
       const int nt = min(tok_per_round, T - t0);
       long long ids[kIdRegs];
-      if (first == int(blockIdx.x) && t0 == 0) {
+      if (first == nb && t0 == 0) {
 #pragma unroll
         for (int q = 0; q < kIdRegs; q++) ids[q] = first_ids[q];
       } else {
@@ -239,22 +240,40 @@ __device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, 
   }
 }
 
+// Blocks that number (the others send rows; with fewer than 4 blocks every
+// block does both): enough for one expert per warp, at most half the grid.
+__device__ __forceinline__ int numberingBlocks(const LLView& v) {
+  const int G = gridDim.x;
+  if (G < 4) return 0;
+  return min((v.num_experts + kWarps - 1) / kWarps, G / 2);
+}
+
 // The send half; `pair` was read from v.local->pairs at kernel start (it is
 // bumped by the last block to finish this phase, after every block read it).
+// The numbering and the rows run in different blocks, side by side (measured:
+// in the same blocks, one after the other, the numbering added ~3 us at 128
+// tokens).
 __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uint64_t pair) {
   const LLView& v = p.v;
   const int set = int(pair & 1u);
   const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
-  int lo, hi;
-  llBlockRange(p.num_tokens, lo, hi);
-  // Loads first: the first token group and the first numbering round.
+  const int NB = numberingBlocks(v), G = gridDim.x, b = blockIdx.x;
+  const bool numbers = NB == 0 || b < NB;
+  const bool rows = NB == 0 || b >= NB;
+  int lo = 0, hi = 0;
+  if (rows) {
+    const int rb = NB == 0 ? b : b - NB, RG = NB == 0 ? G : G - NB;
+    lo = int((long long)p.num_tokens * rb / RG);
+    hi = int((long long)p.num_tokens * (rb + 1) / RG);
+  }
+  // Loads first: the first token group, or the first numbering round.
   TokenLoads tl;
-  loadTokens(p, lo, min(kTokGroup, hi - lo), tl);
+  if (hi > lo) loadTokens(p, lo, min(kTokGroup, hi - lo), tl);
   long long first_ids[kIdRegs];
-  loadIdRound(p, 0, min(kIdStage / p.num_topk, p.num_tokens), first_ids);
+  if (numbers) loadIdRound(p, 0, min(kIdStage / p.num_topk, p.num_tokens), first_ids);
   // Pair - 2 used this set: every peer must have finished its combine send of it.
   if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
-  if (blockIdx.x == 0) {
+  if (b == 0) {
     if (threadIdx.x < v.nranks) llCtrl(v, threadIdx.x)->ntok[set][v.rank] = uint32_t(p.num_tokens);
     if (threadIdx.x == 0) {
       p.hd->pair = pair;
@@ -262,9 +281,7 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
     }
   }
   __shared__ unsigned s_mask[kTokGroup];
-  // The numbering first: its ids are loaded at kernel start (measured: after
-  // the rows, the send half took ~1 us longer at 128 tokens).
-  numberPairs(p, set, first_ids);
+  if (numbers) numberPairs(p, set, b, NB == 0 ? G : NB, first_ids);
   llMark(v, pair, kLLKindDispatch, 0);  // numbers and counts stored
   for (int t0 = lo; t0 < hi; t0 += kTokGroup) {
     const int n = min(kTokGroup, hi - t0);
