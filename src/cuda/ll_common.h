@@ -39,6 +39,7 @@
 // can be in flight, a third waits for the first.
 //
 // Every kernel spreads its work over all blocks in (row, 16-byte piece) units
+// (the dispatch send gives the numbering blocks of its own, beside the rows)
 // and issues the loads a step needs before it stores anything, so that a call
 // of one token costs a few memory round trips, not one per piece of a row.
 #pragma once
@@ -72,7 +73,7 @@ enum LLKernelKind { kLLKindDispatch = 0, kLLKindDispatchRecv = 1, kLLKindCombine
 constexpr int kLLKinds = 4;
 constexpr int kLLTimingSlots = 256;
 // Phase marks per kernel kind (llMark): when the latest block passed
-//   dispatch send: 0 numbered, 1 rows stored, 2 signalled;
+//   dispatch send: 0 numbered (the numbering blocks), 1 rows stored, 2 signalled;
 //   dispatch receive (either kind): 4 arrived, 5 bases staged, 6 slots of the
 //     first record group, 7 rows copied;
 //   combine send: 0 first headers read, 1 first group listed, 2 sums stored,

@@ -1,11 +1,14 @@
 // Low-latency dispatch kernels (see ll_common.h for who writes what).
 //
-// Send, in every block:
-//   1. its share of the experts: warp per expert numbers the (token, k) pairs
-//      that chose it, in token order, from ids staged in shared memory, and
-//      writes the numbers into the records and the count into the expert's rank;
-//   2. its share of the tokens: warp per token reads the expert ids, works out
-//      the destination ranks and writes the record headers; then the rows, as
+// Send, side by side in two groups of blocks (numberingBlocks; a grid of
+// fewer than 4 blocks does both in every block, one after the other):
+//   1. numbering blocks, a share of the experts each: warp per expert numbers
+//      the (token, k) pairs that chose it, in token order, from ids staged in
+//      shared memory, and writes the numbers into the records and the count
+//      into the expert's rank;
+//   2. row blocks, a share of the tokens each: warp per token reads the
+//      expert ids, works out the destination ranks and writes the record
+//      headers; then the rows, as
 //      16-byte pieces spread over all threads with kInFlight loads in flight
 //      each, quantised once (FP8: a scale per 128 values, each 16-lane half-warp
 //      owning one block) and stored into landing[me][t] of every destination —
@@ -281,8 +284,10 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
     }
   }
   __shared__ unsigned s_mask[kTokGroup];
-  if (numbers) numberPairs(p, set, b, NB == 0 ? G : NB, first_ids);
-  llMark(v, pair, kLLKindDispatch, 0);  // numbers and counts stored
+  if (numbers) {
+    numberPairs(p, set, b, NB == 0 ? G : NB, first_ids);
+    llMark(v, pair, kLLKindDispatch, 0);  // numbers and counts stored
+  }
   for (int t0 = lo; t0 < hi; t0 += kTokGroup) {
     const int n = min(kTokGroup, hi - t0);
     __syncthreads();  // the wait above; s_mask of the previous group is no longer read
