@@ -74,6 +74,8 @@ if [ "${EP_GPU_BENCH:-1}" != 0 ]; then
       grep "kernel time" | tee "$LOGS/gpu_ll_kernel_time.log"
     "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 tests/gpu/ll_floor.cu -o "$BUILD/tests/ll_floor" &&
       timeout 120 "$BUILD/tests/ll_floor" 2>&1 | tee "$LOGS/ll_floor.log"
+    "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 tests/gpu/ll_probe.cu -o "$BUILD/tests/ll_probe" &&
+      timeout 120 "$BUILD/tests/ll_probe" 2>&1 | tee "$LOGS/ll_probe.log"
   fi
   NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
   [ -n "$NCCL_DIR" ] && [ -f "$NCCL_DIR/libnccl.so.2" ] && export EP_BENCH_NCCL_LIB="$NCCL_DIR/libnccl.so.2"
