@@ -282,7 +282,7 @@ int caseMissingRank() {
     long ms = msSince(t0);
     const char* msg = ep::threadLastError();
     CHECK(res == epTimeout, "rank %d: got %d (%s)", rank, res, msg);
-    CHECK(ms >= 1300 && ms <= 2800, "rank %d: timeout after %ld ms, want ~1500", rank, ms);
+    CHECK(ms >= 1300 && ms <= 5000, "rank %d: timeout after %ld ms, want ~1500", rank, ms);  // slack for a loaded machine
     CHECK(contains(msg, "rank 2 of 3 did not arrive within 1500 ms"), "rank %d: message \"%s\"", rank, msg);
     return 0;
   };
@@ -306,7 +306,7 @@ int caseAbortInit() {
   long ms = msSince(t0);
   setter.join();
   CHECK(res == epAborted, "got %d (%s)", res, ep::threadLastError());
-  CHECK(ms >= 250 && ms < 800, "abort took %ld ms", ms);
+  CHECK(ms >= 250 && ms < 4000, "abort took %ld ms", ms);  // well before the timeout
   CHECK(b == nullptr, "no bootstrap on failure");
   return 0;
 }
@@ -349,7 +349,7 @@ int caseRootUnreachable() {
   long ms = msSince(t0);
   const char* msg = ep::threadLastError();
   CHECK(res == epTimeout, "got %d (%s)", res, msg);
-  CHECK(ms >= 650 && ms < 1500, "took %ld ms", ms);
+  CHECK(ms >= 650 && ms < 3000, "took %ld ms", ms);  // slack for a loaded machine
   CHECK(contains(msg, "root at 127.0.0.1:"), "message \"%s\"", msg);
   return 0;
 }
@@ -367,7 +367,7 @@ int caseRingTimeout() {
                             epResult_t res = ep::bootstrapAllGather(b, v, sizeof(int));
                             long ms = msSince(t0);
                             CHECK(res == epTimeout, "got %d (%s)", res, ep::threadLastError());
-                            CHECK(ms >= 900 && ms < 1800, "took %ld ms", ms);
+                            CHECK(ms >= 900 && ms < 3500, "took %ld ms", ms);  // before the peer leaves
                             CHECK(contains(ep::threadLastError(), "rank 1 did not answer the allgather"),
                                   "message \"%s\"", ep::threadLastError());
                             CHECK(ep::bootstrapBarrier(b) == epRemoteError, "broken ring not reported");
@@ -378,7 +378,8 @@ int caseRingTimeout() {
                             ep::Bootstrap* b = nullptr;
                             CHECK(ep::bootstrapInit(id, 1, 2, 1000, nullptr, nullptr, &b) == epSuccess, "%s",
                                   ep::threadLastError());
-                            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+                            // Leaves well after rank 0's 1 s timeout, even on a loaded machine.
+                            std::this_thread::sleep_for(std::chrono::milliseconds(4000));
                             ep::bootstrapClose(b);
                             return 0;
                           }});
@@ -403,7 +404,7 @@ int caseAbortRing() {
                             long ms = msSince(t0);
                             aborter.join();
                             CHECK(res == epAborted, "got %d (%s)", res, ep::threadLastError());
-                            CHECK(ms >= 250 && ms < 800, "abort took %ld ms", ms);
+                            CHECK(ms >= 250 && ms < 4000, "abort took %ld ms", ms);  // well before the timeout
                             CHECK(ep::bootstrapBarrier(b) == epAborted, "later call not aborted");
                             ep::bootstrapClose(b);
                             return 0;

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm.h"
 #include "common.h"
 
 namespace {
@@ -39,8 +40,13 @@ struct Rank {
   }
 };
 
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Rank 0's dispatch in a thread of its own; start() returns once it is
-// surely blocked waiting for rank 1, finish() joins it.
+// inside the call (the communicator's busy flag is set) and, after a pause,
+// still blocked waiting for rank 1; finish() joins it.
 struct BlockedDispatch {
   Rank rank;
   std::atomic<int> result{-1};
@@ -51,7 +57,12 @@ struct BlockedDispatch {
       epDispatchArgs_t a = rank.args();
       result = epDispatch(comm, &a, &handle, nullptr);
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // A loaded machine may start the thread late: wait for the flag, not a fixed time.
+    const auto start = std::chrono::steady_clock::now();
+    while (comm->collective_busy.load() == 0 && result.load() == -1 && secondsSince(start) < 10.0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    assert_int_equal(comm->collective_busy.load(), 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     assert_int_equal(result.load(), -1);  // still waiting for rank 1
   }
   int finish() {
@@ -64,10 +75,6 @@ struct BlockedDispatch {
 void initTwoRanks(epComm_t comms[2]) {
   epConfig_t cfg = config();
   assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
-}
-
-double secondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Rank 0 blocked in a dispatch while `during` runs (on this thread); then
