@@ -150,6 +150,9 @@ int main(int argc, char** argv) {
         {48, 32, 32 * R, 33, std::vector<int>(R, 33), false, false, false},
         {1040, 32, 36 * R, 256, std::vector<int>(R, 200), true, false, false},
         {5120, 6, 8 * R, 1024, std::vector<int>(R, 1000), true, true, false},
+        // More (source, expert) counts than a block stages (R * L > 4096) and
+        // more experts than the numbering blocks take in one batch.
+        {128, 8, 2304 * R, 64, std::vector<int>(R, 60), true, false, false},
     };
     std::vector<int> zero(R, 40);
     zero[0] = 0;  // rank 0 sends nothing
