@@ -6,7 +6,8 @@
 # revision in turn, `--rounds` times interleaved (A B C A B C ...), so that
 # drift of the machine shows as spread within a revision, not as a difference.
 #
-#   tests/gpu/ab.sh [--ll] [--ht "GPU_BENCH ARGS"] [--rounds N] [--build-only] REV...
+#   tests/gpu/ab.sh [--ll] [--ht "GPU_BENCH ARGS"] [--rounds N] [--check full|small]
+#                   [--budget SECONDS] [--build-only] REV...
 #     REV           a git revision (branch, tag, sha), WORKTREE (the working
 #                   tree as it is, uncommitted changes included), or dir:PATH
 #                   (a source tree exported elsewhere, e.g. with git archive,
@@ -16,6 +17,10 @@
 #                   (gpu_ll_test --bench, EP_CUDA_LL_TIMING=1); the default
 #     --ht ARGS     the high-throughput benchmark (gpu_bench ARGS --no-nccl)
 #     --rounds N    runs per revision (default 2)
+#     --check small the tests with --small (gpu_ll_test: a few shapes, EP1 and
+#                   EP2; gpu_test: EP1 only) instead of all their cases
+#     --budget S    start no run after S seconds from the start (what ran is
+#                   reported; a command limit then cuts nothing half-done)
 #     --build-only  build everything, run nothing (works without a GPU)
 # Every revision must pass gpu_ll_test (or gpu_test for --ht) before it is
 # timed; a revision that fails is reported and skipped. Logs: $OUT or
@@ -29,20 +34,34 @@ WORK=${AB_WORK:-/tmp/moeep-ab}
 LOGS=${OUT:-$ROOT/build/ab-logs}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-ll=0 ht="" rounds=2 build_only=0 revs=()
+ll=0 ht="" rounds=2 build_only=0 check=full budget=0 revs=()
+START=$(date +%s)
 while [ $# -gt 0 ]; do
   case "$1" in
     --ll) ll=1 ;;
     --ht) ht="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
+    --check) check="$2"; shift ;;
+    --budget) budget="$2"; shift ;;
     --build-only) build_only=1 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     -*) echo "ab.sh: unknown option $1" >&2; exit 2 ;;
     *) revs+=("$1") ;;
   esac
   shift
 done
 [ ${#revs[@]} -ge 1 ] || { echo "ab.sh: name at least one revision (see --help)" >&2; exit 2; }
+case "$check" in full) check_arg="" ;; small) check_arg="--small" ;;
+  *) echo "ab.sh: --check full or small, not $check" >&2; exit 2 ;; esac
+case "$budget" in ''|*[!0-9]*) echo "ab.sh: --budget takes whole seconds, not $budget" >&2; exit 2 ;; esac
+# True while the budget (if any) allows another run; says so once when spent.
+within_budget() {
+  [ "$budget" = 0 ] && return 0
+  [ $(( $(date +%s) - START )) -lt "$budget" ] && return 0
+  [ -z "${budget_said:-}" ] && echo "== budget of $budget s spent: the remaining runs are skipped"
+  budget_said=1
+  return 1
+}
 [ -n "$ht" ] || ll=1
 mkdir -p "$WORK" "$LOGS" build/tests
 
@@ -97,13 +116,16 @@ nvidia-smi -L >/dev/null 2>&1 || { echo "ab.sh: no GPU visible (--build-only bui
 # Correctness first.
 ok=()
 for name in "${names[@]}"; do
+  within_budget || break
   lib="$WORK/$name/build/lib"
   good=1
   if [ $ll = 1 ]; then
-    LD_LIBRARY_PATH="$lib" timeout 300 build/tests/ab_ll_test >"$LOGS/check-ll-$name.log" 2>&1 || good=0
+    # shellcheck disable=SC2086
+    LD_LIBRARY_PATH="$lib" timeout 300 build/tests/ab_ll_test $check_arg >"$LOGS/check-ll-$name.log" 2>&1 || good=0
   fi
   if [ -n "$ht" ]; then
-    LD_LIBRARY_PATH="$lib" timeout 540 build/tests/ab_test >"$LOGS/check-ht-$name.log" 2>&1 || good=0
+    # shellcheck disable=SC2086
+    LD_LIBRARY_PATH="$lib" timeout 540 build/tests/ab_test $check_arg >"$LOGS/check-ht-$name.log" 2>&1 || good=0
   fi
   if [ $good = 1 ]; then ok+=("$name"); else echo "== $name: FAILED its tests (logs in $LOGS), not timed"; fi
 done
@@ -111,6 +133,7 @@ done
 # Interleaved timing.
 for round in $(seq 1 "$rounds"); do
   for name in "${ok[@]}"; do
+    within_budget || break 2
     lib="$WORK/$name/build/lib"
     if [ $ll = 1 ]; then
       echo "== round $round $name: low latency"
