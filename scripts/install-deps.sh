@@ -3,7 +3,7 @@
 # Used by the README's test command and by .ci/run, so both stay in step.
 set -euo pipefail
 PKGS=(build-essential pkg-config libcmocka-dev openmpi-bin libopenmpi-dev
-      abigail-tools libhwloc-dev hwloc libibverbs-dev)
+      abigail-tools libhwloc-dev hwloc libibverbs-dev python3)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -32,6 +32,8 @@ run "bootstrap selftest" timeout 300 "$BUILD/tests/bootstrap_selftest"
 
 # --- install + pkg-config: a C program links against the installed library
 run "install + pkg-config" bash tests/install_check.sh "$BUILD"
+# --- the C ABI from Python through ctypes alone: two ranks, dispatch + combine, an error
+run "python ctypes" timeout 120 python3 tests/ffi/ctypes_check.py "$BUILD/lib/libmoeep.so"
 
 # --- multi-process, MPI-free launcher: 1, 2, 3 and 4 ranks on random shapes
 for n in 1 2 3 4; do
