@@ -18,16 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_check.h"
 #include "moeep.h"
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
-      exit(2);                                                                                  \
-    }                                                                                           \
-  } while (0)
 #define EK(comm, x)                                                                              \
   do {                                                                                           \
     epResult_t r_ = (x);                                                                         \

@@ -14,14 +14,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
+#include "cuda_check.h"
 
 struct Peers {
   unsigned long long* ctr[2];  // counters [src] on each GPU

@@ -19,14 +19,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      fprintf(stderr, "%s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
+#include "cuda_check.h"
 
 enum LoadKind { kWeak, kWeakNoL1, kRelaxedGpu, kAcquireGpu, kAcquireSys, kKinds };
 const char* const kKindNames[kKinds] = {"weak", "weak, L1::no_allocate", "ld.relaxed.gpu", "ld.acquire.gpu",
