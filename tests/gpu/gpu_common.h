@@ -679,14 +679,14 @@ inline double percentile(std::vector<float> v, double q) {
 }
 
 // Latency of dispatch and combine inside one CUDA graph of `layers` layers
-// (EP R on GPUs 0..R-1, 128 max tokens, hidden 7168, top-8 of 288, FP8 wire,
-// `tokens` per rank). Prints, per rank, per-call medians and p99 (events around
+// (EP R on GPUs 0..R-1, max(128, tokens) max tokens, hidden 7168, top-8 of
+// 288, FP8 wire, `tokens` per rank). Prints, per rank, per-call medians and p99 (events around
 // each call), the replay time per layer of a graph without events, DeepEP's
 // accounting (bytes of (token, expert) pairs) and the physical bytes: one
 // record per (token, destination rank) for dispatch, one float32 row per
 // (token, rank) for combine, counted for the other ranks only (over NVLink).
 inline void bench(int R, int tokens, bool split) {
-  Shape s{7168, 8, 288, 128, std::vector<int>(R, tokens), true, false, split};
+  Shape s{7168, 8, 288, std::max(128, tokens), std::vector<int>(R, tokens), true, false, split};
   std::vector<RankData> in(R);
   std::vector<GpuRank> g(R);
   std::vector<epComm_t> comms(R);

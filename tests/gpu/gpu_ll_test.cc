@@ -6,6 +6,8 @@
 //                          and replayed on new data, ranks sending 0 tokens
 //   gpu_ll_test --bench    latency per call (median / p99 over >= 100 calls,
 //                          inside a CUDA graph), EP = number of visible GPUs
+//   gpu_ll_test --bench-tokens N[,N...]
+//                          the same for N tokens per rank (unsplit calls only)
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -123,6 +125,19 @@ int main(int argc, char** argv) {
   const int Rmax = std::min(ndev, 8);
   if (do_bench) {
     ll::benchStandard(Rmax);
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[1]) == "--bench-tokens") {
+    for (const char* q = argv[2]; *q;) {
+      const int n = atoi(q);
+      if (n < 1 || n > 4096) {
+        fprintf(stderr, "gpu_ll_test: --bench-tokens takes counts in 1..4096\n");
+        return 2;
+      }
+      ll::bench(Rmax, n, false);
+      while (*q && *q != ',') q++;
+      if (*q == ',') q++;
+    }
     return 0;
   }
   int failed = 0, passed = 0;
