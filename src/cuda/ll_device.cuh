@@ -40,11 +40,13 @@ __device__ __forceinline__ int32_t* llCounts(const LLView& v, int r, int set) {
   return reinterpret_cast<int32_t*>(llSet(v, r, set) + v.cnt_off);
 }
 
-// This block's share [lo, hi) of n items, contiguous and balanced.
-__device__ __forceinline__ void llBlockRange(int n, int& lo, int& hi) {
-  lo = int((long long)n * blockIdx.x / gridDim.x);
-  hi = int((long long)n * (blockIdx.x + 1) / gridDim.x);
+// Share i of `parts` of n items: [lo, hi), contiguous and balanced.
+__device__ __forceinline__ void llShare(int n, unsigned i, unsigned parts, int& lo, int& hi) {
+  lo = int((long long)n * i / parts);
+  hi = int((long long)n * (i + 1) / parts);
 }
+// This block's share of n items.
+__device__ __forceinline__ void llBlockRange(int n, int& lo, int& hi) { llShare(n, blockIdx.x, gridDim.x, lo, hi); }
 
 // base[0..R]: prefix sums of the token counts that threads < R hold in `n`.
 __device__ __forceinline__ void llPrefix(int* base, int R, int n) {

@@ -264,11 +264,7 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
   const bool numbers = NB == 0 || b < NB;
   const bool rows = NB == 0 || b >= NB;
   int lo = 0, hi = 0;
-  if (rows) {
-    const int rb = NB == 0 ? b : b - NB, RG = NB == 0 ? G : G - NB;
-    lo = int((long long)p.num_tokens * rb / RG);
-    hi = int((long long)p.num_tokens * (rb + 1) / RG);
-  }
+  if (rows) llShare(p.num_tokens, b - NB, G - NB, lo, hi);  // NB == 0: every block
   // Loads first: the first token group, or the first numbering round.
   TokenLoads tl;
   if (hi > lo) loadTokens(p, lo, min(kTokGroup, hi - lo), tl);

@@ -87,13 +87,7 @@ constexpr size_t kRowBytes = kHidden * 2;  // bf16
 epComm_t g_comm = nullptr;
 
 epConfig_t testConfig() {
-  epConfig_t c = EP_CONFIG_INITIALIZER;
-  c.num_experts = kExperts;
-  c.hidden = kHidden;
-  c.max_tokens_per_rank = kMaxTokens;
-  c.max_topk = kMaxTopk;
-  c.backend = epBackendHost;
-  c.timeout_ms = 20000;
+  epConfig_t c = eptest::hostConfig(kExperts, kHidden, kMaxTokens, kMaxTopk);
   c.max_nodes_per_token = 1;  // declared node-limited routing: one rank is one node
   return c;
 }
