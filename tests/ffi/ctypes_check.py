@@ -58,8 +58,9 @@ def config(lib_hidden):
     cfg.num_experts, cfg.hidden, cfg.max_tokens_per_rank, cfg.max_topk = 8, lib_hidden, 16, 2
     cfg.dispatch_type = cfg.combine_type = EP_BFLOAT16
     cfg.backend, cfg.device = EP_BACKEND_HOST, -1
-    for name, _ in Config._fields_[16:]:
-        setattr(cfg, name, -1)
+    for name, _ in Config._fields_:
+        if name.startswith("ib_"):  # -1: not set (EP_CONFIG_INITIALIZER)
+            setattr(cfg, name, -1)
     return cfg
 
 

@@ -165,7 +165,7 @@ int main() {
   // The same memory, chain written by GPU 1 over NVLink just before; first run only.
   const Chain landed = makeChain(small0, 4096, 256, 1);
   chase<kRelaxedGpu>("chain the peer just wrote over NVLink, first read", landed, kFirst);
-  makeChain(small0, 4096, 256, 1);
+  makeChain(small0, 4096, 256, 1);  // written by the peer again: the first read once more
   chase<kWeakNoL1>("chain the peer just wrote over NVLink, first read", landed, kFirst);
 
   // A chain in GPU 1's memory, read by GPU 0 over NVLink.
