@@ -6,7 +6,12 @@
 // one block, (d) as (a) but alternating 29 KB and 8 KB of static shared
 // memory (as the dispatch and combine kernels do), (e) and (f): (a) and (b)
 // launched with programmatic dependent launch (the kernel waits for the
-// previous grid with griddepcontrol.wait).
+// previous grid with griddepcontrol.wait), (g)-(i): other ways to signal
+// (b)'s arrival: (g) block b adds to counter b % 8 of its source, each in a
+// cache line of its own (reductions spread over L2 slices), (h) only the
+// last block of a GPU to finish adds (one reduction per GPU pair; the blocks
+// count themselves in local memory first), (i) as (b) with relaxed
+// reductions (what the release costs).
 // Build: nvcc -O2 -arch=sm_90 tests/gpu/ll_floor.cu -o build/ll_floor
 #include <cuda_runtime.h>
 
@@ -20,6 +25,10 @@ struct Peers {
   unsigned long long* ctr[2];  // counters [src] on each GPU
   int me, n;
 };
+
+constexpr int kLanes = 8;         // (g): counters per source
+constexpr int kLaneStride = 16;   // u64 per counter: one 128-byte line each
+constexpr int kLocalCount = 512;  // (h): u64 index of the local block count
 
 __global__ void emptyKernel() {}
 __global__ void emptyPdlKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -48,6 +57,70 @@ __global__ void signalWaitKernel(Peers p, unsigned long long round, int pdl) {
   __syncthreads();
 }
 
+// (g): block b adds to counter lane b % kLanes; threads [src * kLanes, +kLanes) wait on src's lanes.
+__global__ void signalSpreadKernel(Peers p, unsigned long long round) {
+  __syncthreads();
+  const int lane = blockIdx.x % kLanes;
+  if (threadIdx.x < p.n) {
+    unsigned long long* c = p.ctr[threadIdx.x] + (p.me * kLanes + lane) * kLaneStride;
+    asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+  }
+  if (threadIdx.x < p.n * kLanes) {
+    const int l = threadIdx.x % kLanes;
+    const unsigned long long per_round = gridDim.x / kLanes + (l < int(gridDim.x % kLanes) ? 1 : 0);
+    const unsigned long long* mine = p.ctr[p.me] + threadIdx.x * kLaneStride;
+    unsigned long long got;
+    do {
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(mine) : "memory");
+    } while (got < round * per_round);
+  }
+  __syncthreads();
+}
+
+// (h): each block counts itself on its own GPU (release at system scope, so
+// that its stores are visible to the peers before the count); the last one
+// adds 1 to every GPU's counter [me].
+__global__ void signalLastKernel(Peers p, unsigned long long round) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long old;
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;"
+                 : "=l"(old) : "l"(p.ctr[p.me] + kLocalCount) : "memory");
+    last = old == round * gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x < p.n) {
+    unsigned long long* c = p.ctr[threadIdx.x] + p.me;
+    asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+  }
+  if (threadIdx.x < p.n) {
+    const unsigned long long* mine = p.ctr[p.me] + threadIdx.x;
+    unsigned long long got;
+    do {
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(mine) : "memory");
+    } while (got < round);
+  }
+  __syncthreads();
+}
+
+// (i): (b) with relaxed reductions.
+__global__ void signalRelaxedKernel(Peers p, unsigned long long round) {
+  __syncthreads();
+  if (threadIdx.x < p.n) {
+    unsigned long long* c = p.ctr[threadIdx.x] + p.me;
+    asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+    const unsigned long long target = round * gridDim.x;
+    const unsigned long long* mine = p.ctr[p.me] + threadIdx.x;
+    unsigned long long got;
+    do {
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(mine) : "memory");
+    } while (got < target);
+  }
+  __syncthreads();
+}
+
 int main() {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
@@ -59,18 +132,18 @@ int main() {
   for (int d = 0; d < 2; d++) {
     CK(cudaSetDevice(d));
     CK(cudaDeviceEnablePeerAccess(1 - d, 0));
-    CK(cudaMalloc(&ctr[d], 64));
-    CK(cudaMemset(ctr[d], 0, 64));
+    CK(cudaMalloc(&ctr[d], 8192));
+    CK(cudaMemset(ctr[d], 0, 8192));
   }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int variant = 0; variant < 6; variant++) {
+  for (int variant = 0; variant < 9; variant++) {
     const int blocks = variant == 2 ? 1 : sms;
     float per_kernel[2] = {0, 0};
     // Counter rounds go on from the previous variant: reset both first.
     for (int d = 0; d < 2; d++) {
       CK(cudaSetDevice(d));
-      CK(cudaMemset(ctr[d], 0, 64));
+      CK(cudaMemset(ctr[d], 0, 8192));
       CK(cudaDeviceSynchronize());
     }
     std::vector<std::thread> th;
@@ -91,6 +164,9 @@ int main() {
             if (variant == 0) emptyKernel<<<blocks, 256, 0, s>>>();
             else if (variant == 3 && (k & 1)) smemKernel<8192><<<blocks, 256, 0, s>>>(sink);
             else if (variant == 3) smemKernel<29696><<<blocks, 256, 0, s>>>(sink);
+            else if (variant == 6) signalSpreadKernel<<<blocks, 256, 0, s>>>(p, ++round);
+            else if (variant == 7) signalLastKernel<<<blocks, 256, 0, s>>>(p, ++round);
+            else if (variant == 8) signalRelaxedKernel<<<blocks, 256, 0, s>>>(p, ++round);
             else if (variant >= 4) {
               cudaLaunchConfig_t cfg = {};
               cudaLaunchAttribute attr[1];
@@ -128,7 +204,9 @@ int main() {
       });
     for (auto& t : th) t.join();
     const char* names[] = {"empty kernel", "signal + wait, one block per SM", "signal + wait, 1 block",
-                           "empty, 29 KB / 8 KB shared alternating", "empty, PDL", "signal + wait, PDL"};
+                           "empty, 29 KB / 8 KB shared alternating", "empty, PDL", "signal + wait, PDL",
+                           "signal + wait, 8 spread counters", "signal + wait, last block signals",
+                           "signal + wait, relaxed reductions"};
     printf("ll_floor: %-40s %d blocks: %.2f / %.2f us per kernel (GPU 0 / 1)\n", names[variant], blocks,
            per_kernel[0], per_kernel[1]);
   }
