@@ -29,6 +29,15 @@ struct RecordLoads {
   float w[kHdrPerWarp];
 };
 
+// The send's record order: the flat (source, token) order rotated to begin
+// after this rank's own records, so that the records whose sums cross the
+// link come first and go to the blocks that start first (block b's share is
+// contiguous in this order); the own records, local stores, come last.
+__device__ __forceinline__ int sendOrder(const LLView& v, const int* src_base, int c) {
+  const int n = src_base[v.nranks], c2 = c + src_base[v.rank + 1];
+  return c2 >= n ? c2 - n : c2;
+}
+
 __device__ __forceinline__ void loadRecords(const LLView& v, int set, const int* src_base, int c0, int n,
                                             RecordLoads& rl) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -36,7 +45,7 @@ __device__ __forceinline__ void loadRecords(const LLView& v, int set, const int*
   for (int m = 0; m < kHdrPerWarp; m++) {
     const int i = warp + m * kWarps;
     rl.h[m].tag = 0;
-    if (i < n) llLoadHeader(v, llRecordAt(v, set, src_base, c0 + i), lane, rl.h[m], &rl.w[m]);
+    if (i < n) llLoadHeader(v, llRecordAt(v, set, src_base, sendOrder(v, src_base, c0 + i)), lane, rl.h[m], &rl.w[m]);
   }
 }
 
@@ -86,7 +95,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
         s_w[i][idx] = rl.w[m];
       }
       if (lane == 0) {
-        const int c = c0 + i, s = llSourceOf(src_base, c);
+        const int c = sendOrder(v, src_base, c0 + i), s = llSourceOf(src_base, c);
         s_n[i] = __popc(local);
         s_dst[i] = llCombineRow(v, s, set, me, c - src_base[s]);
       }
