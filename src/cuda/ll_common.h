@@ -56,8 +56,11 @@ struct LLCtrl {
   uint64_t dsig[2][kMaxRanks];   // [set][source]: blocks of the source's dispatch sends
   uint64_t cdone[2][kMaxRanks];  // [set][rank]: blocks of the rank's combine sends
   uint64_t cfree[2][kMaxRanks];  // [set][rank]: blocks of the rank's combine receives
-  uint32_t ntok[2][kMaxRanks];   // [set][source]: tokens of the source's latest dispatch
+  uint32_t ntok[2][kMaxRanks];   // [set][source]: tokens of the source's latest dispatch, | kLLNtokFp8 for FP8 rows
 };
+// The wire type rides in ntok, which every receiving block reads anyway: a
+// receiver finds a source of the other type without loading anything more.
+constexpr uint32_t kLLNtokFp8 = 1u << 31;
 
 // Rank-private device counters.
 struct LLLocal {

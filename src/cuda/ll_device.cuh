@@ -8,7 +8,7 @@
 namespace ep {
 namespace cuda {
 
-enum LLWhat { kLLWhatFree = 20, kLLWhatDispatch = 21, kLLWhatCombine = 22, kLLWhatBadTopk = 23 };
+enum LLWhat { kLLWhatFree = 20, kLLWhatDispatch = 21, kLLWhatCombine = 22, kLLWhatBadTopk = 23, kLLWhatWire = 24 };
 
 __device__ __forceinline__ LLCtrl* llCtrl(const LLView& v, int r) { return reinterpret_cast<LLCtrl*>(v.bufs[r]); }
 

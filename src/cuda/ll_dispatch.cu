@@ -273,7 +273,8 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
   // Pair - 2 used this set: every peer must have finished its combine send of it.
   if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
   if (b == 0) {
-    if (threadIdx.x < v.nranks) llCtrl(v, threadIdx.x)->ntok[set][v.rank] = uint32_t(p.num_tokens);
+    if (threadIdx.x < v.nranks)
+      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = uint32_t(p.num_tokens) | (p.fp8 ? kLLNtokFp8 : 0u);
     if (threadIdx.x == 0) {
       p.hd->pair = pair;
       p.hd->num_tokens = p.num_tokens;
@@ -371,7 +372,18 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   __shared__ int src_base[kMaxRanks + 1];
   __shared__ int s_base[kStagedBases];
   llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
-  llPrefix(src_base, R, threadIdx.x < R ? int(llCtrl(v, v.rank)->ntok[set][threadIdx.x]) : 0);
+  int ntok = 0;
+  if (threadIdx.x < R) {
+    const uint32_t sent = llCtrl(v, v.rank)->ntok[set][threadIdx.x];
+    ntok = int(sent & ~kLLNtokFp8);
+    // Rows of another wire type than this rank asked for cannot be read as its
+    // rows: reported (at the next call), and the source's records not copied.
+    if (((sent & kLLNtokFp8) != 0) != (p.fp8 != 0)) {
+      if (blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);
+      ntok = 0;
+    }
+  }
+  llPrefix(src_base, R, ntok);
   llMark(v, pair, kind, 4);
   if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
   const bool staged = R * L <= kStagedBases;

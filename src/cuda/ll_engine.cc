@@ -195,6 +195,7 @@ const char* llWhatName(int what) {
     case 21: return "low-latency dispatch: waiting for a source's tokens";
     case 22: return "low-latency combine: waiting for a rank's partial sums";
     case 23: return "low-latency dispatch: an expert id is not -1 or in [0, num_experts)";
+    case 24: return "low-latency dispatch: a source sent another wire type";
     default: return "low-latency kernel";
   }
 }
@@ -208,6 +209,12 @@ epResult_t LLEngine::checkErrors(const char* fn) {
   const long long a = err_host_->a, b = err_host_->b;
   err_host_->code = 0;
   cudaMemset(&local_->err_claim, 0, sizeof(int));
+  if (what == 24)
+    return setError(comm_, epInvalidUsage,
+                    "%s: an earlier low-latency dispatch: rank %d sent %s rows and this rank asked for %s: wire_type "
+                    "must be the same on every rank",
+                    fn, peer, dataTypeName(a ? epFloat8E4M3 : epBfloat16),
+                    dataTypeName(b ? epFloat8E4M3 : epBfloat16));
   if (what == 23)
     return setError(comm_, epInvalidArgument, "%s: an earlier low-latency dispatch had topk_idx of token %lld = %lld: %s",
                     fn, a, b, llWhatName(what));

@@ -113,6 +113,59 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   return bad ? 1 : 0;
 }
 
+// Rank 0 asks for FP8 rows, the others for BF16: every rank that received
+// rows of the other type reports it (epInvalidUsage naming wire_type) at its
+// next call, here the combine, instead of reading the rows as its own.
+int runWireMismatch(int R) {
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
+  std::vector<RankData> in(R);
+  std::vector<GpuRank> g(R);
+  std::vector<epComm_t> comms(R);
+  epConfig_t cfg = configFor(s, epBackendCuda);
+  EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
+  randomInputs(s, R, 21, in);
+  std::vector<int> bad(R, 0);
+  runRanks(R, [&](int r) {
+    g[r].comm = comms[r];
+    allocRank(s, R, r, g[r]);  // BF16-sized: fits either wire type
+    upload(s, r, in[r], g[r]);
+    Shape mine = s;
+    mine.fp8 = r == 0;
+    epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+    a.x = g[r].x;
+    a.topk_idx = g[r].topk;
+    a.topk_weights = g[r].w;
+    a.num_tokens = s.tokens[r];
+    a.num_topk = s.topk;
+    a.wire_type = mine.fp8 ? epFloat8E4M3 : epBfloat16;
+    a.recv_x = g[r].recv_x;
+    a.recv_scales = g[r].recv_scales;
+    a.recv_count = g[r].recv_count;
+    a.recv_src = g[r].recv_src;
+    epHandle_t h = nullptr;
+    EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
+    CK(cudaStreamSynchronize(g[r].stream));
+    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+    c.y = g[r].y;
+    c.out = g[r].out;
+    const epResult_t res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);
+    const std::string msg = epGetLastError(comms[r]);
+    if (res != epInvalidUsage || msg.find("wire_type must be the same") == std::string::npos) {
+      printf("rank %d: combine after a wire_type mismatch gave %d (%s)\n", r, int(res), msg.c_str());
+      bad[r] = 1;
+    }
+    epHandleDestroy(h);
+  });
+  for (int r = 0; r < R; r++) {
+    CK(cudaSetDevice(r));
+    freeRank(g[r]);
+    epCommDestroy(comms[r]);
+  }
+  const bool failed = std::count(bad.begin(), bad.end(), 1) != 0;
+  printf("eager  R=%d wire_type fp8 on rank 0, bf16 elsewhere: %s\n", R, failed ? "FAILED" : "OK (reported)");
+  return failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -177,6 +230,7 @@ int main(int argc, char** argv) {
     ((runShape(gs, R, 11, true) == 0) ? passed : failed)++;
     gs.split = false;
     ((runShape(gs, R, 12, true) == 0) ? passed : failed)++;
+    if (R >= 2) ((runWireMismatch(R) == 0) ? passed : failed)++;
   }
   printf("gpu_ll_test: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
