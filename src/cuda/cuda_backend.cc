@@ -24,6 +24,7 @@
 #include "../transport.h"
 #include "cuda_check.h"
 #include "cuda_common.h"
+#include "host_notices.h"
 #include "ll_engine.h"
 
 namespace ep {
@@ -89,6 +90,9 @@ class CudaBackend : public Backend {
   epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
   void releaseHandle(epHandle* h) override;
+  void abort() override {
+    if (notices_) notices_->abort();
+  }
   epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
                         epStream_t stream) override {
     DeviceGuard g(dev_);
@@ -129,6 +133,7 @@ class CudaBackend : public Backend {
   cuda::ErrorInfo* err_dev_ = nullptr;
   HState* hs_host_ = nullptr;  // pinned, for the exact-sizing count wait
   std::unique_ptr<cuda::LLEngine> ll_;  // config.low_latency = 1
+  std::unique_ptr<cuda::HostNotices> notices_;  // exited peers, abort
   std::mutex slots_mu_;
   std::vector<HandleSlot*> free_slots_;
   std::vector<HandleSlot*> all_slots_;
@@ -136,6 +141,7 @@ class CudaBackend : public Backend {
 
 CudaBackend::~CudaBackend() {
   DeviceGuard g(dev_);
+  notices_.reset();  // the watcher stops before what it writes into goes
   ll_.reset();
   // Kernels of this rank may still run: wait for them. Peers only write into
   // this buffer during operations this rank takes part in, so once they are
@@ -317,6 +323,11 @@ epResult_t CudaBackend::init() {
     ll_ = std::make_unique<cuda::LLEngine>(comm_, dev_, prop.multiProcessorCount);
     EPCHECK(ll_->init(ipc_, peers));
   }
+  notices_ = std::make_unique<cuda::HostNotices>(comm_, dev_);
+  EPCHECK(notices_->init());
+  notices_->addTarget(&local_->timed_out, local_->gone);
+  if (ll_) notices_->addTarget(&ll_->deviceLocal()->timed_out, ll_->deviceLocal()->gone);
+  notices_->watch();
   EPCHECK(bootstrapBarrier(comm_->bootstrap));
   ipc_->table->connected(ipc_->ctx, own_mem_);
   return epSuccess;
@@ -374,6 +385,13 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
   if (code == 0) return epSuccess;
   const int what = err_host_->what, peer = err_host_->peer;
   const long long a = err_host_->a, b = err_host_->b;
+  if (code == epRemoteError) {
+    comm_->broken.store(epRemoteError);
+    return setError(comm_, epRemoteError,
+                    "%s: rank %d (pid %d) exited while rank %d (GPU %d) waited for it in %s (channel %d); the "
+                    "communicator cannot be used any more",
+                    fn, peer, comm_->peers[peer].pid, comm_->rank, dev_, whatName(what), err_host_->channel);
+  }
   if (code == epTimeout) {
     comm_->broken.store(epTimeout);
     return setError(comm_, epTimeout,
@@ -465,7 +483,7 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   // Exact sizing: the documented device-to-host wait for the counts.
   CUDACHECK(cudaMemcpyAsync(hs_host_, slot->hv.hs, sizeof(HState), cudaMemcpyDeviceToHost, s));
   CUDACHECK(cudaStreamSynchronize(s));
-  if (err_host_->code == epTimeout) return checkKernelErrors("epDispatch", s);
+  if (err_host_->code == epTimeout || err_host_->code == epRemoteError) return checkKernelErrors("epDispatch", s);
   std::vector<int> recv_count(hs_host_->recv_count, hs_host_->recv_count + comm_->nranks);
   buildRecvSide(recv_count, &h->routing);
   h->counts_known = true;

@@ -42,8 +42,10 @@ struct DevLocal {
   uint32_t blocks_done;  // last-block detection of the collective kernels
   uint32_t layout_done;  // last-block detection of the layout kernel
   int err_claim;         // first error of a kernel wins the host-visible slot
-  int timed_out;         // a wait of this rank timed out: every other wait leaves at once
+  int timed_out;         // a wait of this rank failed, or the communicator is being aborted (the
+                         // host writes 1): every other wait leaves at once
   uint32_t route_ticket; // routing kernel: tiles taken so far (reset by its last block)
+  alignas(8) uint8_t gone[kMaxRanks];  // [rank]: its process exited (written by the host's watcher)
 };
 
 // Routing kernel: tokens per block (one tile), and the per-tile scratch it

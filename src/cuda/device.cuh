@@ -69,7 +69,7 @@ __device__ __forceinline__ bool reached(uint32_t tag, uint32_t epoch) { return i
 // Records the first error of this rank in the host-visible slot.
 __device__ __forceinline__ void reportError(const CommView& cv, int code, int what, int peer,
                                             long long a, long long b) {
-  if (code == 8) atomicExch(&cv.local->timed_out, 1);
+  if (code == 8 || code == 6) atomicExch(&cv.local->timed_out, 1);  // epTimeout, epRemoteError
   if (atomicCAS(&cv.local->err_claim, 0, 1) != 0) return;
   cv.err->what = what;
   cv.err->peer = peer;
@@ -87,6 +87,13 @@ __device__ __forceinline__ bool timedOut(const CommView& cv) {
   return *reinterpret_cast<volatile int*>(&cv.local->timed_out) != 0;
 }
 
+// True once the host's watcher saw rank `peer`'s process exit. What it sent
+// before it exited has landed by then, so a wait looks at its word once more
+// before it gives up on the peer.
+__device__ __forceinline__ bool peerGone(const uint8_t* gone, int peer) {
+  return peer >= 0 && peer < kMaxRanks && reinterpret_cast<const volatile uint8_t*>(gone)[peer] != 0;
+}
+
 // Spins until the tagged word at p reaches epoch and value >= min_value; returns
 // the value, or -1 after the timeout (error reported).
 __device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64_t* p, uint32_t epoch,
@@ -102,7 +109,13 @@ __device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64
         reportError(cv, 8 /* epTimeout */, what, peer, (long long)epoch, (long long)min_value);
         return -1;
       }
-      if (timedOut(cv)) return -1;  // another wait of this rank timed out: leave
+      if (timedOut(cv)) return -1;  // another wait of this rank failed: leave
+      if (peerGone(cv.local->gone, peer)) {
+        v = ldAcquireSys(p);
+        if (tagOf(v) == epoch && valOf(v) >= min_value) return valOf(v);
+        reportError(cv, 6 /* epRemoteError */, what, peer, (long long)epoch, (long long)min_value);
+        return -1;
+      }
     }
   }
 }
@@ -121,6 +134,11 @@ __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* 
         return false;
       }
       if (timedOut(cv)) return false;
+      if (peerGone(cv.local->gone, peer)) {
+        if (reached(uint32_t(ldAcquireSys(p)), epoch)) return true;
+        reportError(cv, 6 /* epRemoteError */, what, peer, (long long)epoch, 0);
+        return false;
+      }
     }
   }
 }

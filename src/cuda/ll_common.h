@@ -67,7 +67,8 @@ struct LLLocal {
   uint64_t pairs;           // dispatch sends issued (64 bits: the signal targets grow with it and never wrap)
   uint32_t blocks_done;     // last block of a dispatch send (bumps pairs)
   int err_claim;
-  int timed_out;
+  int timed_out;            // as DevLocal::timed_out
+  alignas(8) uint8_t gone[kMaxRanks];  // as DevLocal::gone
 };
 
 // Kernel times (EP_CUDA_LL_TIMING): per pair slot and kernel kind, the

@@ -90,7 +90,7 @@ __device__ __forceinline__ void llLoadHeader(const LLView& v, char* rec, int lan
 }
 
 __device__ __forceinline__ void llReport(const LLView& v, int code, int what, int peer, long long a, long long b) {
-  if (code == 8) atomicExch(&v.local->timed_out, 1);
+  if (code == 8 || code == 6) atomicExch(&v.local->timed_out, 1);  // epTimeout, epRemoteError
   if (atomicCAS(&v.local->err_claim, 0, 1) != 0) return;
   v.err->what = what;
   v.err->peer = peer;
@@ -102,7 +102,8 @@ __device__ __forceinline__ void llReport(const LLView& v, int code, int what, in
   __threadfence_system();
 }
 
-// Spins until the counter *p reaches target. Returns false after the timeout (reported).
+// Spins until the counter *p reaches target. Returns false after the timeout
+// or once the peer's process exited (reported), or when another wait failed.
 __device__ __forceinline__ bool llWait(const LLView& v, const uint64_t* p, uint64_t target, int what, int peer) {
   unsigned long long deadline = 0;
   for (uint32_t spins = 0;; spins++) {
@@ -116,6 +117,11 @@ __device__ __forceinline__ bool llWait(const LLView& v, const uint64_t* p, uint6
         return false;
       }
       if (*reinterpret_cast<volatile int*>(&v.local->timed_out)) return false;
+      if (peerGone(v.local->gone, peer)) {  // device.cuh: look once more, then give up on it
+        if (ldAcquireSys(p) >= target) return true;
+        llReport(v, 6 /* epRemoteError */, what, peer, (long long)target, (long long)ldAcquireSys(p));
+        return false;
+      }
     }
   }
 }

@@ -204,7 +204,7 @@ const char* llWhatName(int what) {
 epResult_t LLEngine::checkErrors(const char* fn) {
   const int code = err_host_->code;
   if (code == 0) return epSuccess;
-  if (code == epTimeout) comm_->broken.store(epTimeout);
+  if (code == epTimeout || code == epRemoteError) comm_->broken.store(code);
   const int what = err_host_->what, peer = err_host_->peer;
   const long long a = err_host_->a, b = err_host_->b;
   err_host_->code = 0;
@@ -215,6 +215,11 @@ epResult_t LLEngine::checkErrors(const char* fn) {
                     "must be the same on every rank",
                     fn, peer, dataTypeName(a ? epFloat8E4M3 : epBfloat16),
                     dataTypeName(b ? epFloat8E4M3 : epBfloat16));
+  if (code == epRemoteError)
+    return setError(comm_, epRemoteError,
+                    "%s: rank %d (pid %d) exited while an earlier low-latency call of rank %d waited for it (%s); "
+                    "the communicator cannot be used any more",
+                    fn, peer, comm_->peers[peer].pid, comm_->rank, llWhatName(what));
   if (what == 23)
     return setError(comm_, epInvalidArgument, "%s: an earlier low-latency dispatch had topk_idx of token %lld = %lld: %s",
                     fn, a, b, llWhatName(what));

@@ -25,6 +25,7 @@ class LLEngine {
   // peers carry each rank's cuda_device and bus_id.
   epResult_t init(const TransportEntry* ipc, const std::vector<epPeerInfo_v1_t>& peers);
   size_t bytes() const { return bytes_; }
+  LLLocal* deviceLocal() const { return local_; }  // the words HostNotices writes
 
   epResult_t dispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);
   epResult_t combine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);

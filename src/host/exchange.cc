@@ -11,6 +11,7 @@
 #include <string>
 
 #include "../debug.h"
+#include "../process.h"
 
 namespace ep {
 namespace host {
@@ -33,21 +34,7 @@ Exchanger::Exchanger(epComm* comm, std::vector<void*> segments, const RingGeomet
       scratch_(size_t(geometry.chunk_records) * geometry.record_bytes) {}
 
 // A peer process that exited (or is a zombie) will never make progress again.
-bool Exchanger::peerAlive(int rank) const {
-  int pid = comm_->peers[rank].pid;
-  if (pid <= 0) return true;
-  if (kill(pid, 0) == -1 && errno == ESRCH) return false;
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  FILE* f = fopen(path, "r");
-  if (f == nullptr) return true;  // no procfs: assume alive
-  char buf[256];
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char* paren = strrchr(buf, ')');
-  return !(paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
-}
+bool Exchanger::peerAlive(int rank) const { return processAlive(comm_->peers[rank].pid); }
 
 bool Exchanger::peerClosed(int rank) const {
   const int me = comm_->rank;

@@ -349,15 +349,8 @@ inline std::vector<T> download(const void* p, size_t n) {
 
 // Rank r's part of the same run on comm (the CUDA backend, device r), exact
 // or capacity sizing, outputs downloaded into *out. Collective.
-inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool capacity, RankOut* out) {
-  const Geometry g = geometryOf(c);
-  CK(cudaSetDevice(r));
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  DevBufs d;
-  allocDev(c, in, r, &d);
-  uploadInputs(c, in, &d, s);
-  poison(c, r, &d, s);
+// The layout of rank r's ids into d's count buffers.
+inline epLayoutArgs_t layoutArgs(const Case& c, int r, const DevBufs& d) {
   epLayoutArgs_t la = EP_LAYOUT_ARGS_INITIALIZER;
   la.topk_idx = d.topk;
   la.topk_idx_type = c.idx32 ? epInt32 : epInt64;
@@ -367,6 +360,19 @@ inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool 
   la.tokens_per_node = d.tpn;
   la.tokens_per_expert = d.tpexp;
   la.is_token_in_rank = (uint8_t*)d.in_rank;
+  return la;
+}
+
+inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool capacity, RankOut* out) {
+  const Geometry g = geometryOf(c);
+  CK(cudaSetDevice(r));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DevBufs d;
+  allocDev(c, in, r, &d);
+  uploadInputs(c, in, &d, s);
+  poison(c, r, &d, s);
+  epLayoutArgs_t la = layoutArgs(c, r, d);
   EK(comm, epLayout(comm, &la, s));
   epDispatchArgs_t a = dispatchArgs(c, in, r, d.x, d.scales, d.topk, d.w);
   a.recv_x = d.recv_x;
@@ -589,7 +595,8 @@ inline void poison(const Shape& s, int R, GpuRank& g) {
 // Enqueues one dispatch + combine; with s.split, the halves are split by other
 // work, which between(0) (after the dispatch's send half) and between(1) (after
 // the combine's) enqueue on g.stream.
-inline void enqueueLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h, const std::function<void(int)>& between) {
+// The dispatch of rank r's inputs in g as shape s asks (wire type, scales, split).
+inline epLowLatencyDispatchArgs_t dispatchArgs(const Shape& s, int r, const GpuRank& g) {
   epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
   a.flags = (s.pow2 ? EP_LL_ROUND_SCALE_POW2 : 0u) | (s.split ? EP_LL_SEND_ONLY : 0u);
   a.x = g.x;
@@ -602,6 +609,11 @@ inline void enqueueLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h, const
   a.recv_scales = g.recv_scales;
   a.recv_count = g.recv_count;
   a.recv_src = g.recv_src;
+  return a;
+}
+
+inline void enqueueLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h, const std::function<void(int)>& between) {
+  epLowLatencyDispatchArgs_t a = dispatchArgs(s, r, g);
   EK(g.comm, epLowLatencyDispatch(g.comm, &a, h, g.stream));
   if (s.split) {
     between(0);

@@ -9,6 +9,8 @@
 //   gpu_ll_test --bench-tokens N[,N...]
 //                          the same for N tokens per rank (unsplit calls only)
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <string>
 
@@ -131,17 +133,7 @@ int runWireMismatch(int R) {
     upload(s, r, in[r], g[r]);
     Shape mine = s;
     mine.fp8 = r == 0;
-    epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-    a.x = g[r].x;
-    a.topk_idx = g[r].topk;
-    a.topk_weights = g[r].w;
-    a.num_tokens = s.tokens[r];
-    a.num_topk = s.topk;
-    a.wire_type = mine.fp8 ? epFloat8E4M3 : epBfloat16;
-    a.recv_x = g[r].recv_x;
-    a.recv_scales = g[r].recv_scales;
-    a.recv_count = g[r].recv_count;
-    a.recv_src = g[r].recv_src;
+    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(mine, r, g[r]);
     epHandle_t h = nullptr;
     EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
     CK(cudaStreamSynchronize(g[r].stream));
@@ -163,6 +155,39 @@ int runWireMismatch(int R) {
   }
   const bool failed = std::count(bad.begin(), bad.end(), 1) != 0;
   printf("eager  R=%d wire_type fp8 on rank 0, bf16 elsewhere: %s\n", R, failed ? "FAILED" : "OK (reported)");
+  return failed ? 1 : 0;
+}
+
+// epCommAbort of a communicator whose kernel waits for a peer that never
+// comes (rank 1 makes no call): the abort makes the waits leave, so it returns
+// at once instead of after the kernel's timeout (60 s here).
+int runAbortWhileWaiting(int R) {
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
+  std::vector<RankData> in(R);
+  std::vector<epComm_t> comms(R);
+  epConfig_t cfg = configFor(s, epBackendCuda);
+  cfg.timeout_ms = 60000;
+  EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
+  randomInputs(s, R, 23, in);
+  GpuRank g;
+  g.comm = comms[0];
+  CK(cudaSetDevice(0));
+  allocRank(s, R, 0, g);
+  upload(s, 0, in[0], g);
+  epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, 0, g);
+  epHandle_t h = nullptr;
+  EK(comms[0], epLowLatencyDispatch(comms[0], &a, &h, g.stream));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the kernel waits for rank 1 by now
+  const auto t0 = std::chrono::steady_clock::now();
+  const epResult_t res = epCommAbort(comms[0]);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CK(cudaStreamSynchronize(g.stream));
+  epHandleDestroy(h);
+  freeRank(g);
+  for (int r = 1; r < R; r++) epCommDestroy(comms[r]);
+  const bool failed = res != epSuccess || secs > 5.0;
+  printf("eager  R=%d epCommAbort while the dispatch waits for rank 1: %s in %.2f s: %s\n", R,
+         epGetErrorString(res), secs, failed ? "FAILED" : "OK");
   return failed ? 1 : 0;
 }
 
@@ -231,6 +256,7 @@ int main(int argc, char** argv) {
     gs.split = false;
     ((runShape(gs, R, 12, true) == 0) ? passed : failed)++;
     if (R >= 2) ((runWireMismatch(R) == 0) ? passed : failed)++;
+    if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
   }
   printf("gpu_ll_test: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

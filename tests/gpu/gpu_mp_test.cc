@@ -23,6 +23,10 @@
 // 8R experts, 100 + 37 r tokens on rank r (a 2056-element row is 2056 bytes in
 // FP8, not a multiple of 16, so the FP8 cases of that shape use 2064).
 //
+// Last, a peer that exits: the last rank leaves without destroying its
+// communicators; the others' waiting GPU calls must fail with epRemoteError
+// naming it within seconds (runPeerExit).
+//
 //   gpu_mp_test [--timeout SECONDS]   (default 240: ranks still running are killed)
 // Prints SKIPPED and exits 0 when fewer than 2 GPUs are visible; ends with
 // `gpu_mp_test: N passed, M failed` (cases; a case passes when it passes on every rank).
@@ -176,6 +180,105 @@ bool runCase(const MpCase& mc, int R, int rank, const epUniqueId& gpu_id, const 
   return ok;
 }
 
+// True when `res` is the epRemoteError of a call that found rank `gone` exited,
+// `elapsed` seconds after the first call, well within the 60 s timeout.
+bool remoteErrorSeen(const char* what, int rank, epResult_t res, epComm_t comm, int gone, double elapsed) {
+  const std::string msg = epGetLastError(comm);
+  const std::string name = "rank " + std::to_string(gone) + " (pid";
+  const bool ok = res == epRemoteError && msg.find(name) != std::string::npos &&
+                  msg.find("exited") != std::string::npos && elapsed < 15.0;
+  printf("  %s rank %d: %s after %.2f s: %s (%s)\n", ok ? "ok  " : "FAIL", rank, what, elapsed,
+         epGetErrorString(res), msg.c_str());
+  return ok;
+}
+
+// A peer process that exits: the last rank joins a high-throughput and a
+// low-latency communicator, waits 1.5 s and exits without destroying them.
+// Every other rank's GPU waits for it must end with epRemoteError naming it
+// within seconds (the backend watches the peers' pids every 100 ms), not at
+// the 60 s timeout: the exact-sizing dispatch (its count wait on the host),
+// then a low-latency dispatch, whose error the combine after it returns.
+bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_id, int* result) {
+  const std::vector<int> T(R, 64);
+  ht::Case c{"peer exit", R, 2048, 4, 8 * R, T};
+  epConfig_t hc = ht::configOf(c, epBackendCuda);
+  ll::Shape s{2048, 4, 8 * R, 64, T, false, false, false};
+  epConfig_t lc = ll::configFor(s, epBackendCuda);
+  hc.device = lc.device = rank;
+  hc.timeout_ms = lc.timeout_ms = 60000;
+  epComm_t ht_comm = join(R, ht_id, rank, hc, c.name);
+  epComm_t ll_comm = join(R, ll_id, rank, lc, c.name);
+  const int gone = R - 1;
+  if (rank == gone) {
+    *result = 0;
+    fflush(stdout);
+    usleep(1500 * 1000);
+    _exit(0);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  bool ok = true;
+  {  // high throughput: layout (its kernel waits for the counts), then the exact dispatch
+    ht::RankIn in;
+    ht::makeRankInput(c, 42, rank, &in);
+    ht::DevBufs d;
+    ht::allocDev(c, in, rank, &d);
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    ht::uploadInputs(c, in, &d, st);
+    epLayoutArgs_t la = ht::layoutArgs(c, rank, d);
+    epResult_t res = epLayout(ht_comm, &la, st);
+    const char* what = "epLayout";
+    if (res == epSuccess) {
+      epDispatchArgs_t a = ht::dispatchArgs(c, in, rank, d.x, d.scales, d.topk, d.w);
+      int64_t num_recv = -1;
+      a.recv_x = d.recv_x;
+      a.recv_scales = nullptr;
+      a.recv_topk_idx = d.recv_idx;
+      a.recv_topk_weights = c.weights ? d.recv_w : nullptr;
+      a.recv_tokens_per_expert = d.tpe;
+      a.num_recv = &num_recv;
+      epHandle_t h = nullptr;
+      res = epDispatch(ht_comm, &a, &h, st);
+      what = "epDispatch (exact sizing)";
+      if (h) epHandleDestroy(h);
+    }
+    ok &= remoteErrorSeen(what, rank, res, ht_comm, gone, since());
+    CK(cudaStreamSynchronize(st));
+    CK(cudaStreamDestroy(st));
+    ht::freeDev(&d);
+  }
+  {  // low latency: the dispatch kernel ends once it sees the exit; the combine reports it
+    ll::GpuRank g;
+    g.comm = ll_comm;
+    ll::allocRank(s, R, g, kScratchBytes);
+    ll::RankData in;
+    ll::randomInputs(s, R, 5, rank, &in);
+    ll::upload(s, rank, in, g);
+    const double start = since();
+    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, rank, g);
+    epHandle_t h = nullptr;
+    epResult_t res = epLowLatencyDispatch(ll_comm, &a, &h, g.stream);
+    const char* what = "epLowLatencyDispatch";
+    if (res == epSuccess) {
+      CK(cudaStreamSynchronize(g.stream));
+      epLowLatencyCombineArgs_t cb = EP_LL_COMBINE_ARGS_INITIALIZER;
+      cb.y = g.y;
+      cb.out = g.out;
+      res = epLowLatencyCombine(ll_comm, &cb, h, g.stream);
+      what = "epLowLatencyCombine after the dispatch";
+    }
+    if (h) epHandleDestroy(h);
+    ok &= remoteErrorSeen(what, rank, res, ll_comm, gone, since() - start);
+    CK(cudaStreamSynchronize(g.stream));
+    ll::freeRank(g);
+  }
+  ok &= epCommDestroy(ht_comm) == epSuccess;
+  ok &= epCommDestroy(ll_comm) == epSuccess;
+  *result = ok ? 0 : 1;
+  return ok;
+}
+
 // Rank `rank`: every case in order; results[case * R + rank] = 0 passed, 1 failed.
 int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vector<epUniqueId>& ids, int* results) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // whole lines from each rank in the shared log
@@ -189,6 +292,13 @@ int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vecto
     if (!ok || rank == 0) printf("%s %s on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", cases[i].name.c_str(), rank, s);
     all &= ok;
   }
+  // Last: the case in which the last rank exits.
+  const size_t i = cases.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ok = runPeerExit(R, rank, ids[2 * i], ids[2 * i + 1], &results[i * R + rank]);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!ok || rank == 0) printf("%s EP%d peer exit on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", R, rank, s);
+  all &= ok;
   return all ? 0 : 1;
 }
 
@@ -265,7 +375,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::vector<MpCase> cases = makeCases(R);
-  const size_t nres = cases.size() * size_t(R);
+  const size_t ncases = cases.size() + 1;  // + the peer exit, run last
+  const size_t nres = ncases * size_t(R);
   // Each rank's verdict per case, in memory the children share with this process.
   int* results = static_cast<int*>(
       mmap(nullptr, nres * sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
@@ -274,8 +385,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (size_t i = 0; i < nres; i++) results[i] = -1;  // not run
-  printf("gpu_mp_test: %d ranks as processes, %zu cases\n", R, cases.size());
-  std::vector<epUniqueId> ids(2 * cases.size());  // per case: the CUDA and the host communicator
+  printf("gpu_mp_test: %d ranks as processes, %zu cases\n", R, ncases);
+  std::vector<epUniqueId> ids(2 * ncases);  // per case: the CUDA and the host communicator (peer exit: two CUDA)
   int rank = -1;
   std::vector<int> codes;
   bool timed_out = false;
@@ -283,7 +394,8 @@ int main(int argc, char** argv) {
   if (rank >= 0) return rankMain(rank, R, cases, ids, results);
 
   int passed = 0, failed = 0;
-  for (size_t i = 0; i < cases.size(); i++) {
+  for (size_t i = 0; i < ncases; i++) {
+    const std::string name = i < cases.size() ? cases[i].name : "EP" + std::to_string(R) + " peer exit";
     std::string bad;
     for (int r = 0; r < R; r++) {
       const int v = results[i * R + r];
@@ -291,10 +403,10 @@ int main(int argc, char** argv) {
     }
     if (bad.empty()) {
       passed++;
-      printf("PASS %s\n", cases[i].name.c_str());
+      printf("PASS %s\n", name.c_str());
     } else {
       failed++;
-      printf("FAIL %s:%s\n", cases[i].name.c_str(), bad.c_str());
+      printf("FAIL %s:%s\n", name.c_str(), bad.c_str());
     }
   }
   bool ranks_ok = !timed_out;
