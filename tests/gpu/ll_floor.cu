@@ -11,7 +11,10 @@
 // cache line of its own (reductions spread over L2 slices), (h) only the
 // last block of a GPU to finish adds (one reduction per GPU pair; the blocks
 // count themselves in local memory first), (i) as (b) with relaxed
-// reductions (what the release costs).
+// reductions (what the release costs), (j) as (h), but the blocks count
+// themselves with a GPU-scope acq_rel atomic and only the last one releases
+// at system scope (faster here than (b), but slower in the library's kernels,
+// where the blocks do not all signal at once: docs/BENCHMARKS.md).
 // Build: nvcc -O2 -arch=sm_90 tests/gpu/ll_floor.cu -o build/ll_floor
 #include <cuda_runtime.h>
 
@@ -105,6 +108,32 @@ __global__ void signalLastKernel(Peers p, unsigned long long round) {
   __syncthreads();
 }
 
+// (j): (h) with one system-scope release per grid: the last block's, which
+// is cumulative over the counts it acquired.
+__global__ void signalLastGpuKernel(Peers p, unsigned long long round) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long old;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;"
+                 : "=l"(old) : "l"(p.ctr[p.me] + kLocalCount) : "memory");
+    last = old == round * gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x < p.n) {
+    unsigned long long* c = p.ctr[threadIdx.x] + p.me;
+    asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+  }
+  if (threadIdx.x < p.n) {
+    const unsigned long long* mine = p.ctr[p.me] + threadIdx.x;
+    unsigned long long got;
+    do {
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(mine) : "memory");
+    } while (got < round);
+  }
+  __syncthreads();
+}
+
 // (i): (b) with relaxed reductions.
 __global__ void signalRelaxedKernel(Peers p, unsigned long long round) {
   __syncthreads();
@@ -137,7 +166,7 @@ int main() {
   }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int variant = 0; variant < 9; variant++) {
+  for (int variant = 0; variant < 10; variant++) {
     const int blocks = variant == 2 ? 1 : sms;
     float per_kernel[2] = {0, 0};
     // Counter rounds go on from the previous variant: reset both first.
@@ -167,6 +196,7 @@ int main() {
             else if (variant == 6) signalSpreadKernel<<<blocks, 256, 0, s>>>(p, ++round);
             else if (variant == 7) signalLastKernel<<<blocks, 256, 0, s>>>(p, ++round);
             else if (variant == 8) signalRelaxedKernel<<<blocks, 256, 0, s>>>(p, ++round);
+            else if (variant == 9) signalLastGpuKernel<<<blocks, 256, 0, s>>>(p, ++round);
             else if (variant >= 4) {
               cudaLaunchConfig_t cfg = {};
               cudaLaunchAttribute attr[1];
@@ -206,7 +236,7 @@ int main() {
     const char* names[] = {"empty kernel", "signal + wait, one block per SM", "signal + wait, 1 block",
                            "empty, 29 KB / 8 KB shared alternating", "empty, PDL", "signal + wait, PDL",
                            "signal + wait, 8 spread counters", "signal + wait, last block signals",
-                           "signal + wait, relaxed reductions"};
+                           "signal + wait, relaxed reductions", "signal + wait, last block releases"};
     printf("ll_floor: %-40s %d blocks: %.2f / %.2f us per kernel (GPU 0 / 1)\n", names[variant], blocks,
            per_kernel[0], per_kernel[1]);
   }
