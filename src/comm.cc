@@ -15,6 +15,7 @@
 #include "bootstrap.h"
 #include "checks.h"
 #include "params.h"
+#include "process.h"
 
 namespace ep {
 
@@ -213,6 +214,7 @@ struct ConfigDigest {
 struct RankInfo {
   epPeerInfo_v1_t peer;
   ConfigDigest digest;
+  unsigned long long pid_ns;  // pidNamespaceId(): whose pids this rank can watch
 };
 
 epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
@@ -279,6 +281,7 @@ epResult_t commInit(epComm* comm, const epUniqueId& id) {
   me.peer.rank = comm->rank;
   me.peer.pid = int(getpid());
   me.peer.host_hash = hostHash();
+  me.pid_ns = pidNamespaceId();
   me.peer.cuda_device = -1;
   // Each rank's GPU, by PCI bus id: the plan places it in the topology.
   if (kind == epBackendCuda &&
@@ -295,6 +298,13 @@ epResult_t commInit(epComm* comm, const epUniqueId& id) {
   EPCHECK(checkDigests(comm, infos));
   comm->peers.resize(comm->nranks);
   for (int r = 0; r < comm->nranks; r++) comm->peers[r] = infos[r].peer;
+  // A peer's pid can be watched where it is this machine's and this pid
+  // namespace's (namespaces unknown: as if the same).
+  comm->pid_visible.assign(comm->nranks, false);
+  for (int r = 0; r < comm->nranks; r++) {
+    const unsigned long long mine = infos[comm->rank].pid_ns, theirs = infos[r].pid_ns;
+    comm->pid_visible[r] = infos[r].peer.host_hash == me.peer.host_hash && (mine == 0 || theirs == 0 || mine == theirs);
+  }
   EPCHECK(buildNodeMap(comm->peers, int(param::NODE_SIZE()), &comm->nodes));
   comm->num_local_experts = comm->cfg.num_experts / comm->nranks;
   comm->first_expert = comm->rank * comm->num_local_experts;

@@ -90,6 +90,7 @@ struct epComm {
   ep::NodeMap nodes;
   ep::Plan plan;  // path to every peer, rail peers, NIC (built by planBuildForComm)
   std::vector<epPeerInfo_v1_t> peers;  // [R]
+  std::vector<bool> pid_visible;        // [R]: peers[r].pid names that rank's process here (processAlive)
   ep::Bootstrap* bootstrap = nullptr;
   std::atomic<int> abort_flag{0};
   // Non-zero (an epResult_t) once a peer failed or timed out: the comm is unusable.

@@ -1,6 +1,7 @@
 #include "process.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -22,6 +23,12 @@ bool processAlive(int pid) {
   buf[n] = '\0';
   const char* paren = strrchr(buf, ')');
   return !(paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+unsigned long long pidNamespaceId() {
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return (unsigned long long)st.st_ino;
 }
 
 }  // namespace ep

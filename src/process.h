@@ -8,4 +8,10 @@ namespace ep {
 // progress again); true while it runs, for pid <= 0, and where it cannot tell.
 bool processAlive(int pid);
 
+// This process's pid namespace (the inode of /proc/self/ns/pid), 0 where it
+// cannot tell. A peer's pid means something here only when both namespaces
+// are the same: ranks in containers with their own pid namespaces (sharing
+// /dev/shm or the GPUs) cannot watch each other's pids.
+unsigned long long pidNamespaceId();
+
 }  // namespace ep

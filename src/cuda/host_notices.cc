@@ -32,22 +32,31 @@ epResult_t HostNotices::init() {
   return epSuccess;
 }
 
-void HostNotices::watch() {
+// Peers this rank can watch: in another process whose pid means something here.
+bool HostNotices::watched(int r) const {
   const int me = comm_->rank;
-  bool other_process = false;
-  for (int r = 0; r < comm_->nranks; r++) other_process |= r != me && comm_->peers[r].pid != comm_->peers[me].pid;
-  if (other_process) watcher_ = std::thread([this] { run(); });
+  return r != me && comm_->pid_visible[r] && comm_->peers[r].pid != comm_->peers[me].pid;
+}
+
+void HostNotices::watch() {
+  bool any = false;
+  for (int r = 0; r < comm_->nranks; r++) {
+    any |= watched(r);
+    if (r != comm_->rank && !comm_->pid_visible[r])
+      EP_INFO(kSubsysCuda, "rank %d runs in another pid namespace: its exit is noticed at the timeout", r);
+  }
+  if (any) watcher_ = std::thread([this] { run(); });
 }
 
 void HostNotices::run() {
   cudaSetDevice(dev_);
-  const int me = comm_->rank, R = comm_->nranks;
+  const int R = comm_->nranks;
   std::vector<bool> marked(size_t(R), false);
   std::unique_lock<std::mutex> lock(stop_mu_);
   while (!stop_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
     for (int r = 0; r < R; r++) {
       const int pid = comm_->peers[r].pid;
-      if (r == me || marked[r] || pid == comm_->peers[me].pid || processAlive(pid)) continue;
+      if (!watched(r) || marked[r] || processAlive(pid)) continue;
       marked[r] = true;
       EP_WARN(kSubsysCuda, "rank %d (pid %d) exited: this rank's waits for it end with epRemoteError", r, pid);
       markGone(r);

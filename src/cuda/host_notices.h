@@ -8,7 +8,8 @@
 //     the kernels end and the communicator can be freed at once).
 // The words are this rank's own device memory, written by copies on a stream
 // of their own, which run beside kernels that spin on the caller's stream.
-// Peers in this process are not watched (they cannot exit alone).
+// Peers in this process are not watched (they cannot exit alone), nor peers
+// in another pid namespace (their pids mean nothing here).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,6 +42,7 @@ class HostNotices {
     int* timed_out;
     uint8_t* gone;
   };
+  bool watched(int rank) const;
   void run();
   void markGone(int rank);
   void write(void* dst, size_t bytes);

@@ -34,7 +34,11 @@ Exchanger::Exchanger(epComm* comm, std::vector<void*> segments, const RingGeomet
       scratch_(size_t(geometry.chunk_records) * geometry.record_bytes) {}
 
 // A peer process that exited (or is a zombie) will never make progress again.
-bool Exchanger::peerAlive(int rank) const { return processAlive(comm_->peers[rank].pid); }
+// A pid from another machine or pid namespace says nothing here: such a peer
+// counts as alive (its exit is noticed at the timeout).
+bool Exchanger::peerAlive(int rank) const {
+  return !comm_->pid_visible[rank] || processAlive(comm_->peers[rank].pid);
+}
 
 bool Exchanger::peerClosed(int rank) const {
   const int me = comm_->rank;

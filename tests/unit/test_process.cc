@@ -1,7 +1,8 @@
 // processAlive (src/process.h), which the host backend's exchange and the
 // CUDA backend's watcher use to tell that a peer process exited: this
 // process is alive; a child that exited is not, both as a zombie (not yet
-// reaped: it still answers kill()) and once reaped.
+// reaped: it still answers kill()) and once reaped; pidNamespaceId, which
+// decides whose pids a rank may watch.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,6 +52,28 @@ void running_child_is_alive(void**) {
   waitpid(pid, &status, 0);
 }
 
+// The pid namespace id is known on Linux and shared with a forked child
+// (the case in which the backends watch a peer's pid).
+void pid_namespace_is_shared_with_a_child(void**) {
+  const unsigned long long mine = ep::pidNamespaceId();
+  assert_true(mine != 0);
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    const unsigned long long child = ep::pidNamespaceId();
+    _exit(write(fds[1], &child, sizeof(child)) == ssize_t(sizeof(child)) ? 0 : 1);
+  }
+  unsigned long long child = 0;
+  assert_int_equal(read(fds[0], &child, sizeof(child)), ssize_t(sizeof(child)));
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(fds[0]);
+  close(fds[1]);
+  assert_true(child == mine);
+}
+
 }  // namespace
 
 int main() {
@@ -58,6 +81,7 @@ int main() {
       cmocka_unit_test(self_is_alive),
       cmocka_unit_test(exited_child_is_not_alive),
       cmocka_unit_test(running_child_is_alive),
+      cmocka_unit_test(pid_namespace_is_shared_with_a_child),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
