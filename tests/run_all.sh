@@ -62,6 +62,15 @@ run "ep_bench --mode ll 3 ranks --check (fp8, --pow2-scales, --zero-rank0)" time
 run "ep_bench --mode ll 3 ranks --check (bf16)" timeout 300 "$BUILD/bin/ep_bench" -n 3 --mode ll --type bf16 \
   --check --iters 2 --warmup 1 "${LL_SHAPES_BF16[@]}"
 
+# --- ranks in two pid namespaces (containers that share /dev/shm, not their pids)
+timeout 300 bash tests/mp/pid_namespace.sh "$BUILD" >/tmp/moeep-pidns-$$.log 2>&1
+case $? in
+  0) cat /tmp/moeep-pidns-$$.log; passed=$((passed + 1)); echo "=== pid namespaces: PASSED" ;;
+  77) skip "pid namespaces" "$(tail -n 1 /tmp/moeep-pidns-$$.log)" ;;
+  *) cat /tmp/moeep-pidns-$$.log; failed=$((failed + 1)); failures+=("pid namespaces"); echo "=== pid namespaces: FAILED" ;;
+esac
+rm -f /tmp/moeep-pidns-$$.log
+
 # --- multi-process under Open MPI (id shared through a file, and through EP_COMM_ID)
 if command -v mpirun >/dev/null 2>&1; then
   MPIRUN=(mpirun --oversubscribe -n)
