@@ -10,7 +10,12 @@
 //   - chains that touch a new 2 MiB page per step over 64 MiB and over 2 GiB
 //     (address translation: the LL receive writes rows of up to 144 experts,
 //     spread over the expert-major output of ~2 GiB);
-//   - a chain in HBM (L2 flushed), the latency of a load that misses L2.
+//   - a chain in HBM (L2 flushed), the latency of a load that misses L2;
+//   - instruction fetch: one thread runs 16 / 64 / 128 KB of straight-line
+//     code twice in one launch (after a kernel with other code ran): the
+//     first pass fetches it, the second runs it from the instruction caches
+//     where it fits. The LL kernels run tens of KB of unrolled code once per
+//     call, so this bounds what fetching it can cost.
 // Build: nvcc -O2 -arch=sm_90 tests/gpu/ll_probe.cu -o build/tests/ll_probe
 #include <cuda_runtime.h>
 
@@ -133,6 +138,47 @@ void chase(const char* what, const Chain& c, Mode mode) {
   CK(cudaFree(out));
 }
 
+// kInsts dependent multiply-adds (one SASS instruction each, 16 bytes; the
+// multiplier is only known at run time, so none fold), run twice by one
+// thread; out[0] / out[1]: cycles of pass 1 / pass 2. kSalt makes another
+// kernel (other code at other addresses) of the same size.
+template <int kInsts, int kSalt>
+__global__ void codeKernel(uint32_t y, uint64_t* out) {
+  uint32_t x = y ^ (0x9e3779b9u * kSalt);
+  long long t[3] = {0, 0, 0};
+#pragma unroll 1
+  for (int pass = 0; pass < 2; pass++) {
+    const long long now = clock64();
+    if (pass == 0) t[0] = now;
+    else t[1] = now;
+#pragma unroll
+    for (int i = 0; i < kInsts; i++) asm volatile("mad.lo.u32 %0, %0, %1, %0;" : "+r"(x) : "r"(y));
+  }
+  t[2] = clock64();
+  out[0] = uint64_t(t[1] - t[0]);
+  out[1] = uint64_t(t[2] - t[1]);
+  out[2] = x;
+}
+
+template <int kInsts>
+void fetchProbe(uint64_t* out) {
+  uint64_t h[3] = {0, 0, 0};
+  for (int rep = 0; rep < 3; rep++) {  // the last repetition counts; the other kernel runs in between
+    codeKernel<kInsts, 1><<<1, 1>>>(3, out);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, out, sizeof(h), cudaMemcpyDeviceToHost));
+    codeKernel<kInsts, 2><<<1, 1>>>(5, out + 3);
+    CK(cudaDeviceSynchronize());
+  }
+  int khz = 0;
+  CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const double us = 1000.0 / khz;  // per cycle, at the nominal SM clock
+  const double kb = kInsts * 16.0 / 1024;
+  printf("ll_probe: straight-line code, %3.0f KB, one thread: first pass %6.2f us, second %6.2f us: "
+         "%5.0f ns per KB fetched\n",
+         kb, double(h[0]) * us, double(h[1]) * us, (double(h[0]) - double(h[1])) * us * 1000 / kb);
+}
+
 int main() {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
@@ -188,5 +234,12 @@ int main() {
   chase<kWeak>("16 KiB apart in 64 MiB, L2 flushed (HBM)", hbm, kFlushed);
   chase<kRelaxedGpu>("16 KiB apart in 64 MiB, L2 flushed (HBM)", hbm, kFlushed);
   CK(cudaFree(big));
+
+  uint64_t* code_out;
+  CK(cudaMalloc(&code_out, 6 * sizeof(uint64_t)));
+  fetchProbe<1024>(code_out);
+  fetchProbe<4096>(code_out);
+  fetchProbe<8192>(code_out);
+  CK(cudaFree(code_out));
   return 0;
 }
