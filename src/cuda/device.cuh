@@ -81,66 +81,63 @@ __device__ __forceinline__ void reportError(const CommView& cv, int code, int wh
   __threadfence_system();
 }
 
-// Device memory only: spinning warps never read host memory (sysmem reads
-// from hundreds of pollers clog the SMs' memory pipelines).
-__device__ __forceinline__ bool timedOut(const CommView& cv) {
-  return *reinterpret_cast<volatile int*>(&cv.local->timed_out) != 0;
-}
-
-// True once the host's watcher saw rank `peer`'s process exit. What it sent
-// before it exited has landed by then, so a wait looks at its word once more
-// before it gives up on the peer.
+// True once the host's watcher saw rank `peer`'s process exit.
 __device__ __forceinline__ bool peerGone(const uint8_t* gone, int peer) {
   return peer >= 0 && peer < kMaxRanks && reinterpret_cast<const volatile uint8_t*>(gone)[peer] != 0;
 }
 
-// Spins until the tagged word at p reaches epoch and value >= min_value; returns
-// the value, or -1 after the timeout (error reported).
-__device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64_t* p, uint32_t epoch,
-                                                uint32_t min_value, int what, int peer) {
+// The one spin loop of every wait (high throughput and low latency): loads
+// the word at p until done(word). Every 64 spins it looks at the clock (the
+// timeout: report(8 /* epTimeout */, word)), at local->timed_out (another
+// wait of this rank failed, or epCommAbort: leave unreported) and at
+// local->gone[peer] (its process exited: what it sent before has landed by
+// then, so the word is looked at once more before report(6 /* epRemoteError
+// */, word)). True when done; *word is the last value read. Every word it
+// reads is device memory: spinning warps never read host memory (sysmem
+// reads from hundreds of pollers clog the SMs' memory pipelines).
+template <typename Local, typename Done, typename Report>
+__device__ __forceinline__ bool spinWait(const uint64_t* p, Local* local, unsigned long long timeout_ns, int peer,
+                                         uint64_t* word, Done done, Report report) {
   unsigned long long deadline = 0;
   for (uint32_t spins = 0;; spins++) {
-    uint64_t v = ldAcquireSys(p);
-    if (tagOf(v) == epoch && valOf(v) >= min_value) return valOf(v);
-    if ((spins & 63) == 63) {
-      unsigned long long now = globalTimer();
-      if (deadline == 0) deadline = now + cv.timeout_ns;
-      else if (now > deadline) {
-        reportError(cv, 8 /* epTimeout */, what, peer, (long long)epoch, (long long)min_value);
-        return -1;
-      }
-      if (timedOut(cv)) return -1;  // another wait of this rank failed: leave
-      if (peerGone(cv.local->gone, peer)) {
-        v = ldAcquireSys(p);
-        if (tagOf(v) == epoch && valOf(v) >= min_value) return valOf(v);
-        reportError(cv, 6 /* epRemoteError */, what, peer, (long long)epoch, (long long)min_value);
-        return -1;
-      }
+    *word = ldAcquireSys(p);
+    if (done(*word)) return true;
+    if ((spins & 63) != 63) continue;
+    const unsigned long long now = globalTimer();
+    if (deadline == 0) {
+      deadline = now + timeout_ns;
+    } else if (now > deadline) {
+      report(8, *word);
+      return false;
+    }
+    if (*reinterpret_cast<volatile int*>(&local->timed_out)) return false;
+    if (peerGone(local->gone, peer)) {
+      *word = ldAcquireSys(p);
+      if (done(*word)) return true;
+      report(6, *word);
+      return false;
     }
   }
 }
 
+// Spins until the tagged word at p reaches epoch and value >= min_value; returns
+// the value, or -1 after the timeout or the peer's exit (error reported).
+__device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64_t* p, uint32_t epoch,
+                                                uint32_t min_value, int what, int peer) {
+  uint64_t v;
+  const bool ok = spinWait(
+      p, cv.local, cv.timeout_ns, peer, &v,
+      [&](uint64_t w) { return tagOf(w) == epoch && valOf(w) >= min_value; },
+      [&](int code, uint64_t) { reportError(cv, code, what, peer, (long long)epoch, (long long)min_value); });
+  return ok ? (long long)valOf(v) : -1;
+}
+
 __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* p, uint32_t epoch,
                                             int what, int peer) {
-  unsigned long long deadline = 0;
-  for (uint32_t spins = 0;; spins++) {
-    uint64_t v = ldAcquireSys(p);
-    if (reached(uint32_t(v), epoch)) return true;
-    if ((spins & 63) == 63) {
-      unsigned long long now = globalTimer();
-      if (deadline == 0) deadline = now + cv.timeout_ns;
-      else if (now > deadline) {
-        reportError(cv, 8, what, peer, (long long)epoch, 0);
-        return false;
-      }
-      if (timedOut(cv)) return false;
-      if (peerGone(cv.local->gone, peer)) {
-        if (reached(uint32_t(ldAcquireSys(p)), epoch)) return true;
-        reportError(cv, 6 /* epRemoteError */, what, peer, (long long)epoch, 0);
-        return false;
-      }
-    }
-  }
+  uint64_t v;
+  return spinWait(
+      p, cv.local, cv.timeout_ns, peer, &v, [&](uint64_t w) { return reached(uint32_t(w), epoch); },
+      [&](int code, uint64_t) { reportError(cv, code, what, peer, (long long)epoch, 0); });
 }
 
 // Channel barrier at the start of a data kernel: every rank's same channel has

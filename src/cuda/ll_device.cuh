@@ -102,28 +102,14 @@ __device__ __forceinline__ void llReport(const LLView& v, int code, int what, in
   __threadfence_system();
 }
 
-// Spins until the counter *p reaches target. Returns false after the timeout
-// or once the peer's process exited (reported), or when another wait failed.
+// Spins until the counter *p reaches target (device.cuh: spinWait). Returns
+// false after the timeout or once the peer's process exited (reported), or
+// when another wait failed.
 __device__ __forceinline__ bool llWait(const LLView& v, const uint64_t* p, uint64_t target, int what, int peer) {
-  unsigned long long deadline = 0;
-  for (uint32_t spins = 0;; spins++) {
-    const uint64_t got = ldAcquireSys(p);
-    if (got >= target) return true;
-    if ((spins & 63) == 63) {
-      unsigned long long now = globalTimer();
-      if (deadline == 0) deadline = now + v.timeout_ns;
-      else if (now > deadline) {
-        llReport(v, 8 /* epTimeout */, what, peer, (long long)target, (long long)got);
-        return false;
-      }
-      if (*reinterpret_cast<volatile int*>(&v.local->timed_out)) return false;
-      if (peerGone(v.local->gone, peer)) {  // device.cuh: look once more, then give up on it
-        if (ldAcquireSys(p) >= target) return true;
-        llReport(v, 6 /* epRemoteError */, what, peer, (long long)target, (long long)ldAcquireSys(p));
-        return false;
-      }
-    }
-  }
+  uint64_t got;
+  return spinWait(
+      p, v.local, v.timeout_ns, peer, &got, [&](uint64_t w) { return w >= target; },
+      [&](int code, uint64_t w) { llReport(v, code, what, peer, (long long)target, (long long)w); });
 }
 
 // Counter target of pair p: the blocks of all pairs of its set so far.

@@ -44,18 +44,26 @@ __global__ void smemKernel(int* sink) {
   if (s[(threadIdx.x + 1) % blockDim.x] == -1) *sink = 1;
 }
 
+__device__ __forceinline__ void redSys(unsigned long long* c, bool release) {
+  if (release) asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+  else asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+}
+
+__device__ __forceinline__ void spinUntil(const unsigned long long* p, unsigned long long target) {
+  unsigned long long got;
+  do {
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(p) : "memory");
+  } while (got < target);
+}
+
+// (b), (c), (f) with release reductions; (i) with relaxed ones.
+template <bool kRelease>
 __global__ void signalWaitKernel(Peers p, unsigned long long round, int pdl) {
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
   __syncthreads();
   if (threadIdx.x < p.n) {
-    unsigned long long* c = p.ctr[threadIdx.x] + p.me;
-    asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
-    const unsigned long long target = round * gridDim.x;
-    const unsigned long long* mine = p.ctr[p.me] + threadIdx.x;
-    unsigned long long got;
-    do {
-      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(mine) : "memory");
-    } while (got < target);
+    redSys(p.ctr[threadIdx.x] + p.me, kRelease);
+    spinUntil(p.ctr[p.me] + threadIdx.x, round * gridDim.x);
   }
   __syncthreads();
 }
@@ -64,89 +72,34 @@ __global__ void signalWaitKernel(Peers p, unsigned long long round, int pdl) {
 __global__ void signalSpreadKernel(Peers p, unsigned long long round) {
   __syncthreads();
   const int lane = blockIdx.x % kLanes;
-  if (threadIdx.x < p.n) {
-    unsigned long long* c = p.ctr[threadIdx.x] + (p.me * kLanes + lane) * kLaneStride;
-    asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
-  }
+  if (threadIdx.x < p.n) redSys(p.ctr[threadIdx.x] + (p.me * kLanes + lane) * kLaneStride, true);
   if (threadIdx.x < p.n * kLanes) {
     const int l = threadIdx.x % kLanes;
     const unsigned long long per_round = gridDim.x / kLanes + (l < int(gridDim.x % kLanes) ? 1 : 0);
-    const unsigned long long* mine = p.ctr[p.me] + threadIdx.x * kLaneStride;
-    unsigned long long got;
-    do {
-      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(mine) : "memory");
-    } while (got < round * per_round);
+    spinUntil(p.ctr[p.me] + threadIdx.x * kLaneStride, round * per_round);
   }
   __syncthreads();
 }
 
-// (h): each block counts itself on its own GPU (release at system scope, so
-// that its stores are visible to the peers before the count); the last one
-// adds 1 to every GPU's counter [me].
+// (h) (kSysFence): each block counts itself on its own GPU after a
+// system-scope fence (its stores visible to the peers before the count); the
+// last one adds 1 to every GPU's counter [me]. (j): no fence, the count is a
+// GPU-scope acq_rel atomic: one system-scope release per grid, the last
+// block's, which is cumulative over the counts it acquired.
+template <bool kSysFence>
 __global__ void signalLastKernel(Peers p, unsigned long long round) {
   __shared__ int last;
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned long long old;
-    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    if (kSysFence) asm volatile("fence.acq_rel.sys;" ::: "memory");
     asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;"
                  : "=l"(old) : "l"(p.ctr[p.me] + kLocalCount) : "memory");
     last = old == round * gridDim.x - 1;
   }
   __syncthreads();
-  if (last && threadIdx.x < p.n) {
-    unsigned long long* c = p.ctr[threadIdx.x] + p.me;
-    asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
-  }
-  if (threadIdx.x < p.n) {
-    const unsigned long long* mine = p.ctr[p.me] + threadIdx.x;
-    unsigned long long got;
-    do {
-      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(mine) : "memory");
-    } while (got < round);
-  }
-  __syncthreads();
-}
-
-// (j): (h) with one system-scope release per grid: the last block's, which
-// is cumulative over the counts it acquired.
-__global__ void signalLastGpuKernel(Peers p, unsigned long long round) {
-  __shared__ int last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long old;
-    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;"
-                 : "=l"(old) : "l"(p.ctr[p.me] + kLocalCount) : "memory");
-    last = old == round * gridDim.x - 1;
-  }
-  __syncthreads();
-  if (last && threadIdx.x < p.n) {
-    unsigned long long* c = p.ctr[threadIdx.x] + p.me;
-    asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
-  }
-  if (threadIdx.x < p.n) {
-    const unsigned long long* mine = p.ctr[p.me] + threadIdx.x;
-    unsigned long long got;
-    do {
-      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(mine) : "memory");
-    } while (got < round);
-  }
-  __syncthreads();
-}
-
-// (i): (b) with relaxed reductions.
-__global__ void signalRelaxedKernel(Peers p, unsigned long long round) {
-  __syncthreads();
-  if (threadIdx.x < p.n) {
-    unsigned long long* c = p.ctr[threadIdx.x] + p.me;
-    asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
-    const unsigned long long target = round * gridDim.x;
-    const unsigned long long* mine = p.ctr[p.me] + threadIdx.x;
-    unsigned long long got;
-    do {
-      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(got) : "l"(mine) : "memory");
-    } while (got < target);
-  }
+  if (last && threadIdx.x < p.n) redSys(p.ctr[threadIdx.x] + p.me, true);
+  if (threadIdx.x < p.n) spinUntil(p.ctr[p.me] + threadIdx.x, round);
   __syncthreads();
 }
 
@@ -194,9 +147,9 @@ int main() {
             else if (variant == 3 && (k & 1)) smemKernel<8192><<<blocks, 256, 0, s>>>(sink);
             else if (variant == 3) smemKernel<29696><<<blocks, 256, 0, s>>>(sink);
             else if (variant == 6) signalSpreadKernel<<<blocks, 256, 0, s>>>(p, ++round);
-            else if (variant == 7) signalLastKernel<<<blocks, 256, 0, s>>>(p, ++round);
-            else if (variant == 8) signalRelaxedKernel<<<blocks, 256, 0, s>>>(p, ++round);
-            else if (variant == 9) signalLastGpuKernel<<<blocks, 256, 0, s>>>(p, ++round);
+            else if (variant == 7) signalLastKernel<true><<<blocks, 256, 0, s>>>(p, ++round);
+            else if (variant == 8) signalWaitKernel<false><<<blocks, 256, 0, s>>>(p, ++round, 0);
+            else if (variant == 9) signalLastKernel<false><<<blocks, 256, 0, s>>>(p, ++round);
             else if (variant >= 4) {
               cudaLaunchConfig_t cfg = {};
               cudaLaunchAttribute attr[1];
@@ -208,8 +161,8 @@ int main() {
               cfg.attrs = attr;
               cfg.numAttrs = 1;
               if (variant == 4) CK(cudaLaunchKernelEx(&cfg, emptyPdlKernel));
-              else CK(cudaLaunchKernelEx(&cfg, signalWaitKernel, p, ++round, 1));
-            } else signalWaitKernel<<<blocks, 256, 0, s>>>(p, ++round, 0);
+              else CK(cudaLaunchKernelEx(&cfg, signalWaitKernel<true>, p, ++round, 1));
+            } else signalWaitKernel<true><<<blocks, 256, 0, s>>>(p, ++round, 0);
           }
           CK(cudaStreamEndCapture(s, &g));
           CK(cudaGraphInstantiate(&ge, g, 0));
