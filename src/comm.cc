@@ -142,6 +142,10 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
   return epSuccess;
 }
 
+bool peerExited(const epComm* comm, int r) {
+  return comm->pid_visible[r] && !processAlive(comm->peers[r].pid);
+}
+
 epResult_t buildNodeMap(const std::vector<epPeerInfo_v1_t>& peers, int node_size, NodeMap* out) {
   const int R = int(peers.size());
   NodeMap m;

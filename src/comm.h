@@ -63,6 +63,11 @@ struct NodeMap {
 // consecutive blocks of node_size when node_size > 0.
 epResult_t buildNodeMap(const std::vector<epPeerInfo_v1_t>& peers, int node_size, NodeMap* out);
 
+// True once rank r's process exited, as far as this rank can tell: only a
+// peer whose pid means something here (epComm::pid_visible) can be seen to
+// exit; for any other peer, false.
+bool peerExited(const epComm* comm, int r);
+
 // Limits of a communicator (SEMANTICS.md): far above any model, low enough
 // that no buffer size computed from them overflows size_t.
 constexpr int kMaxCommRanks = 1 << 16;
@@ -90,7 +95,7 @@ struct epComm {
   ep::NodeMap nodes;
   ep::Plan plan;  // path to every peer, rail peers, NIC (built by planBuildForComm)
   std::vector<epPeerInfo_v1_t> peers;  // [R]
-  std::vector<bool> pid_visible;        // [R]: peers[r].pid names that rank's process here (processAlive)
+  std::vector<bool> pid_visible;        // [R]: peers[r].pid names that rank's process here (peerExited)
   ep::Bootstrap* bootstrap = nullptr;
   std::atomic<int> abort_flag{0};
   // Non-zero (an epResult_t) once a peer failed or timed out: the comm is unusable.

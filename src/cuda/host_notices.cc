@@ -1,11 +1,8 @@
 #include "host_notices.h"
 
-#include <unistd.h>
-
 #include <chrono>
 
 #include "../debug.h"
-#include "../process.h"
 #include "cuda_check.h"
 #include "cuda_common.h"
 
@@ -32,17 +29,17 @@ epResult_t HostNotices::init() {
   return epSuccess;
 }
 
-// Peers this rank can watch: in another process whose pid means something here.
+// Peers in another process (one in this process cannot exit alone).
 bool HostNotices::watched(int r) const {
   const int me = comm_->rank;
-  return r != me && comm_->pid_visible[r] && comm_->peers[r].pid != comm_->peers[me].pid;
+  return r != me && comm_->peers[r].pid != comm_->peers[me].pid;
 }
 
 void HostNotices::watch() {
   bool any = false;
   for (int r = 0; r < comm_->nranks; r++) {
-    any |= watched(r);
-    if (r != comm_->rank && !comm_->pid_visible[r])
+    any |= watched(r) && comm_->pid_visible[r];
+    if (watched(r) && !comm_->pid_visible[r])
       EP_INFO(kSubsysCuda, "rank %d runs in another pid namespace: its exit is noticed at the timeout", r);
   }
   if (any) watcher_ = std::thread([this] { run(); });
@@ -56,7 +53,7 @@ void HostNotices::run() {
   while (!stop_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
     for (int r = 0; r < R; r++) {
       const int pid = comm_->peers[r].pid;
-      if (!watched(r) || marked[r] || processAlive(pid)) continue;
+      if (!watched(r) || marked[r] || !peerExited(comm_, r)) continue;
       marked[r] = true;
       EP_WARN(kSubsysCuda, "rank %d (pid %d) exited: this rank's waits for it end with epRemoteError", r, pid);
       markGone(r);

@@ -1,17 +1,14 @@
 #include "exchange.h"
 
 #include <sched.h>
-#include <signal.h>
 #include <time.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "../debug.h"
-#include "../process.h"
 
 namespace ep {
 namespace host {
@@ -34,11 +31,7 @@ Exchanger::Exchanger(epComm* comm, std::vector<void*> segments, const RingGeomet
       scratch_(size_t(geometry.chunk_records) * geometry.record_bytes) {}
 
 // A peer process that exited (or is a zombie) will never make progress again.
-// A pid from another machine or pid namespace says nothing here: such a peer
-// counts as alive (its exit is noticed at the timeout).
-bool Exchanger::peerAlive(int rank) const {
-  return !comm_->pid_visible[rank] || processAlive(comm_->peers[rank].pid);
-}
+bool Exchanger::peerAlive(int rank) const { return !peerExited(comm_, rank); }
 
 bool Exchanger::peerClosed(int rank) const {
   const int me = comm_->rank;
