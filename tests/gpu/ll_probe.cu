@@ -15,13 +15,24 @@
 //     code twice in one launch (after a kernel with other code ran): the
 //     first pass fetches it, the second runs it from the instruction caches
 //     where it fits. The LL kernels run tens of KB of unrolled code once per
-//     call, so this bounds what fetching it can cost.
+//     call, so this bounds what fetching it can cost;
+//   - code reached by jumps: one thread runs 32 pieces of 1 KB of code in a
+//     random order (a jump table), first pass against second, with the
+//     code's lines in L2 and with L2 flushed before: what a branchy kernel
+//     pays per jump to code the SM has not cached;
+//   - the copy of the LL receive half alone, without any signal or
+//     bookkeeping: 256 landed records of a 7168-byte FP8 row each copied to
+//     4 expert slots (the 128-token EP2 shape) by 132 blocks of 256
+//     threads, loads of a block's share in flight before its stores; also
+//     only its loads and only its stores: the memory system's floor for the
+//     receive half.
 // Build: nvcc -O2 -arch=sm_90 tests/gpu/ll_probe.cu -o build/tests/ll_probe
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <vector>
 
 #include "cuda_check.h"
@@ -179,13 +190,155 @@ void fetchProbe(uint64_t* out) {
          kb, double(h[0]) * us, double(h[1]) * us, (double(h[0]) - double(h[1])) * us * 1000 / kb);
 }
 
+
+// One piece of jumpy code: 64 dependent multiply-adds (1 KB of SASS).
+#define LLP_PIECE(k)                                                      \
+  case k:                                                                 \
+    _Pragma("unroll") for (int i = 0; i < 64; i++)                        \
+        asm volatile("mad.lo.u32 %0, %0, %1, %0;" : "+r"(x) : "r"(y + k)); \
+    break;
+#define LLP_PIECES8(b)                                                                                \
+  LLP_PIECE(b) LLP_PIECE(b + 1) LLP_PIECE(b + 2) LLP_PIECE(b + 3) LLP_PIECE(b + 4) LLP_PIECE(b + 5) \
+  LLP_PIECE(b + 6) LLP_PIECE(b + 7)
+
+// One thread runs the 32 pieces in the order `order` (a jump table), twice;
+// out[0] / out[1]: cycles of pass 1 / pass 2.
+__global__ void jumpKernel(const int* order, uint32_t y, uint64_t* out) {
+  uint32_t x = y;
+  long long t[3];
+#pragma unroll 1
+  for (int pass = 0; pass < 2; pass++) {
+    t[pass] = clock64();
+#pragma unroll 1
+    for (int j = 0; j < 32; j++) {
+      switch (order[j]) { LLP_PIECES8(0) LLP_PIECES8(8) LLP_PIECES8(16) LLP_PIECES8(24) }
+    }
+  }
+  t[2] = clock64();
+  out[0] = uint64_t(t[1] - t[0]);
+  out[1] = uint64_t(t[2] - t[1]);
+  out[2] = x;
+}
+
+// jumpKernel with the SM's instruction caches cold (another kernel's code
+// ran in between); `flush`: L2 flushed too (256 MiB written) before it.
+void jumpProbe(uint64_t* out, bool flush) {
+  std::vector<int> order(32);
+  for (int i = 0; i < 32; i++) order[i] = (i * 13 + 7) % 32;  // a fixed scattered order
+  int* d_order;
+  CK(cudaMalloc(&d_order, 32 * sizeof(int)));
+  CK(cudaMemcpy(d_order, order.data(), 32 * sizeof(int), cudaMemcpyHostToDevice));
+  void* big = nullptr;
+  if (flush) CK(cudaMalloc(&big, size_t(256) << 20));
+  uint64_t h[3] = {0, 0, 0};
+  for (int rep = 0; rep < 3; rep++) {  // the last repetition counts
+    codeKernel<4096, 3><<<1, 1>>>(7, out + 3);  // 64 KB of other code through the instruction caches
+    if (flush) CK(cudaMemset(big, rep, size_t(256) << 20));
+    jumpKernel<<<1, 1>>>(d_order, 3, out);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, out, sizeof(h), cudaMemcpyDeviceToHost));
+  }
+  int khz = 0;
+  CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const double us = 1000.0 / khz;
+  printf("ll_probe: 32 jumps to 1 KB pieces of code, %-11s first pass %6.2f us, second %6.2f us: %5.0f ns per jump\n",
+         flush ? "L2 flushed:" : "L2 warm:", double(h[0]) * us, double(h[1]) * us,
+         (double(h[0]) - double(h[1])) * us * 1000 / 32);
+  if (big) CK(cudaFree(big));
+  CK(cudaFree(d_order));
+}
+
+// The receive half's copy alone (see the top): block b takes records
+// [2b, 2b + 2) of `recs` (kRecBytes each), loads its share, 8 x 16 bytes per
+// thread in flight, and stores each piece to the record's 4 slots of `out`
+// (slot[r][d]: row index). kWhat: 0 copy, 1 loads only, 2 stores only.
+// times[b * 2] / [b * 2 + 1]: the block's start / end (globaltimer).
+constexpr int kCopyRecs = 256, kCopyRow = 7168, kCopySlots = 4;
+template <int kWhat>
+__global__ void __launch_bounds__(256, 1)
+    copyKernel(const int4* recs, int4* out, const int* slot, unsigned long long* times, int* sink) {
+  const unsigned long long t0 = globalTimer();
+  const int pieces = kCopyRow / 16;
+  const int lo = kCopyRecs * blockIdx.x / gridDim.x, hi = kCopyRecs * (blockIdx.x + 1) / gridDim.x;
+  const int total = (hi - lo) * pieces;
+  int acc = 0;
+  for (int base = 0; base < total; base += 256 * 8) {
+    int4 raw[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const int unit = base + u * 256 + threadIdx.x;
+      if (unit >= total) continue;
+      const int i = lo + unit / pieces, j = unit % pieces;
+      if (kWhat == 2) {
+        raw[u] = make_int4(i, j, u, 0);
+      } else {
+        asm volatile("ld.relaxed.gpu.global.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(raw[u].x), "=r"(raw[u].y), "=r"(raw[u].z), "=r"(raw[u].w)
+                     : "l"(recs + size_t(i) * pieces + j) : "memory");
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const int unit = base + u * 256 + threadIdx.x;
+      if (unit >= total) continue;
+      const int i = lo + unit / pieces, j = unit % pieces;
+      if (kWhat == 1)
+        acc ^= raw[u].x ^ raw[u].w;
+      else
+        for (int d = 0; d < kCopySlots; d++) out[size_t(slot[i * kCopySlots + d]) * pieces + j] = raw[u];
+    }
+  }
+  if (kWhat == 1 && acc == 0x7fffffff) *sink = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    times[blockIdx.x * 2] = t0;
+    times[blockIdx.x * 2 + 1] = globalTimer();
+  }
+}
+
+// One load per 2 MiB page of `pages` pages: evicts the SMs' and the shared
+// address translations of other memory while moving next to no data.
+__global__ void touchPagesKernel(const uint64_t* base, int pages, int* sink) {
+  uint64_t acc = 0;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < pages; i += gridDim.x * blockDim.x)
+    acc ^= base[size_t(i) * (size_t(2) << 20) / 8];
+  if (acc == 0x123456789ull) *sink = 1;
+}
+
+// Median over 50 launches of (latest block end - earliest block start);
+// `thrash` (not null): touchPagesKernel over it before every launch.
+template <int kWhat>
+void copyProbe(const char* what, const int4* recs, int4* out, const int* slot, unsigned long long* times, int* sink,
+               const uint64_t* thrash = nullptr, int thrash_pages = 0) {
+  const int G = 132;
+  std::vector<double> us;
+  std::vector<unsigned long long> h(2 * G);
+  for (int rep = 0; rep < 60; rep++) {
+    if (thrash) touchPagesKernel<<<132, 128>>>(thrash, thrash_pages, sink);
+    copyKernel<kWhat><<<G, 256>>>(recs, out, slot, times, sink);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h.data(), times, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    unsigned long long first = ~0ull, last = 0;
+    for (int b = 0; b < G; b++) {
+      first = std::min(first, h[2 * b]);
+      last = std::max(last, h[2 * b + 1]);
+    }
+    if (rep >= 10) us.push_back((last - first) / 1000.0);
+  }
+  std::sort(us.begin(), us.end());
+  printf("ll_probe: receive-half copy floor, %-34s median %5.2f us (%d records x %d slots, 132 blocks)\n", what,
+         us[us.size() / 2], kCopyRecs, kCopySlots);
+}
+
 int main() {
   int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
-    printf("SKIPPED ll_probe: needs 2 GPUs\n");
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+    printf("SKIPPED ll_probe: no GPU\n");
     return 0;
   }
-  for (int d = 0; d < 2; d++) {
+  const bool two = ndev >= 2;  // the chains over NVLink need a peer
+  if (!two) printf("ll_probe: one GPU: the NVLink chains are SKIPPED\n");
+  for (int d = 0; two && d < 2; d++) {
     CK(cudaSetDevice(d));
     CK(cudaDeviceEnablePeerAccess(1 - d, 0));
   }
@@ -208,18 +361,20 @@ int main() {
   chase<kAcquireGpu>("L2-resident chain, written by this GPU", l2, kWarm);
   chase<kAcquireSys>("L2-resident chain, written by this GPU", l2, kWarm);
 
-  // The same memory, chain written by GPU 1 over NVLink just before; first run only.
-  const Chain landed = makeChain(small0, 4096, 256, 1);
-  chase<kRelaxedGpu>("chain the peer just wrote over NVLink, first read", landed, kFirst);
-  makeChain(small0, 4096, 256, 1);  // written by the peer again: the first read once more
-  chase<kWeakNoL1>("chain the peer just wrote over NVLink, first read", landed, kFirst);
+  if (two) {
+    // The same memory, chain written by GPU 1 over NVLink just before; first run only.
+    const Chain landed = makeChain(small0, 4096, 256, 1);
+    chase<kRelaxedGpu>("chain the peer just wrote over NVLink, first read", landed, kFirst);
+    makeChain(small0, 4096, 256, 1);  // written by the peer again: the first read once more
+    chase<kWeakNoL1>("chain the peer just wrote over NVLink, first read", landed, kFirst);
 
-  // A chain in GPU 1's memory, read by GPU 0 over NVLink.
-  CK(cudaSetDevice(1));
-  uint64_t* small1;
-  CK(cudaMalloc(&small1, 1 << 20));
-  const Chain remote = makeChain(small1, 4096, 256, 1);
-  chase<kRelaxedGpu>("chain in the peer's memory (a load over NVLink)", remote, kWarm);
+    // A chain in GPU 1's memory, read by GPU 0 over NVLink.
+    CK(cudaSetDevice(1));
+    uint64_t* small1;
+    CK(cudaMalloc(&small1, 1 << 20));
+    const Chain remote = makeChain(small1, 4096, 256, 1);
+    chase<kRelaxedGpu>("chain in the peer's memory (a load over NVLink)", remote, kWarm);
+  }
 
   // A new 2 MiB page per step: 32 pages (64 MiB), then 1024 pages (2 GiB).
   CK(cudaSetDevice(0));
@@ -240,6 +395,52 @@ int main() {
   fetchProbe<1024>(code_out);
   fetchProbe<4096>(code_out);
   fetchProbe<8192>(code_out);
+  jumpProbe(code_out, false);
+  jumpProbe(code_out, true);
   CK(cudaFree(code_out));
+
+  // The receive half's copy: records landed in GPU 0's memory, rows of 144
+  // experts x 256 slots in the output (as the 128-token EP2 shape).
+  {
+    const int pieces = kCopyRow / 16, rows = 144 * 256;
+    int4 *recs, *outr;
+    int *slot, *sink;
+    unsigned long long* times;
+    CK(cudaMalloc(&recs, size_t(kCopyRecs) * kCopyRow));
+    CK(cudaMalloc(&outr, size_t(rows) * kCopyRow));
+    CK(cudaMalloc(&slot, kCopyRecs * kCopySlots * sizeof(int)));
+    CK(cudaMalloc(&sink, sizeof(int)));
+    CK(cudaMalloc(&times, 2 * 132 * sizeof(unsigned long long)));
+    CK(cudaMemset(recs, 0x35, size_t(kCopyRecs) * kCopyRow));
+    std::vector<int> hs(kCopyRecs * kCopySlots);
+    srand(777);
+    for (int r = 0; r < kCopyRecs; r++)
+      for (int d = 0; d < kCopySlots; d++) hs[r * kCopySlots + d] = (rand() % 144) * 256 + r;  // distinct rows
+    CK(cudaMemcpy(slot, hs.data(), hs.size() * sizeof(int), cudaMemcpyHostToDevice));
+    (void)pieces;
+    copyProbe<0>("copy (loads, then 4 stores each):", recs, outr, slot, times, sink);
+    copyProbe<1>("loads only:", recs, outr, slot, times, sink);
+    copyProbe<2>("stores only:", recs, outr, slot, times, sink);
+    // The same after other memory's translations evicted them (32 GiB, one
+    // load per 2 MiB page): the LL kernels run between other kernels that
+    // touch other buffers.
+    uint64_t* thrash = nullptr;
+    const int thrash_pages = 16384;
+    if (cudaMalloc(&thrash, size_t(thrash_pages) << 21) == cudaSuccess) {
+      CK(cudaMemset(thrash, 0, size_t(thrash_pages) << 21));
+      copyProbe<0>("copy, translations evicted before:", recs, outr, slot, times, sink, thrash, thrash_pages);
+      copyProbe<1>("loads only, translations evicted:", recs, outr, slot, times, sink, thrash, thrash_pages);
+      copyProbe<2>("stores only, translations evicted:", recs, outr, slot, times, sink, thrash, thrash_pages);
+      CK(cudaFree(thrash));
+    } else {
+      (void)cudaGetLastError();
+      printf("ll_probe: SKIPPED the evicted-translation copy: 32 GiB not free\n");
+    }
+    CK(cudaFree(recs));
+    CK(cudaFree(outr));
+    CK(cudaFree(slot));
+    CK(cudaFree(sink));
+    CK(cudaFree(times));
+  }
   return 0;
 }
