@@ -42,10 +42,12 @@ __device__ __forceinline__ void loadRecords(const LLView& v, int set, const int*
                                             RecordLoads& rl) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
+  for (int m = 0; m < kHdrPerWarp; m++) rl.h[m].tag = 0;
+#pragma unroll
   for (int m = 0; m < kHdrPerWarp; m++) {
     const int i = warp + m * kWarps;
-    rl.h[m].tag = 0;
-    if (i < n) llLoadHeader(v, llRecordAt(v, set, src_base, sendOrder(v, src_base, c0 + i)), lane, rl.h[m], &rl.w[m]);
+    if (i >= n) break;
+    llLoadHeader(v, llRecordAt(v, set, src_base, sendOrder(v, src_base, c0 + i)), lane, rl.h[m], &rl.w[m]);
   }
 }
 
@@ -71,7 +73,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   int lo, hi;
   llBlockRange(src_base[R], lo, hi);
   RecordLoads rl;
-  loadRecords(v, set, src_base, lo, min(kRecGroup, hi - lo), rl);
+  if (hi > lo) loadRecords(v, set, src_base, lo, min(kRecGroup, hi - lo), rl);
   // Pair - 2 used this set: every home rank must have read its rows of it.
   if (pair >= 2) llWaitAll(v, kLLCombineRead, set, llTarget(pair - 2), kLLWhatFree);
   for (int c0 = lo; c0 < hi; c0 += kRecGroup) {
