@@ -297,11 +297,11 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
     if (t0 != lo) loadTokens(p, t0, n, tl);
     writeHeaders(p, set, tag, t0, n, tl, s_mask);
     __syncthreads();
-    storeRowPieces(p, set, t0, n, 0, tl.raw, s_mask);
-    for (int base = kThreads * kInFlight; base < n * piecesPerToken(p); base += kThreads * kInFlight) {
-      int4 raw[kInFlight];
-      loadRowPieces(p, t0, n, base, raw);
-      storeRowPieces(p, set, t0, n, base, raw, s_mask);
+    // One copy of the (large, unrolled) store code: the first round's pieces
+    // were loaded with the group's ids, the later rounds load theirs here.
+    for (int base = 0; base < n * piecesPerToken(p); base += kThreads * kInFlight) {
+      if (base != 0) loadRowPieces(p, t0, n, base, tl.raw);
+      storeRowPieces(p, set, t0, n, base, tl.raw, s_mask);
     }
   }
   llMark(v, pair, kLLKindDispatch, 1);  // rows stored
