@@ -246,6 +246,10 @@ int main(int argc, char** argv) {
         // More (source, expert) counts than a block stages (R * L > 4096) and
         // more experts than the numbering blocks take in one batch.
         {128, 8, 2304 * R, 64, std::vector<int>(R, 60), true, false, false},
+        // Decode-sized calls at the full hidden size: far fewer records than
+        // blocks (the paths a small call takes: most blocks without work).
+        {7168, 8, 288, 16, std::vector<int>(R, 3), true, false, false},
+        {7168, 8, 288, 8, std::vector<int>(R, 1), false, false, true},
     };
     std::vector<int> zero(R, 40);
     zero[0] = 0;  // rank 0 sends nothing
