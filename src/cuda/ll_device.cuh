@@ -4,6 +4,7 @@
 
 #include "device.cuh"
 #include "ll_common.h"
+#include "ll_share.h"
 
 namespace ep {
 namespace cuda {
@@ -40,11 +41,6 @@ __device__ __forceinline__ int32_t* llCounts(const LLView& v, int r, int set) {
   return reinterpret_cast<int32_t*>(llSet(v, r, set) + v.cnt_off);
 }
 
-// Share i of `parts` of n items: [lo, hi), contiguous and balanced.
-__device__ __forceinline__ void llShare(int n, unsigned i, unsigned parts, int& lo, int& hi) {
-  lo = int((long long)n * i / parts);
-  hi = int((long long)n * (i + 1) / parts);
-}
 // This block's share of n items.
 __device__ __forceinline__ void llBlockRange(int n, int& lo, int& hi) { llShare(n, blockIdx.x, gridDim.x, lo, hi); }
 
