@@ -66,19 +66,28 @@ __device__ __forceinline__ uint64_t tagged(uint32_t epoch, uint32_t v) {
 // True once tag has reached epoch (wrap-safe).
 __device__ __forceinline__ bool reached(uint32_t tag, uint32_t epoch) { return int32_t(tag - epoch) >= 0; }
 
-// Records the first error of this rank in the host-visible slot.
+// Records the first error of this rank in the host-visible slot `err`
+// (`local`: the rank-private words of a kernel family, DevLocal or LLLocal).
+// A wait that failed (epTimeout, epRemoteError) also makes every other wait
+// of the family leave.
+template <typename Local>
+__device__ __forceinline__ void recordError(Local* local, ErrorInfo* err, int code, int what, int peer, long long a,
+                                            long long b) {
+  if (code == 8 || code == 6) atomicExch(&local->timed_out, 1);  // epTimeout, epRemoteError
+  if (atomicCAS(&local->err_claim, 0, 1) != 0) return;
+  err->what = what;
+  err->peer = peer;
+  err->channel = blockIdx.x;
+  err->a = a;
+  err->b = b;
+  __threadfence_system();
+  err->code = code;
+  __threadfence_system();
+}
+
 __device__ __forceinline__ void reportError(const CommView& cv, int code, int what, int peer,
                                             long long a, long long b) {
-  if (code == 8 || code == 6) atomicExch(&cv.local->timed_out, 1);  // epTimeout, epRemoteError
-  if (atomicCAS(&cv.local->err_claim, 0, 1) != 0) return;
-  cv.err->what = what;
-  cv.err->peer = peer;
-  cv.err->channel = blockIdx.x;
-  cv.err->a = a;
-  cv.err->b = b;
-  __threadfence_system();
-  cv.err->code = code;
-  __threadfence_system();
+  recordError(cv.local, cv.err, code, what, peer, a, b);
 }
 
 // True once the host's watcher saw rank `peer`'s process exit.

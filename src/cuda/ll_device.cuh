@@ -9,8 +9,6 @@
 namespace ep {
 namespace cuda {
 
-enum LLWhat { kLLWhatFree = 20, kLLWhatDispatch = 21, kLLWhatCombine = 22, kLLWhatBadTopk = 23, kLLWhatWire = 24 };
-
 __device__ __forceinline__ LLCtrl* llCtrl(const LLView& v, int r) { return reinterpret_cast<LLCtrl*>(v.bufs[r]); }
 
 __device__ __forceinline__ char* llSet(const LLView& v, int r, int set) {
@@ -86,16 +84,7 @@ __device__ __forceinline__ void llLoadHeader(const LLView& v, char* rec, int lan
 }
 
 __device__ __forceinline__ void llReport(const LLView& v, int code, int what, int peer, long long a, long long b) {
-  if (code == 8 || code == 6) atomicExch(&v.local->timed_out, 1);  // epTimeout, epRemoteError
-  if (atomicCAS(&v.local->err_claim, 0, 1) != 0) return;
-  v.err->what = what;
-  v.err->peer = peer;
-  v.err->channel = blockIdx.x;
-  v.err->a = a;
-  v.err->b = b;
-  __threadfence_system();
-  v.err->code = code;
-  __threadfence_system();
+  recordError(v.local, v.err, code, what, peer, a, b);
 }
 
 // Spins until the counter *p reaches target (device.cuh: spinWait). Returns
