@@ -62,6 +62,10 @@ struct LLCtrl {
 // receiver finds a source of the other type without loading anything more.
 constexpr uint32_t kLLNtokFp8 = 1u << 31;
 
+// What a low-latency kernel was doing when it reported an error
+// (ErrorInfo::what; the host names it in the message).
+enum LLWhat { kLLWhatFree = 20, kLLWhatDispatch = 21, kLLWhatCombine = 22, kLLWhatBadTopk = 23, kLLWhatWire = 24 };
+
 // Rank-private device counters.
 struct LLLocal {
   uint64_t pairs;           // dispatch sends issued (64 bits: the signal targets grow with it and never wrap)

@@ -191,11 +191,11 @@ void LLEngine::release(epHandle* h) {
 
 const char* llWhatName(int what) {
   switch (what) {
-    case 20: return "waiting for a peer to release a low-latency buffer set";
-    case 21: return "low-latency dispatch: waiting for a source's tokens";
-    case 22: return "low-latency combine: waiting for a rank's partial sums";
-    case 23: return "low-latency dispatch: an expert id is not -1 or in [0, num_experts)";
-    case 24: return "low-latency dispatch: a source sent another wire type";
+    case kLLWhatFree: return "waiting for a peer to release a low-latency buffer set";
+    case kLLWhatDispatch: return "low-latency dispatch: waiting for a source's tokens";
+    case kLLWhatCombine: return "low-latency combine: waiting for a rank's partial sums";
+    case kLLWhatBadTopk: return "low-latency dispatch: an expert id is not -1 or in [0, num_experts)";
+    case kLLWhatWire: return "low-latency dispatch: a source sent another wire type";
     default: return "low-latency kernel";
   }
 }
@@ -209,7 +209,7 @@ epResult_t LLEngine::checkErrors(const char* fn) {
   const long long a = err_host_->a, b = err_host_->b;
   err_host_->code = 0;
   cudaMemset(&local_->err_claim, 0, sizeof(int));
-  if (what == 24)
+  if (what == kLLWhatWire)
     return setError(comm_, epInvalidUsage,
                     "%s: an earlier low-latency dispatch: rank %d sent %s rows and this rank asked for %s: wire_type "
                     "must be the same on every rank",
@@ -220,7 +220,7 @@ epResult_t LLEngine::checkErrors(const char* fn) {
                     "%s: rank %d (pid %d) exited while an earlier low-latency call of rank %d waited for it (%s); "
                     "the communicator cannot be used any more",
                     fn, peer, comm_->peers[peer].pid, comm_->rank, llWhatName(what));
-  if (what == 23)
+  if (what == kLLWhatBadTopk)
     return setError(comm_, epInvalidArgument, "%s: an earlier low-latency dispatch had topk_idx of token %lld = %lld: %s",
                     fn, a, b, llWhatName(what));
   return setError(comm_, epResult_t(code), "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) "
