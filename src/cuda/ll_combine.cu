@@ -40,15 +40,8 @@ __device__ __forceinline__ int sendOrder(const LLView& v, const int* src_base, i
 
 __device__ __forceinline__ void loadRecords(const LLView& v, int set, const int* src_base, int c0, int n,
                                             RecordLoads& rl) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int m = 0; m < kHdrPerWarp; m++) rl.h[m].tag = 0;
-#pragma unroll
-  for (int m = 0; m < kHdrPerWarp; m++) {
-    const int i = warp + m * kWarps;
-    if (i >= n) break;
-    llLoadHeader(v, llRecordAt(v, set, src_base, sendOrder(v, src_base, c0 + i)), lane, rl.h[m], &rl.w[m]);
-  }
+  const auto order = [&](int c) { return sendOrder(v, src_base, c); };
+  llLoadHeaders(v, set, src_base, c0, n, kWarps, order, rl.h, rl.w);
 }
 
 __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {

@@ -83,6 +83,25 @@ __device__ __forceinline__ void llLoadHeader(const LLView& v, char* rec, int lan
   }
 }
 
+// Headers of records c0 .. c0 + n - 1 of a group (flat index order(c) of this
+// rank's landing), warp w taking records w, w + warps, ...: h[m] (and w[m]
+// when w is not null) of record warp + m * warps; tag 0 past the group's end.
+// The loop leaves at the first record past the end (see kInFlight in
+// ll_dispatch.cu: a test per unrolled iteration costs an instruction fetch).
+template <int kPerWarp, typename Order>
+__device__ __forceinline__ void llLoadHeaders(const LLView& v, int set, const int* src_base, int c0, int n, int warps,
+                                              Order order, LLHeader (&h)[kPerWarp], float* w = nullptr) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < kPerWarp; m++) h[m].tag = 0;
+#pragma unroll
+  for (int m = 0; m < kPerWarp; m++) {
+    const int i = warp + m * warps;
+    if (i >= n) break;
+    llLoadHeader(v, llRecordAt(v, set, src_base, order(c0 + i)), lane, h[m], w != nullptr ? &w[m] : nullptr);
+  }
+}
+
 __device__ __forceinline__ void llReport(const LLView& v, int code, int what, int peer, long long a, long long b) {
   recordError(v.local, v.err, code, what, peer, a, b);
 }

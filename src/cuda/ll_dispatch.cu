@@ -334,16 +334,7 @@ __device__ __forceinline__ void loadRecordRows(const LLDispatchParams& p, int se
 
 __device__ __forceinline__ void loadRecords(const LLDispatchParams& p, int set, const int* src_base, int c0, int n,
                                             RecordLoads& rl) {
-  const LLView& v = p.v;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int m = 0; m < kHdrPerWarp; m++) rl.h[m].tag = 0;
-#pragma unroll
-  for (int m = 0; m < kHdrPerWarp; m++) {
-    const int i = warp + m * kWarps;
-    if (i >= n) break;
-    llLoadHeader(v, llRecordAt(v, set, src_base, c0 + i), lane, rl.h[m]);
-  }
+  llLoadHeaders(p.v, set, src_base, c0, n, kWarps, [](int c) { return c; }, rl.h);
   loadRecordRows(p, set, src_base, c0, n, 0, rl.raw);
 }
 
