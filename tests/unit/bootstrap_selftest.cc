@@ -202,11 +202,18 @@ int caseParsing() {
 
 int caseHappy(int nranks) { return happyJob(nranks); }
 
+// A listening socket on a free port of the loopback `spec` ("127.0.0.1:0",
+// "[::1]:0"); false with *err set where there is none.
+bool listenOnFreePort(const char* spec, int family, ep::Fd* fd, ep::SocketAddress* bound, std::string* err) {
+  ep::SocketAddress a;
+  return ep::parseSocketAddress(spec, family, &a, err) && ep::listenSocket(a, fd, bound, err);
+}
+
 bool haveIpv6Loopback() {
-  ep::SocketAddress a, bound;
+  ep::SocketAddress bound;
   ep::Fd fd;
   std::string err;
-  return ep::parseSocketAddress("[::1]:0", AF_INET6, &a, &err) && ep::listenSocket(a, &fd, &bound, &err);
+  return listenOnFreePort("[::1]:0", AF_INET6, &fd, &bound, &err);
 }
 
 int caseIpv6() {
@@ -220,11 +227,10 @@ int caseIpv6() {
 
 int caseCommId() {
   // A port that was free a moment ago.
-  ep::SocketAddress a, bound;
+  ep::SocketAddress bound;
   ep::Fd probe;
   std::string err;
-  CHECK(ep::parseSocketAddress("127.0.0.1:0", AF_INET, &a, &err) && ep::listenSocket(a, &probe, &bound, &err), "%s",
-        err.c_str());
+  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &probe, &bound, &err), "%s", err.c_str());
   std::string comm_id = bound.toString();
   probe.reset();
   setenv("EP_COMM_ID", comm_id.c_str(), 1);
@@ -239,11 +245,10 @@ int caseCommId() {
 // EP_COMM_ID names a port where another program answers: the rank says so
 // (it used to report the program's bytes as an internal error of the library).
 int caseForeignRoot() {
-  ep::SocketAddress a, bound;
+  ep::SocketAddress bound;
   ep::Fd server;
   std::string err;
-  CHECK(ep::parseSocketAddress("127.0.0.1:0", AF_INET, &a, &err) && ep::listenSocket(a, &server, &bound, &err), "%s",
-        err.c_str());
+  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &server, &bound, &err), "%s", err.c_str());
   std::thread foreign([&server] {
     int fd = accept(server.get(), nullptr, nullptr);
     if (fd < 0) return;
