@@ -48,6 +48,25 @@ void Exchanger::announceClose() {
   }
 }
 
+// Rank `gone` stopped taking part: its process exited, or (closed) it
+// destroyed or aborted its communicator, most likely after an error of its
+// own, so an exited rank, if any, is named too.
+epResult_t Exchanger::failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq) {
+  comm_->broken.store(epRemoteError);
+  const unsigned long long seq = call_seq;
+  if (!closed)
+    return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what, seq, gone,
+                    comm_->peers[gone].pid);
+  for (int r = 0; r < comm_->nranks; r++)
+    if (r != comm_->rank && !peerAlive(r))
+      return setError(comm_, epRemoteError,
+                      "%s (call %llu): rank %d left the call (destroyed or aborted its communicator); "
+                      "rank %d (pid %d) exited",
+                      what, seq, gone, r, comm_->peers[r].pid);
+  return setError(comm_, epRemoteError,
+                  "%s (call %llu): rank %d left the call (destroyed or aborted its communicator)", what, seq, gone);
+}
+
 epResult_t Exchanger::failTimeout(const std::vector<StreamSpec>& sends,
                                   const std::vector<StreamSpec>& recvs, const std::vector<int>& sent,
                                   int recv_cursor, const std::vector<int>& received, const char* what,
@@ -176,22 +195,7 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
         exited_suspect = gone;
         idle_rounds = 63;  // the next idle round checks again
       } else if (gone >= 0) {
-        comm_->broken.store(epRemoteError);
-        if (!closed)
-          return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what,
-                          (unsigned long long)call_seq, gone, comm_->peers[gone].pid);
-        // It left after an error of its own, most likely: name an exited rank if there is one.
-        int exited = -1;
-        for (int r = 0; r < R && exited < 0; r++)
-          if (r != me && !peerAlive(r)) exited = r;
-        if (exited >= 0)
-          return setError(comm_, epRemoteError,
-                          "%s (call %llu): rank %d left the call (destroyed or aborted its communicator); "
-                          "rank %d (pid %d) exited",
-                          what, (unsigned long long)call_seq, gone, exited, comm_->peers[exited].pid);
-        return setError(comm_, epRemoteError,
-                        "%s (call %llu): rank %d left the call (destroyed or aborted its communicator)", what,
-                        (unsigned long long)call_seq, gone);
+        return failPeerGone(gone, closed, what, call_seq);
       }
       if (Clock::now() - last_progress > timeout)
         return failTimeout(sends, recvs, sent, recv_cursor, received, what, call_seq);

@@ -41,6 +41,7 @@ class Exchanger {
  private:
   bool peerAlive(int rank) const;
   bool peerClosed(int rank) const;
+  epResult_t failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq);
   epResult_t failTimeout(const std::vector<StreamSpec>& sends, const std::vector<StreamSpec>& recvs,
                          const std::vector<int>& sent, int recv_cursor, const std::vector<int>& received,
                          const char* what, uint64_t call_seq);
