@@ -63,8 +63,24 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   __shared__ int s_row[kRecGroup][32];  // local expert * cap + slot
   __shared__ float s_w[kRecGroup][32];
   __shared__ float* s_dst[kRecGroup];
-  int lo, hi;
-  llBlockRange(src_base[R], lo, hi);
+  // Fewer records than blocks: each record's pieces are cut into S slices
+  // (as many as fill the grid, at most one step of kUnits per thread each),
+  // so that a one-token call takes one step per block instead of several.
+  // With S == 1 a block takes a contiguous share of whole records.
+  const int nrec = src_base[R], step = kThreads * kUnits;
+  const int S = nrec >= int(gridDim.x) ? 1 : min(int(gridDim.x) / nrec, (pieces + step - 1) / step);
+  int lo, hi, plo = 0, width = pieces;  // records [lo, hi), pieces [plo, plo + width) of each
+  if (S == 1) {
+    llBlockRange(nrec, lo, hi);
+  } else {
+    int first, last;  // nrec * S <= gridDim.x: one slice or none per block
+    llBlockRange(nrec * S, first, last);
+    lo = first / S;
+    hi = last > first ? lo + 1 : lo;
+    const int chunk = (pieces + S - 1) / S, slice = first - lo * S;
+    plo = min(pieces, slice * chunk);
+    width = min(pieces, plo + chunk) - plo;
+  }
   RecordLoads rl;
   if (hi > lo) loadRecords(v, set, src_base, lo, min(kRecGroup, hi - lo), rl);
   // Pair - 2 used this set: every home rank must have read its rows of it.
@@ -97,7 +113,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
     }
     __syncthreads();
     if (c0 == lo) llMark(v, pair, kLLKindCombine, 1);  // rows of the first group listed
-    const int total = n * pieces;
+    const int total = n * width;
     for (int base = 0; base < total; base += kThreads * kUnits) {
       int i[kUnits], j[kUnits], nk[kUnits];
       float acc[kUnits][8];
@@ -105,8 +121,8 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
 #pragma unroll
       for (int u = 0; u < kUnits; u++) {
         const int unit = base + u * kThreads + threadIdx.x;
-        i[u] = unit / pieces;
-        j[u] = unit - i[u] * pieces;
+        i[u] = unit / width;
+        j[u] = plo + unit - i[u] * width;
         nk[u] = unit < total ? s_n[i[u]] : 0;
         most = max(most, nk[u]);
 #pragma unroll
