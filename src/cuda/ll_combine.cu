@@ -68,7 +68,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   // so that a one-token call takes one step per block instead of several.
   // With S == 1 a block takes a contiguous share of whole records.
   const int nrec = src_base[R], step = kThreads * kUnits;
-  const int S = nrec >= int(gridDim.x) ? 1 : min(int(gridDim.x) / nrec, (pieces + step - 1) / step);
+  const int S = (nrec == 0 || nrec >= int(gridDim.x)) ? 1 : min(int(gridDim.x) / nrec, (pieces + step - 1) / step);
   int lo, hi, plo = 0, width = pieces;  // records [lo, hi), pieces [plo, plo + width) of each
   if (S == 1) {
     llBlockRange(nrec, lo, hi);
