@@ -63,24 +63,12 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   __shared__ int s_row[kRecGroup][32];  // local expert * cap + slot
   __shared__ float s_w[kRecGroup][32];
   __shared__ float* s_dst[kRecGroup];
-  // Fewer records than blocks: each record's pieces are cut into S slices
-  // (as many as fill the grid, at most one step of kUnits per thread each),
-  // so that a one-token call takes one step per block instead of several.
-  // With S == 1 a block takes a contiguous share of whole records.
-  const int nrec = src_base[R], step = kThreads * kUnits;
-  const int S = (nrec == 0 || nrec >= int(gridDim.x)) ? 1 : min(int(gridDim.x) / nrec, (pieces + step - 1) / step);
-  int lo, hi, plo = 0, width = pieces;  // records [lo, hi), pieces [plo, plo + width) of each
-  if (S == 1) {
-    llBlockRange(nrec, lo, hi);
-  } else {
-    int first, last;  // nrec * S <= gridDim.x: one slice or none per block
-    llBlockRange(nrec * S, first, last);
-    lo = first / S;
-    hi = last > first ? lo + 1 : lo;
-    const int chunk = (pieces + S - 1) / S, slice = first - lo * S;
-    plo = min(pieces, slice * chunk);
-    width = min(pieces, plo + chunk) - plo;
-  }
+  // Fewer records than blocks: each record's units are cut into slices over
+  // several blocks (llSliceShare), one step per block at one token.
+  const LLSliceShare sh =
+      llSliceShare(src_base[R], pieces, int(blockIdx.x), int(gridDim.x), kThreads * kUnits);
+  const int lo = sh.lo, hi = sh.hi;           // records [lo, hi)
+  const int plo = sh.plo, width = sh.width;  // units [plo, plo + width) of each
   RecordLoads rl;
   if (hi > lo) loadRecords(v, set, src_base, lo, min(kRecGroup, hi - lo), rl);
   // Pair - 2 used this set: every home rank must have read its rows of it.
