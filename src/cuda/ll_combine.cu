@@ -63,8 +63,12 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   __shared__ int s_row[kRecGroup][32];  // local expert * cap + slot
   __shared__ float s_w[kRecGroup][32];
   __shared__ float* s_dst[kRecGroup];
-  int lo, hi;
-  llBlockRange(src_base[R], lo, hi);
+  // Fewer records than blocks: each record's units are cut into slices over
+  // several blocks (llSliceShare), one step per block at one token.
+  const LLSliceShare sh =
+      llSliceShare(src_base[R], pieces, int(blockIdx.x), int(gridDim.x), kThreads * kUnits);
+  const int lo = sh.lo, hi = sh.hi;           // records [lo, hi)
+  const int plo = sh.plo, width = sh.width;  // units [plo, plo + width) of each
   RecordLoads rl;
   if (hi > lo) loadRecords(v, set, src_base, lo, min(kRecGroup, hi - lo), rl);
   // Pair - 2 used this set: every home rank must have read its rows of it.
@@ -97,7 +101,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
     }
     __syncthreads();
     if (c0 == lo) llMark(v, pair, kLLKindCombine, 1);  // rows of the first group listed
-    const int total = n * pieces;
+    const int total = n * width;
     for (int base = 0; base < total; base += kThreads * kUnits) {
       int i[kUnits], j[kUnits], nk[kUnits];
       float acc[kUnits][8];
@@ -105,8 +109,8 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
 #pragma unroll
       for (int u = 0; u < kUnits; u++) {
         const int unit = base + u * kThreads + threadIdx.x;
-        i[u] = unit / pieces;
-        j[u] = unit - i[u] * pieces;
+        i[u] = unit / width;
+        j[u] = plo + unit - i[u] * width;
         nk[u] = unit < total ? s_n[i[u]] : 0;
         most = max(most, nk[u]);
 #pragma unroll

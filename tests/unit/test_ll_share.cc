@@ -2,7 +2,11 @@
 // over blocks: the shares of n items over `parts` blocks are contiguous, in
 // block order, cover [0, n) exactly once, differ in size by at most one, and
 // with n <= parts hold 0 or 1 item each (kernels that give each block at most
-// one record or token rely on it).
+// one record or token rely on it). llSliceShare, the combine send's records
+// per block: every unit of every record summed by exactly one block, and no
+// slice larger than one step where there are blocks enough.
+#include <vector>
+
 #include "common.h"
 
 #include "cuda/ll_share.h"
@@ -38,12 +42,38 @@ void large_counts_do_not_overflow(void**) {
   assert_true(lo > 0 && lo < hi);
 }
 
+void slice_shares_sum_every_unit_once(void**) {
+  const int step = 512;
+  const int pieces_of[] = {2, 128, 513, 896, 2048, 16384};
+  for (int G = 1; G <= 132; G += (G < 8 ? 1 : 31)) {
+    for (int nrec = 0; nrec <= 400; nrec += (nrec < 40 ? 1 : 119)) {
+      for (int pieces : pieces_of) {
+        std::vector<int> summed(size_t(nrec) * pieces, 0);
+        for (int b = 0; b < G; b++) {
+          const ep::cuda::LLSliceShare r = ep::cuda::llSliceShare(nrec, pieces, b, G, step);
+          assert_true(r.lo <= r.hi && r.hi <= nrec);
+          if (r.hi == r.lo) continue;
+          assert_true(r.width > 0 && r.plo >= 0 && r.plo + r.width <= pieces);
+          if (r.width != pieces) {
+            assert_int_equal(r.hi - r.lo, 1);
+            if (G / nrec >= (pieces + step - 1) / step) assert_true(r.width <= step);
+          }
+          for (int c = r.lo; c < r.hi; c++)
+            for (int j = r.plo; j < r.plo + r.width; j++) summed[size_t(c) * pieces + j]++;
+        }
+        for (int c : summed) assert_int_equal(c, 1);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(shares_cover_every_item_once),
       cmocka_unit_test(large_counts_do_not_overflow),
+      cmocka_unit_test(slice_shares_sum_every_unit_once),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
