@@ -23,35 +23,52 @@ struct LLEngine::HandleState {
 };
 
 // EP_CUDA_LL_TIMING: the median and mean kernel time of each kernel kind over
-// the last kLLTimingSlots pairs, in the log.
+// the last kLLTimingSlots pairs, its quantiles and the median per buffer set,
+// in the log.
 void LLEngine::logTimes() {
   std::unique_ptr<LLTiming> held(new LLTiming);  // 80 KB: not on the stack
   LLTiming& t = *held;
   if (cudaMemcpy(&t, timing_, sizeof(t), cudaMemcpyDeviceToHost) != cudaSuccess) return;
   const char* names[kLLKinds] = {"dispatch (fused or send half)", "dispatch receive half", "combine (fused or send half)",
                                  "combine receive half"};
+  // Quantile q (0..1) of sorted values.
+  auto at = [](const std::vector<double>& v, double q) { return v[std::min(v.size() - 1, size_t(double(v.size()) * q))]; };
   for (int k = 0; k < kLLKinds; k++) {
-    std::vector<double> us;
-    for (int i = 0; i < kLLTimingSlots; i++)
-      if (t.end[i][k] > t.start[i][k] && t.start[i][k] != ~0ull) us.push_back(double(t.end[i][k] - t.start[i][k]) / 1000);
+    std::vector<double> us, by_set[2];
+    for (int i = 0; i < kLLTimingSlots; i++) {
+      if (!(t.end[i][k] > t.start[i][k] && t.start[i][k] != ~0ull)) continue;
+      us.push_back(double(t.end[i][k] - t.start[i][k]) / 1000);
+      by_set[i & 1].push_back(us.back());  // slot = pair % kLLTimingSlots (even): its parity is the buffer set
+    }
     if (us.empty()) continue;
     std::sort(us.begin(), us.end());
     double sum = 0;
     for (double x : us) sum += x;
     EP_INFO(kSubsysCuda, "rank %d low-latency kernel time, %s: median %.2f us, mean %.2f us, p99 %.2f us over %zu calls",
-            comm_->rank, names[k], us[us.size() / 2], sum / us.size(), us[std::min(us.size() - 1, us.size() * 99 / 100)],
-            us.size());
+            comm_->rank, names[k], at(us, 0.5), sum / us.size(), at(us, 0.99), us.size());
+    // The spread, and each buffer set alone: two modes of a kernel's time
+    // show here (the median alone hides which calls are slow).
+    std::string sets;
+    for (int b = 0; b < 2; b++) {
+      if (by_set[b].empty()) continue;
+      std::sort(by_set[b].begin(), by_set[b].end());
+      char buf[48];
+      snprintf(buf, sizeof(buf), ", set %d median %.2f", b, at(by_set[b], 0.5));
+      sets += buf;
+    }
+    EP_INFO(kSubsysCuda, "rank %d low-latency kernel time, %s: p10 %.2f p25 %.2f p75 %.2f p90 %.2f us%s", comm_->rank,
+            names[k], at(us, 0.1), at(us, 0.25), at(us, 0.75), at(us, 0.9), sets.c_str());
     // Phase marks: median time from the kernel's start to the latest block passing each mark.
     std::string marks;
     for (int m = 0; m < kLLMarks; m++) {
-      std::vector<double> at;
+      std::vector<double> when;
       for (int i = 0; i < kLLTimingSlots; i++)
         if (t.mark[i][k][m] > t.start[i][k] && t.start[i][k] != ~0ull && t.end[i][k] > t.start[i][k])
-          at.push_back(double(t.mark[i][k][m] - t.start[i][k]) / 1000);
-      if (at.empty()) continue;
-      std::sort(at.begin(), at.end());
+          when.push_back(double(t.mark[i][k][m] - t.start[i][k]) / 1000);
+      if (when.empty()) continue;
+      std::sort(when.begin(), when.end());
       char buf[32];
-      snprintf(buf, sizeof(buf), " m%d %.2f", m, at[at.size() / 2]);
+      snprintf(buf, sizeof(buf), " m%d %.2f", m, at(when, 0.5));
       marks += buf;
     }
     if (!marks.empty())
