@@ -39,9 +39,6 @@ __device__ __forceinline__ int32_t* llCounts(const LLView& v, int r, int set) {
   return reinterpret_cast<int32_t*>(llSet(v, r, set) + v.cnt_off);
 }
 
-// This block's share of n items.
-__device__ __forceinline__ void llBlockRange(int n, int& lo, int& hi) { llShare(n, blockIdx.x, gridDim.x, lo, hi); }
-
 // base[0..R]: prefix sums of the token counts that threads < R hold in `n`.
 __device__ __forceinline__ void llPrefix(int* base, int R, int n) {
   if (threadIdx.x < R) base[threadIdx.x + 1] = n;

@@ -394,7 +394,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   __shared__ int s_n[kRecGroup];
   __shared__ int s_dst[kRecGroup][32];  // local expert * cap + slot
   int lo, hi;
-  llBlockRange(src_base[R], lo, hi);
+  llShare(src_base[R], blockIdx.x, gridDim.x, lo, hi);  // this block's share of the records
   RecordLoads rl;
   if (hi > lo) loadRecords(p, set, src_base, lo, min(kRecGroup, hi - lo), rl);
   stageBases(p, set, s_base);

@@ -30,9 +30,6 @@ Exchanger::Exchanger(epComm* comm, std::vector<void*> segments, const RingGeomet
     : comm_(comm), segments_(std::move(segments)), geo_(geometry),
       scratch_(size_t(geometry.chunk_records) * geometry.record_bytes) {}
 
-// A peer process that exited (or is a zombie) will never make progress again.
-bool Exchanger::peerAlive(int rank) const { return !peerExited(comm_, rank); }
-
 bool Exchanger::peerClosed(int rank) const {
   const int me = comm_->rank;
   return loadAcquire(&geo_.ctrl(segments_[me], rank)->source_closed) != 0 ||
@@ -58,7 +55,7 @@ epResult_t Exchanger::failPeerGone(int gone, bool closed, const char* what, uint
     return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what, seq, gone,
                     comm_->peers[gone].pid);
   for (int r = 0; r < comm_->nranks; r++)
-    if (r != comm_->rank && !peerAlive(r))
+    if (r != comm_->rank && peerExited(comm_, r))
       return setError(comm_, epRemoteError,
                       "%s (call %llu): rank %d left the call (destroyed or aborted its communicator); "
                       "rank %d (pid %d) exited",
@@ -188,7 +185,7 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
       int gone = -1;
       bool closed = false;
       for (int r = 0; r < R && gone < 0; r++)
-        if (waitingOn(r) && !peerAlive(r)) gone = r;
+        if (waitingOn(r) && peerExited(comm_, r)) gone = r;  // it will never make progress again
       for (int r = 0; r < R && gone < 0; r++)
         if (waitingOn(r) && peerClosed(r)) gone = r, closed = true;
       if (gone >= 0 && exited_suspect != gone) {  // look at the rings once more first

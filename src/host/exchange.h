@@ -39,7 +39,6 @@ class Exchanger {
   void announceClose();
 
  private:
-  bool peerAlive(int rank) const;
   bool peerClosed(int rank) const;
   epResult_t failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq);
   epResult_t failTimeout(const std::vector<StreamSpec>& sends, const std::vector<StreamSpec>& recvs,
