@@ -1,12 +1,13 @@
 // Low-latency combine kernels (see ll_common.h for who writes what).
 //
 // Send: every block takes a contiguous share of the arrived (source, token)
-// records (fewer records than blocks, e.g. one token: a slice of one record's
-// units, llSliceShare); a warp per record lists the rows of y of this rank's experts the
-// token chose (k order) with their weights; then all threads form the
-// weighted sums, 8 values per unit, with fused multiply-adds into float32 in k
-// order (exactly as the host backend), and store them into the home rank's
-// combine landing: one row per (token, rank), whatever the number of experts.
+// records (fewer records than blocks, e.g. one token: a slice of one
+// record's units, llSliceShare); a warp per record lists the rows of y of
+// this rank's experts the token chose (k order) with their weights; then all
+// threads form the weighted sums, 8 values per unit, with fused multiply-adds
+// into float32 in k order (exactly as the host backend), and store them into
+// the home rank's combine landing: one row per (token, rank), whatever the
+// number of experts.
 // Receive: the (token, 8 values) units of this rank's tokens are spread over
 // all threads; each sums the partial rows of the ranks the token went to, in
 // ascending rank order, and rounds to BF16.

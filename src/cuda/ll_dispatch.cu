@@ -32,7 +32,9 @@ constexpr int kWarps = kThreads / 32;
 // iteration jumps over every later iteration's code, an instruction-cache
 // miss each (profiled: a third of the receive kernel's warp stalls, more at
 // one token). The send loops keep their checks: breaks there made the
-// 128-token send half 0.3-0.6 us slower (one token 0.7-1.2 us faster).
+// 128-token send half 0.3-0.6 us slower (one token 0.7-1.2 us faster), though
+// later A/Bs found that send half bimodal and moved by unrelated changes
+// (docs/BENCHMARKS.md), so that cost may not be the breaks' own.
 constexpr int kInFlight = 8;
 constexpr int kTokGroup = 32;           // tokens a sending block describes in shared memory at once
 constexpr int kIdStage = 2048;          // expert ids staged per round for the numbering

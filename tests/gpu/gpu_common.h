@@ -592,9 +592,6 @@ inline void poison(const Shape& s, int R, GpuRank& g) {
   CK(cudaMemsetAsync(g.recv_x, 0xee, size_t(s.experts / R) * R * s.max_tokens * s.hidden * 2, g.stream));
 }
 
-// Enqueues one dispatch + combine; with s.split, the halves are split by other
-// work, which between(0) (after the dispatch's send half) and between(1) (after
-// the combine's) enqueue on g.stream.
 // The dispatch of rank r's inputs in g as shape s asks (wire type, scales, split).
 inline epLowLatencyDispatchArgs_t dispatchArgs(const Shape& s, int r, const GpuRank& g) {
   epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
@@ -612,6 +609,9 @@ inline epLowLatencyDispatchArgs_t dispatchArgs(const Shape& s, int r, const GpuR
   return a;
 }
 
+// Enqueues one dispatch + combine; with s.split, the halves are split by other
+// work, which between(0) (after the dispatch's send half) and between(1) (after
+// the combine's) enqueue on g.stream.
 inline void enqueueLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h, const std::function<void(int)>& between) {
   epLowLatencyDispatchArgs_t a = dispatchArgs(s, r, g);
   EK(g.comm, epLowLatencyDispatch(g.comm, &a, h, g.stream));
@@ -765,10 +765,8 @@ inline void bench(int R, int tokens, bool split) {
     // Eager warm-up with all handles alive at once: the handle pool grows to
     // `layers` here, so the capture below allocates nothing.
     for (int l = 0; l < layers; l++) {
-      epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-      a.x = g[r].x; a.topk_idx = g[r].topk; a.topk_weights = g[r].w;
-      a.num_tokens = tokens; a.num_topk = 8; a.wire_type = epFloat8E4M3;
-      a.recv_x = g[r].recv_x; a.recv_scales = g[r].recv_scales; a.recv_count = g[r].recv_count; a.recv_src = g[r].recv_src;
+      epLowLatencyDispatchArgs_t a = dispatchArgs(s, r, g[r]);
+      a.flags = 0;  // unsplit: the combine follows directly
       EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
       epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
       c.y = g[r].y; c.out = g[r].out;
@@ -789,11 +787,7 @@ inline void bench(int R, int tokens, bool split) {
       };
       CK(cudaStreamBeginCapture(g[r].stream, cudaStreamCaptureModeThreadLocal));
       for (int l = 0; l < layers; l++) {
-        epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-        a.flags = split ? EP_LL_SEND_ONLY : 0u;
-        a.x = g[r].x; a.topk_idx = g[r].topk; a.topk_weights = g[r].w;
-        a.num_tokens = tokens; a.num_topk = 8; a.wire_type = epFloat8E4M3;
-        a.recv_x = g[r].recv_x; a.recv_scales = g[r].recv_scales; a.recv_count = g[r].recv_count; a.recv_src = g[r].recv_src;
+        epLowLatencyDispatchArgs_t a = dispatchArgs(s, r, g[r]);  // EP_LL_SEND_ONLY when split
         if (align) alignRanks<<<1, 1, 0, g[r].stream>>>(align_counters[r], align_flags, r, R);
         mark(4 * l);
         EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
