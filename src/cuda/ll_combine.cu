@@ -68,7 +68,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   // Fewer records than blocks: each record's units are cut into slices over
   // several blocks (llSliceShare), one step per block at one token.
   const LLSliceShare sh =
-      llSliceShare(src_base[R], pieces, int(blockIdx.x), int(gridDim.x), kThreads * kUnits);
+      llSliceShare(src_base[R], pieces, int(blockIdx.x), int(gridDim.x), kThreads * kUnits, 1);
   const int lo = sh.lo, hi = sh.hi;           // records [lo, hi)
   const int plo = sh.plo, width = sh.width;  // units [plo, plo + width) of each
   RecordLoads rl;

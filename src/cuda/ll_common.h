@@ -153,9 +153,11 @@ struct LLCombineParams {
 // kernels wait inside for blocks of the same grid).
 inline int llGrid(int sms) { return sms < 1 ? 1 : sms; }
 
-int launchLLDispatchSend(const LLDispatchParams& p, int sms, void* stream);
-int launchLLDispatch(const LLDispatchParams& p, int sms, void* stream);  // both halves, one kernel
+int launchLLDispatchSend(const LLDispatchParams& p, int sms, int slices, void* stream);  // slices: EP_CUDA_LL_SLICES
+int launchLLDispatch(const LLDispatchParams& p, int sms, int slices, void* stream);  // both halves, one kernel
 int launchLLDispatchRecv(const LLDispatchParams& p, int sms, void* stream);
+// The row-slice kernels of small calls (ll_dispatch_small.cu): the send half, or both halves.
+int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only);
 int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream);
 int launchLLCombine(const LLCombineParams& p, int sms, void* stream);  // both halves, one kernel
 int launchLLCombineRecv(const LLCombineParams& p, int sms, void* stream);

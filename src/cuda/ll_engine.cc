@@ -265,8 +265,9 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   p.recv_src = a.recv_src;
   h->backend_state = st.get();
   HandleState* raw = st.release();
-  const int err = send_only ? launchLLDispatchSend(raw->dispatch, sms_, stream)
-                            : launchLLDispatch(raw->dispatch, sms_, stream);
+  const int slices = int(param::CUDA_LL_SLICES());
+  const int err = send_only ? launchLLDispatchSend(raw->dispatch, sms_, slices, stream)
+                            : launchLLDispatch(raw->dispatch, sms_, slices, stream);
   if (err != 0) {
     release(h);
     return setError(comm_, epUnhandledCudaError, "epLowLatencyDispatch: kernel launch failed: %s",

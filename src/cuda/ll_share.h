@@ -21,31 +21,36 @@ EP_LL_SHARE_FN void llShare(int n, unsigned i, unsigned parts, int& lo, int& hi)
   hi = int((long long)n * (i + 1) / parts);
 }
 
-// The records a combine-sending block b of G takes (nrec records of `pieces`
-// units each): a contiguous share [lo, hi) of the records, all units
-// [0, pieces) of each. With fewer records than blocks, one slice
-// [plo, plo + width) of one record's units instead: S slices per record, as
-// many as the blocks allow but none smaller than one step (`step` units: a
-// unit per thread of the block, kUnits times), so that a small call takes
-// one step per block.
+// The items a block b of G takes when each of n items has `pieces` units (a
+// dispatch-sending row block: tokens of 16-byte pieces; a combine-sending
+// block: records of its units): a contiguous share [lo, hi) of the items,
+// all units [0, pieces) of each. With fewer items than blocks, one slice
+// [plo, plo + width) of one item's units instead: S slices per item, as many
+// as the blocks allow but none smaller than one step (`step` units, e.g. one
+// per thread), each a multiple of `align` units (16 for FP8 rows: whole scale
+// blocks), so that a small call's items are handled by several blocks at
+// once. `first`: this block has the item's first slice (the dispatch writes
+// the record headers there).
 struct LLSliceShare {
   int lo, hi, plo, width;
+  bool first;
 };
-EP_LL_SHARE_FN LLSliceShare llSliceShare(int nrec, int pieces, int b, int G, int step) {
-  LLSliceShare r{0, 0, 0, pieces};
-  const int S = (nrec == 0 || nrec >= G) ? 1 : llMin(G / nrec, (pieces + step - 1) / step);
+EP_LL_SHARE_FN LLSliceShare llSliceShare(int n, int pieces, int b, int G, int step, int align) {
+  LLSliceShare r{0, 0, 0, pieces, true};
+  const int S = (n == 0 || n >= G) ? 1 : llMin(G / n, (pieces + step - 1) / step);
   if (S <= 1) {
-    llShare(nrec, unsigned(b), unsigned(G), r.lo, r.hi);
+    llShare(n, unsigned(b), unsigned(G), r.lo, r.hi);
     return r;
   }
   int first, last;
-  llShare(nrec * S, unsigned(b), unsigned(G), first, last);  // nrec * S <= G: one slice or none
+  llShare(n * S, unsigned(b), unsigned(G), first, last);  // n * S <= G: one slice or none
   r.lo = first / S;
   r.hi = last > first ? r.lo + 1 : r.lo;
-  const int chunk = (pieces + S - 1) / S, slice = first - r.lo * S;
+  const int chunk = ((pieces + S - 1) / S + align - 1) / align * align, slice = first - r.lo * S;
   r.plo = llMin(slice * chunk, pieces);
   r.width = llMin(r.plo + chunk, pieces) - r.plo;
-  if (r.width <= 0) r.hi = r.lo;
+  r.first = slice == 0;
+  if (r.width <= 0) r.hi = r.lo;  // a last slice past the item's end (large items): nothing (slice 0 never is)
   return r;
 }
 

@@ -39,6 +39,10 @@ status=0
 if [ "$LL" != 0 ]; then
 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 | tee "$LOGS/gpu_ll_test.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test: FAILED"; status=1; }
+# The dispatch's row-slice kernels take only small calls by default; here every call.
+EP_CUDA_LL_SLICES=1 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" --small 2>&1 |
+  tee "$LOGS/gpu_ll_test_slices.log" | tail -1
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test (EP_CUDA_LL_SLICES=1): FAILED"; status=1; }
 fi
 timeout ${EP_GPU_TEST_TIMEOUT:-540} "$BUILD/tests/gpu_test" 2>&1 | tee "$LOGS/gpu_test.log"
 rc=${PIPESTATUS[0]}

@@ -2,9 +2,10 @@
 // over blocks: the shares of n items over `parts` blocks are contiguous, in
 // block order, cover [0, n) exactly once, differ in size by at most one, and
 // with n <= parts hold 0 or 1 item each (kernels that give each block at most
-// one record or token rely on it). llSliceShare, the combine send's records
-// per block: every unit of every record summed by exactly one block, and no
-// slice larger than one step where there are blocks enough.
+// one record or token rely on it). llSliceShare, the dispatch send's rows
+// and the combine send's records per block: every unit of every item handled
+// by exactly one block, each item's first slice by exactly one, slices
+// aligned as asked, and no larger than one step where there are blocks enough.
 #include <vector>
 
 #include "common.h"
@@ -42,30 +43,40 @@ void large_counts_do_not_overflow(void**) {
   assert_true(lo > 0 && lo < hi);
 }
 
-void slice_shares_sum_every_unit_once(void**) {
-  const int step = 512;
-  const int pieces_of[] = {2, 128, 513, 896, 2048, 16384};
+void checkSliceShares(int step, int align) {
+  const int pieces_of[] = {2, 16, 128, 256, 272, 513, 896, 912, 2048, 4096, 16384};
   for (int G = 1; G <= 132; G += (G < 8 ? 1 : 31)) {
-    for (int nrec = 0; nrec <= 400; nrec += (nrec < 40 ? 1 : 119)) {
+    for (int n = 0; n <= 400; n += (n < 40 ? 1 : 119)) {
       for (int pieces : pieces_of) {
-        std::vector<int> summed(size_t(nrec) * pieces, 0);
+        std::vector<int> covered(size_t(n) * pieces, 0), firsts(size_t(n), 0);
         for (int b = 0; b < G; b++) {
-          const ep::cuda::LLSliceShare r = ep::cuda::llSliceShare(nrec, pieces, b, G, step);
-          assert_true(r.lo <= r.hi && r.hi <= nrec);
+          const ep::cuda::LLSliceShare r = ep::cuda::llSliceShare(n, pieces, b, G, step, align);
+          assert_true(r.lo <= r.hi && r.hi <= n);
           if (r.hi == r.lo) continue;
           assert_true(r.width > 0 && r.plo >= 0 && r.plo + r.width <= pieces);
-          if (r.width != pieces) {
+          if (r.width != pieces) {  // a slice: one item, aligned
             assert_int_equal(r.hi - r.lo, 1);
-            if (G / nrec >= (pieces + step - 1) / step) assert_true(r.width <= step);
+            assert_int_equal(r.plo % align, 0);
+            if (pieces % align == 0) assert_int_equal(r.width % align, 0);
+            // Blocks enough for one step per slice: no slice is larger (up to the alignment).
+            if (G / n >= (pieces + step - 1) / step) assert_true(r.width <= step + align - 1);
           }
-          for (int c = r.lo; c < r.hi; c++)
-            for (int j = r.plo; j < r.plo + r.width; j++) summed[size_t(c) * pieces + j]++;
+          for (int c = r.lo; c < r.hi; c++) {
+            if (r.first) firsts[c]++;
+            for (int j = r.plo; j < r.plo + r.width; j++) covered[size_t(c) * pieces + j]++;
+          }
         }
-        for (int c : summed) assert_int_equal(c, 1);
+        for (int c : covered) assert_int_equal(c, 1);
+        for (int c : firsts) assert_int_equal(c, 1);
       }
     }
   }
 }
+
+// The dispatch send's rows (one 16-byte piece per thread, whole FP8 scale
+// blocks) and the combine send's records (kUnits steps of the block).
+void dispatch_row_slices_store_every_piece_once(void**) { checkSliceShares(256, 16); }
+void combine_record_slices_sum_every_unit_once(void**) { checkSliceShares(512, 1); }
 
 }  // namespace
 
@@ -73,7 +84,8 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(shares_cover_every_item_once),
       cmocka_unit_test(large_counts_do_not_overflow),
-      cmocka_unit_test(slice_shares_sum_every_unit_once),
+      cmocka_unit_test(dispatch_row_slices_store_every_piece_once),
+      cmocka_unit_test(combine_record_slices_sum_every_unit_once),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -1,0 +1,469 @@
+// Low-latency dispatch: the device code of both kernel files (ll_dispatch.cu:
+// the kernels of every call; ll_dispatch_small.cu: the row slices of small
+// calls). See ll_common.h for who writes what.
+//
+// Send, side by side in two groups of blocks (numberingBlocks; a grid of
+// fewer than 4 blocks does both in every block, one after the other):
+//   1. numbering blocks, a share of the experts each: warp per expert numbers
+//      the (token, k) pairs that chose it, in token order, from ids staged in
+//      shared memory, and writes the numbers into the records and the count
+//      into the expert's rank;
+//   2. row blocks, a share of the tokens each: warp per token reads the
+//      expert ids, works out the destination ranks and writes the record
+//      headers; then the rows, as
+//      16-byte pieces spread over all threads with kInFlight loads in flight
+//      each, quantised once (FP8: a scale per 128 values, each 16-lane half-warp
+//      owning one block) and stored into landing[me][t] of every destination —
+//      one crossing per destination rank, however many of its experts live there.
+// Receive: every block takes a contiguous share of the arrived records, works
+// out each record's slots (counts of the earlier sources + the number) and
+// copies the row to all of them, again in 16-byte pieces over all threads.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "ll_device.cuh"
+
+namespace ep {
+namespace cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// 16-byte loads in flight per thread. The receive loops unrolled over them
+// leave at the first unit past the end (units grow with u): a check per
+// iteration jumps over every later iteration's code, an instruction-cache
+// miss each (profiled: a third of the receive kernel's warp stalls, more at
+// one token). The send loops keep their checks: breaks there made the
+// 128-token send half 0.3-0.6 us slower (one token 0.7-1.2 us faster), though
+// later A/Bs found that send half bimodal and moved by unrelated changes
+// (docs/BENCHMARKS.md), so that cost may not be the breaks' own.
+constexpr int kInFlight = 8;
+constexpr int kTokGroup = 32;           // tokens a sending block describes in shared memory at once
+constexpr int kIdStage = 2048;          // expert ids staged per round for the numbering
+constexpr int kBlockExperts = 64;       // experts a block numbers per batch
+constexpr int kRecGroup = 32;           // records a receiving block describes in shared memory at once
+
+__device__ __forceinline__ float roundScalePow2(float s) {
+  uint32_t bits = __float_as_uint(s);
+  if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
+  return __uint_as_float(bits);
+}
+
+__device__ __forceinline__ uint32_t packFp8x4(float a, float b, float c, float d) {
+  __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+
+constexpr int kHdrPerWarp = kTokGroup / kWarps;  // tokens (or records) a warp describes per group
+constexpr int kIdRegs = kIdStage / kThreads;       // staged ids per thread per round
+constexpr int kStagedBases = 4096;                 // slot bases a receiving block keeps in shared memory
+
+// ---- send ----
+
+// The first loads of a token group, issued before anything is stored: the
+// expert ids and weights (warp per token) and the first kInFlight pieces per
+// thread of the rows.
+struct TokenLoads {
+  long long id[kHdrPerWarp];
+  float w[kHdrPerWarp];
+  int4 raw[kInFlight];
+};
+
+__device__ __forceinline__ int rowPieces(const LLDispatchParams& p) { return p.v.hidden / 8; }
+// FP8 pads every token to whole 16-piece scale blocks (a half-warp per block).
+__device__ __forceinline__ int piecesPerToken(const LLDispatchParams& p) {
+  return p.fp8 ? (rowPieces(p) + 15) / 16 * 16 : rowPieces(p);
+}
+
+__device__ __forceinline__ void loadRowPieces(const LLDispatchParams& p, int t0, int n, int base, int4 (&raw)[kInFlight]) {
+  const int pieces = rowPieces(p), per_token = piecesPerToken(p), total = n * per_token;
+#pragma unroll
+  for (int u = 0; u < kInFlight; u++) {
+    const int unit = base + u * kThreads + threadIdx.x;
+    const int i = unit / per_token, j = unit - i * per_token;
+    if (unit < total && j < pieces) raw[u] = ldNc(reinterpret_cast<const int4*>(p.x + size_t(t0 + i) * p.v.hidden) + j);
+  }
+}
+
+__device__ __forceinline__ void loadTokens(const LLDispatchParams& p, int t0, int n, TokenLoads& tl) {
+  const int K = p.num_topk, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < kHdrPerWarp; m++) {
+    const int i = warp + m * kWarps;
+    tl.id[m] = -1;
+    tl.w[m] = 0.0f;
+    if (i < n && lane < K) {
+      tl.id[m] = topkLoad(p.topk, p.idx64, size_t(t0 + i) * K + lane);
+      tl.w[m] = p.weights ? p.weights[size_t(t0 + i) * K + lane] : 1.0f;
+    }
+  }
+  loadRowPieces(p, t0, n, 0, tl.raw);
+}
+
+// Headers of tokens [t0, t0 + n); s_mask[i] = destination ranks of token t0 + i.
+__device__ __forceinline__ void writeHeaders(const LLDispatchParams& p, int set, uint32_t tag, int t0, int n,
+                                             const TokenLoads& tl, unsigned* s_mask) {
+  const LLView& v = p.v;
+  const int K = p.num_topk, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < kHdrPerWarp; m++) {
+    const int i = warp + m * kWarps;
+    if (i >= n) break;
+    const int t = t0 + i;
+    const long long e = tl.id[m];
+    if (lane < K && (e < -1 || e >= v.num_experts)) llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
+    const int id = (e < 0 || e >= v.num_experts) ? -1 : int(e);
+    const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
+    if (lane == 0) {
+      p.hd->mask[t] = uint8_t(mask);
+      s_mask[i] = mask;
+    }
+    for (unsigned bits = mask; bits; bits &= bits - 1) {
+      char* rec = llRecord(v, __ffs(bits) - 1, set, v.rank, t);
+      if (lane < K) {
+        llIds(v, rec)[lane] = id;
+        llWeights(v, rec)[lane] = tl.w[m];
+      }
+      if (lane == 0) {
+        LLRecordHeader* h = reinterpret_cast<LLRecordHeader*>(rec);
+        h->token = t;
+        h->num_topk = uint32_t(K);
+        h->tag = tag;  // read only after the dispatch signal, which orders it
+      }
+    }
+  }
+}
+
+// Stores the pieces of rows [t0, t0 + n) loaded for `base` (quantised for FP8).
+__device__ __forceinline__ void storeRowPieces(const LLDispatchParams& p, int set, int t0, int n, int base,
+                                               const int4 (&raw)[kInFlight], const unsigned* s_mask) {
+  const LLView& v = p.v;
+  const int H = v.hidden, me = v.rank, lane = threadIdx.x & 31;
+  const int pieces = rowPieces(p), per_token = piecesPerToken(p), total = n * per_token;
+#pragma unroll
+  for (int u = 0; u < kInFlight; u++) {
+    const int unit = base + u * kThreads + threadIdx.x;
+    const int i = unit / per_token, j = unit - i * per_token;
+    const bool active = unit < total && j < pieces;
+    if (!p.fp8) {
+      if (active)
+        for (unsigned bits = s_mask[i]; bits; bits &= bits - 1)
+          reinterpret_cast<int4*>(llRecord(v, __ffs(bits) - 1, set, me, t0 + i) + v.hdr_bytes)[j] = raw[u];
+      continue;
+    }
+    // FP8: the shuffles need every lane (a half-warp is all in or all out of range).
+    float f[8];
+    float amax = 0.0f;
+    if (active) {
+      const uint32_t words[4] = {uint32_t(raw[u].x), uint32_t(raw[u].y), uint32_t(raw[u].z), uint32_t(raw[u].w)};
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        f[2 * q] = bf16ToFloat(words[q] & 0xffffu);
+        f[2 * q + 1] = bf16ToFloat(words[q] >> 16);
+      }
+#pragma unroll
+      for (int q = 0; q < 8; q++) amax = fmaxf(amax, fabsf(f[q]));
+    }
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    float scale = fmaxf(amax, 1e-4f) / 448.0f;
+    if (p.pow2) scale = roundScalePow2(scale);
+    const float inv = 1.0f / scale;
+    if (!active) continue;
+    const uint2 q = make_uint2(packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv),
+                               packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv));
+    for (unsigned bits = s_mask[i]; bits; bits &= bits - 1) {
+      char* row = llRecord(v, __ffs(bits) - 1, set, me, t0 + i) + v.hdr_bytes;
+      reinterpret_cast<uint2*>(row)[j] = q;
+      if ((lane & 15) == 0) reinterpret_cast<float*>(row + size_t(H) * 2)[j / 16] = scale;
+    }
+  }
+}
+
+// Expert ids of one numbering round (tokens [t0, t0 + nt)), kIdRegs per thread;
+// -1 where the id is not a valid expert.
+__device__ __forceinline__ void loadIdRound(const LLDispatchParams& p, int t0, int nt, long long (&ids)[kIdRegs]) {
+  const size_t first = size_t(t0) * p.num_topk;
+  const int n = nt * p.num_topk;
+#pragma unroll
+  for (int q = 0; q < kIdRegs; q++) {
+    const int i = q * kThreads + threadIdx.x;
+    ids[q] = i < n ? topkLoad(p.topk, p.idx64, first + i) : -1;
+  }
+}
+
+// Numbering block `nb` of `G`: for experts e = nb + b * G, numbers the
+// (token, k) pairs that chose e in (token, k) order — the receiver's slot
+// order within a source, as the host backend — and sends the count to e's
+// rank. `first_ids` holds the first round's ids (loaded at kernel start).
+__device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, int nb, int G,
+                                            const long long (&first_ids)[kIdRegs]) {
+  const LLView& v = p.v;
+  const int K = p.num_topk, T = p.num_tokens, E = v.num_experts, L = v.local_experts;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ int s_ids[kIdStage];
+  __shared__ int s_run[kBlockExperts];
+  const int tok_per_round = kIdStage / K;
+  for (int first = nb; first < E; first += G * kBlockExperts) {
+    const int nbe = min(kBlockExperts, (E - first + G - 1) / G);
+    __syncthreads();  // s_run / s_ids of the previous batch are no longer read
+    if (threadIdx.x < nbe) s_run[threadIdx.x] = 0;
+    for (int t0 = 0; t0 < T; t0 += tok_per_round) {
+      const int nt = min(tok_per_round, T - t0);
+      long long ids[kIdRegs];
+      if (first == nb && t0 == 0) {
+#pragma unroll
+        for (int q = 0; q < kIdRegs; q++) ids[q] = first_ids[q];
+      } else {
+        loadIdRound(p, t0, nt, ids);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int q = 0; q < kIdRegs; q++) {
+        const int i = q * kThreads + threadIdx.x;
+        if (i < nt * K) s_ids[i] = (ids[q] < 0 || ids[q] >= E) ? -1 : int(ids[q]);
+      }
+      __syncthreads();
+      for (int b = warp; b < nbe; b += kWarps) {
+        const int e = first + b * G, r = e / L;
+        int run = s_run[b];
+        for (int c = 0; c < nt; c += 32) {
+          const int tl = c + lane;
+          int n = 0;
+          if (tl < nt)
+            for (int k = 0; k < K; k++) n += s_ids[tl * K + k] == e;
+          const int incl = warpInclusiveSum(n);
+          if (n) {
+            int number = run + incl - n;
+            int32_t* slots = llSlots(v, llRecord(v, r, set, v.rank, t0 + tl));
+            for (int k = 0; k < K; k++)
+              if (s_ids[tl * K + k] == e) slots[k] = number++;
+          }
+          run += __shfl_sync(0xffffffffu, incl, 31);
+        }
+        if (lane == 0) s_run[b] = run;
+      }
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < nbe; b += kThreads) {
+      const int e = first + b * G;
+      llCounts(v, e / L, set)[v.rank * L + e % L] = s_run[b];
+    }
+  }
+}
+
+// Blocks that number (the others send rows; with fewer than 4 blocks every
+// block does both): enough for one expert per warp, at most half the grid.
+__device__ __forceinline__ int numberingBlocks(const LLView& v) {
+  const int G = gridDim.x;
+  if (G < 4) return 0;
+  return min((v.num_experts + kWarps - 1) / kWarps, G / 2);
+}
+
+// The send half; `pair` was read from v.local->pairs at kernel start (it is
+// bumped by the last block to finish this phase, after every block read it).
+// The numbering and the rows run in different blocks, side by side (measured:
+// in the same blocks, one after the other, the numbering added ~3 us at 128
+// tokens).
+__device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uint64_t pair) {
+  const LLView& v = p.v;
+  const int set = int(pair & 1u);
+  const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
+  const int NB = numberingBlocks(v), G = gridDim.x, b = blockIdx.x;
+  const bool numbers = NB == 0 || b < NB;
+  const bool rows = NB == 0 || b >= NB;
+  int lo = 0, hi = 0;
+  if (rows) llShare(p.num_tokens, b - NB, G - NB, lo, hi);  // NB == 0: every block
+  // Loads first: the first token group, or the first numbering round.
+  TokenLoads tl;
+  if (hi > lo) loadTokens(p, lo, min(kTokGroup, hi - lo), tl);
+  long long first_ids[kIdRegs];
+  if (numbers) loadIdRound(p, 0, min(kIdStage / p.num_topk, p.num_tokens), first_ids);
+  // Pair - 2 used this set: every peer must have finished its combine send of it.
+  if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
+  if (b == 0) {
+    if (threadIdx.x < v.nranks)
+      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = uint32_t(p.num_tokens) | (p.fp8 ? kLLNtokFp8 : 0u);
+    if (threadIdx.x == 0) {
+      p.hd->pair = pair;
+      p.hd->num_tokens = p.num_tokens;
+    }
+  }
+  __shared__ unsigned s_mask[kTokGroup];
+  if (numbers) {
+    numberPairs(p, set, b, NB == 0 ? G : NB, first_ids);
+    llMark(v, pair, kLLKindDispatch, 0);  // numbers and counts stored
+  }
+  for (int t0 = lo; t0 < hi; t0 += kTokGroup) {
+    const int n = min(kTokGroup, hi - t0);
+    __syncthreads();  // the wait above; s_mask of the previous group is no longer read
+    if (t0 != lo) loadTokens(p, t0, n, tl);
+    writeHeaders(p, set, tag, t0, n, tl, s_mask);
+    __syncthreads();
+    // One copy of the (large, unrolled) store code: the first round's pieces
+    // were loaded with the group's ids, the later rounds load theirs here.
+    for (int base = 0; base < n * piecesPerToken(p); base += kThreads * kInFlight) {
+      if (base != 0) loadRowPieces(p, t0, n, base, tl.raw);
+      storeRowPieces(p, set, t0, n, base, tl.raw, s_mask);
+    }
+  }
+  llMark(v, pair, kLLKindDispatch, 1);  // rows stored
+  llSignal(v, kLLDispatchSent, set);
+  llMark(v, pair, kLLKindDispatch, 2);  // signalled (the release waited for the stores)
+  if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
+}
+
+// ---- receive ----
+
+// The first loads of a record group: header fields (warp per record) and the
+// first kInFlight pieces per thread of the rows (whether or not the record
+// came this pair: the memory is there either way).
+struct RecordLoads {
+  LLHeader h[kHdrPerWarp];  // slot field: the sender's number
+  int4 raw[kInFlight];
+};
+
+__device__ __forceinline__ void loadRecordRows(const LLDispatchParams& p, int set, const int* src_base, int c0, int n,
+                                               int base, int4 (&raw)[kInFlight]) {
+  const int pieces = (p.fp8 ? p.v.hidden : p.v.hidden * 2) / 16, total = n * pieces;
+#pragma unroll
+  for (int u = 0; u < kInFlight; u++) {
+    const int unit = base + u * kThreads + threadIdx.x;
+    if (unit >= total) break;
+    const int i = unit / pieces, j = unit - i * pieces;
+    raw[u] = ldStaged(reinterpret_cast<const int4*>(llRecordAt(p.v, set, src_base, c0 + i) + p.v.hdr_bytes) + j);
+  }
+}
+
+__device__ __forceinline__ void loadRecords(const LLDispatchParams& p, int set, const int* src_base, int c0, int n,
+                                            RecordLoads& rl) {
+  llLoadHeaders(p.v, set, src_base, c0, n, kWarps, [](int c) { return c; }, rl.h);
+  loadRecordRows(p, set, src_base, c0, n, 0, rl.raw);
+}
+
+// s_base[s * L + e] = rows of local expert e from sources before s (when
+// R * L <= kStagedBases); recv_count of the experts this block owns.
+__device__ __forceinline__ void stageBases(const LLDispatchParams& p, int set, int* s_base) {
+  const LLView& v = p.v;
+  const int R = v.nranks, L = v.local_experts;
+  const int32_t* counts = llCounts(v, v.rank, set);
+  const bool staged = R * L <= kStagedBases;
+  for (int e = threadIdx.x; e < L; e += kThreads) {
+    if (!staged && e % gridDim.x != blockIdx.x) continue;
+    int c[kMaxRanks];
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; s++) c[s] = s < R ? counts[s * L + e] : 0;
+    int run = 0;
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; s++) {
+      if (s < R && staged) s_base[s * L + e] = run;
+      run += c[s];
+    }
+    if (e % gridDim.x == blockIdx.x) p.recv_count[e] = run;
+  }
+}
+
+// The receive half of pair `pair`.
+// Marks 4-7 of `kind`: arrived, bases staged, slots of the first group, rows copied.
+__device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind) {
+  const LLView& v = p.v;
+  const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts;
+  const int set = int(pair & 1u);
+  const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ int src_base[kMaxRanks + 1];
+  __shared__ int s_base[kStagedBases];
+  llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
+  int ntok = 0;
+  if (threadIdx.x < R) {
+    const uint32_t sent = llCtrl(v, v.rank)->ntok[set][threadIdx.x];
+    ntok = int(sent & ~kLLNtokFp8);
+    // Rows of another wire type than this rank asked for cannot be read as its
+    // rows: reported (at the next call), and the source's records not copied.
+    if (((sent & kLLNtokFp8) != 0) != (p.fp8 != 0)) {
+      if (blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);
+      ntok = 0;
+    }
+  }
+  llPrefix(src_base, R, ntok);
+  llMark(v, pair, kind, 4);
+  if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
+  const bool staged = R * L <= kStagedBases;
+  const int32_t* counts = llCounts(v, v.rank, set);
+  const int cap = R * M;
+  const int nb = (H + 127) / 128;
+  const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
+  const int pieces = int(row_bytes / 16);
+  __shared__ int s_n[kRecGroup];
+  __shared__ int s_dst[kRecGroup][32];  // local expert * cap + slot
+  int lo, hi;
+  llShare(src_base[R], blockIdx.x, gridDim.x, lo, hi);  // this block's share of the records
+  RecordLoads rl;
+  if (hi > lo) loadRecords(p, set, src_base, lo, min(kRecGroup, hi - lo), rl);
+  stageBases(p, set, s_base);
+  for (int c0 = lo; c0 < hi; c0 += kRecGroup) {
+    const int n = min(kRecGroup, hi - c0);
+    __syncthreads();  // s_base; the previous group's descriptions are no longer read
+    if (c0 == lo) llMark(v, pair, kind, 5);
+    if (c0 != lo) loadRecords(p, set, src_base, c0, n, rl);
+#pragma unroll
+    for (int m = 0; m < kHdrPerWarp; m++) {  // warp per record: its local experts and slots
+      const int i = warp + m * kWarps;
+      if (i >= n) break;
+      const int c = c0 + i, s = llSourceOf(src_base, c), t = c - src_base[s];
+      int le = -1, slot = 0;
+      if (rl.h[m].tag == tag && lane < rl.h[m].k) {
+        le = rl.h[m].id - v.first_expert;
+        if (le >= 0 && le < L) {
+          slot = rl.h[m].slot;
+          if (staged) {
+            slot += s_base[s * L + le];
+          } else {
+            for (int q = 0; q < s; q++) slot += counts[q * L + le];
+          }
+          llSlots(v, llRecord(v, v.rank, set, s, t))[lane] = slot;  // absolute, for combine
+          if (p.recv_src) p.recv_src[size_t(le) * cap + slot] = s * M + t;
+        } else {
+          le = -1;
+        }
+      }
+      const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
+      if (le >= 0) s_dst[i][__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
+      if (lane == 0) s_n[i] = __popc(local);
+    }
+    __syncthreads();
+    if (c0 == lo) llMark(v, pair, kind, 6);
+    const int total = n * pieces;
+    for (int base = 0; base < total; base += kThreads * kInFlight) {
+      if (base != 0) loadRecordRows(p, set, src_base, c0, n, base, rl.raw);
+#pragma unroll
+      for (int u = 0; u < kInFlight; u++) {
+        const int unit = base + u * kThreads + threadIdx.x;
+        if (unit >= total) break;
+        const int i = unit / pieces, j = unit - i * pieces;
+        for (int d = 0; d < s_n[i]; d++)
+          reinterpret_cast<int4*>(p.recv_x + size_t(s_dst[i][d]) * row_bytes)[j] = rl.raw[u];
+      }
+    }
+    if (p.fp8) {
+      for (int unit = threadIdx.x; unit < n * nb; unit += kThreads) {
+        const int i = unit / nb, b = unit - i * nb;
+        if (s_n[i] == 0) continue;
+        const float scale =
+            reinterpret_cast<const float*>(llRecordAt(v, set, src_base, c0 + i) + v.hdr_bytes + size_t(H) * 2)[b];
+        for (int d = 0; d < s_n[i]; d++) {
+          const int le = s_dst[i][d] / cap, slot = s_dst[i][d] - le * cap;
+          p.recv_scales[(size_t(le) * nb + b) * cap + slot] = scale;
+        }
+      }
+    }
+  }
+  llMark(v, pair, kind, 7);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace ep

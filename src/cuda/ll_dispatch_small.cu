@@ -1,0 +1,169 @@
+// Low-latency dispatch of small calls: the row slices. With fewer tokens
+// than row blocks, whole rows leave most row blocks idle and give the busy
+// ones several unrolled rounds of FP8 work each (one token: one block, four
+// rounds). Here each token's pieces are cut into slices over several blocks
+// (llSliceShare: one piece per thread, whole FP8 scale blocks), so a
+// one-token call stores its row in one round on four blocks.
+//
+// Kernels of their own, in a file of their own: every version that changed
+// the whole-row send code, even only its index arithmetic, made the
+// 128-token send half 0.5-0.8 us slower (measured), so ll_dispatch.cu's
+// device code is left exactly as it was, and the numbering and signalling
+// steps around the rows are repeated here rather than shared.
+#include "ll_dispatch.cuh"
+
+namespace ep {
+namespace cuda {
+
+namespace {
+
+// Piece plo + base + threadIdx.x of the row, if inside the slice
+// [plo, plo + width) and the row (FP8 pads rows to whole scale blocks).
+__device__ __forceinline__ bool slicePiece(const LLDispatchParams& p, int plo, int width, int base, int& j) {
+  j = plo + base + int(threadIdx.x);
+  return base + int(threadIdx.x) < width && j < rowPieces(p);
+}
+
+__device__ __forceinline__ void loadSlicePiece(const LLDispatchParams& p, int t, int plo, int width, int base,
+                                               int4& raw) {
+  int j;
+  if (slicePiece(p, plo, width, base, j)) raw = ldNc(reinterpret_cast<const int4*>(p.x + size_t(t) * p.v.hidden) + j);
+}
+
+// The ids and weights of token t (warp 0), as loadTokens leaves them for n = 1.
+__device__ __forceinline__ void loadSliceIds(const LLDispatchParams& p, int t, TokenLoads& tl) {
+  const int K = p.num_topk, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < kHdrPerWarp; m++) {
+    tl.id[m] = -1;
+    tl.w[m] = 0.0f;
+  }
+  if (warp == 0 && lane < K) {
+    tl.id[0] = topkLoad(p.topk, p.idx64, size_t(t) * K + lane);
+    tl.w[0] = p.weights ? p.weights[size_t(t) * K + lane] : 1.0f;
+  }
+}
+
+// Stores this thread's piece j of row t (quantised for FP8) into the record
+// of every destination rank in `mask` (storeRowPieces for one unit). For
+// FP8 every lane comes, for the shuffles: a half-warp is all in or all out.
+__device__ __forceinline__ void storeSlicePiece(const LLDispatchParams& p, int set, int t, int j, bool active,
+                                                int4 raw, unsigned mask) {
+  const LLView& v = p.v;
+  const int H = v.hidden, me = v.rank, lane = threadIdx.x & 31;
+  if (!p.fp8) {
+    if (active)
+      for (unsigned bits = mask; bits; bits &= bits - 1)
+        reinterpret_cast<int4*>(llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes)[j] = raw;
+    return;
+  }
+  float f[8];
+  float amax = 0.0f;
+  if (active) {
+    const uint32_t words[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      f[2 * q] = bf16ToFloat(words[q] & 0xffffu);
+      f[2 * q + 1] = bf16ToFloat(words[q] >> 16);
+    }
+#pragma unroll
+    for (int q = 0; q < 8; q++) amax = fmaxf(amax, fabsf(f[q]));
+  }
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  float scale = fmaxf(amax, 1e-4f) / 448.0f;
+  if (p.pow2) scale = roundScalePow2(scale);
+  const float inv = 1.0f / scale;
+  if (!active) return;
+  const uint2 q = make_uint2(packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv),
+                             packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv));
+  for (unsigned bits = mask; bits; bits &= bits - 1) {
+    char* row = llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes;
+    reinterpret_cast<uint2*>(row)[j] = q;
+    if ((lane & 15) == 0) reinterpret_cast<float*>(row + size_t(H) * 2)[j / 16] = scale;
+  }
+}
+
+// The send half of a small call: dispatchSendPhase with slices for rows.
+// Every slice of a token writes its headers (the same values: the extra
+// stores are a few hundred bytes, and no block waits for another).
+__device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& p, uint64_t pair) {
+  const LLView& v = p.v;
+  const int set = int(pair & 1u);
+  const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
+  const int NB = numberingBlocks(v), G = gridDim.x, b = blockIdx.x;
+  const bool numbers = NB == 0 || b < NB;
+  const bool rows = NB == 0 || b >= NB;
+  LLSliceShare sl{0, 0, 0, 0, true};
+  if (rows) sl = llSliceShare(p.num_tokens, piecesPerToken(p), b - NB, G - NB, kThreads, 16);  // NB == 0: every block
+  // Loads first: the first token's ids and piece, or the first numbering round.
+  TokenLoads tl;
+  if (sl.hi > sl.lo) {
+    loadSliceIds(p, sl.lo, tl);
+    loadSlicePiece(p, sl.lo, sl.plo, sl.width, 0, tl.raw[0]);
+  }
+  long long first_ids[kIdRegs];
+  if (numbers) loadIdRound(p, 0, min(kIdStage / p.num_topk, p.num_tokens), first_ids);
+  // Pair - 2 used this set: every peer must have finished its combine send of it.
+  if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
+  if (b == 0) {
+    if (threadIdx.x < v.nranks)
+      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = uint32_t(p.num_tokens) | (p.fp8 ? kLLNtokFp8 : 0u);
+    if (threadIdx.x == 0) {
+      p.hd->pair = pair;
+      p.hd->num_tokens = p.num_tokens;
+    }
+  }
+  __shared__ unsigned s_mask[kTokGroup];
+  if (numbers) {
+    numberPairs(p, set, b, NB == 0 ? G : NB, first_ids);
+    llMark(v, pair, kLLKindDispatch, 0);  // numbers and counts stored
+  }
+  // One token per block when the host picks these kernels (smallCall); more
+  // (whole rows of a larger call) are correct too, one after the other.
+  for (int t = sl.lo; t < sl.hi; t++) {
+    __syncthreads();  // the wait above; s_mask of the previous token is no longer read
+    if (t != sl.lo) {
+      loadSliceIds(p, t, tl);
+      loadSlicePiece(p, t, sl.plo, sl.width, 0, tl.raw[0]);
+    }
+    writeHeaders(p, set, tag, t, 1, tl, s_mask);
+    __syncthreads();
+    for (int base = 0; base < sl.width; base += kThreads) {
+      if (base != 0) loadSlicePiece(p, t, sl.plo, sl.width, base, tl.raw[0]);
+      int j;
+      const bool active = slicePiece(p, sl.plo, sl.width, base, j);
+      storeSlicePiece(p, set, t, j, active, tl.raw[0], s_mask[0]);
+    }
+  }
+  llMark(v, pair, kLLKindDispatch, 1);  // rows stored
+  llSignal(v, kLLDispatchSent, set);
+  llMark(v, pair, kLLKindDispatch, 2);  // signalled (the release waited for the stores)
+  if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(LLDispatchParams p) {
+  const uint64_t pair = p.v.local->pairs;
+  llTimeStart(p.v, pair, kLLKindDispatch);
+  dispatchSendSlicesPhase(p, pair);
+  llTimeEnd(p.v, pair, kLLKindDispatch);
+}
+
+// Both halves in one launch (see llDispatchKernel).
+__global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(LLDispatchParams p) {
+  const uint64_t pair = p.v.local->pairs;
+  llTimeStart(p.v, pair, kLLKindDispatch);
+  dispatchSendSlicesPhase(p, pair);
+  dispatchRecvPhase(p, pair, kLLKindDispatch);
+  llTimeEnd(p.v, pair, kLLKindDispatch);
+}
+
+}  // namespace
+
+int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
+  return send_only ? llLaunch(llDispatchSlicesSendKernel, p, kThreads, sms, stream)
+                   : llLaunch(llDispatchSlicesKernel, p, kThreads, sms, stream);
+}
+
+}  // namespace cuda
+}  // namespace ep
