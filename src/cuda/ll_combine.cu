@@ -233,12 +233,6 @@ __device__ __forceinline__ void combineRecvUnits(const LLCombineParams& p, LLKer
   llMark(v, pair, kind, 6);
 }
 
-__device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p, LLKernelKind kind) {
-  if (p.v.nranks <= 2) combineRecvUnits<2>(p, kind);
-  else if (p.v.nranks <= 4) combineRecvUnits<4>(p, kind);
-  else combineRecvUnits<8>(p, kind);
-}
-
 __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombineParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
@@ -246,19 +240,24 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombinePara
   llTimeEnd(p.v, pair, kLLKindCombine);
 }
 
+// MR: the most ranks the kernel sums (2: four units per thread per step; 8:
+// one). One instance per kernel, the host picks by the rank count: a kernel
+// holding both would run one and carry the other's code.
+template <int MR>
 __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombineParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombineRecv);
-  combineRecvPhase(p, kLLKindCombineRecv);
+  combineRecvUnits<MR>(p, kLLKindCombineRecv);
   llTimeEnd(p.v, pair, kLLKindCombineRecv);
 }
 
 // Both halves in one launch; at most one block per SM (see llDispatchKernel).
+template <int MR>
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
   combineSendPhase(p);
-  combineRecvPhase(p, kLLKindCombine);
+  combineRecvUnits<MR>(p, kLLKindCombine);
   llTimeEnd(p.v, pair, kLLKindCombine);
 }
 
@@ -269,11 +268,13 @@ int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream) {
 }
 
 int launchLLCombine(const LLCombineParams& p, int sms, void* stream) {
-  return llLaunch(llCombineKernel, p, kThreads, sms, stream);
+  return p.v.nranks <= 2 ? llLaunch(llCombineKernel<2>, p, kThreads, sms, stream)
+                         : llLaunch(llCombineKernel<kMaxRanks>, p, kThreads, sms, stream);
 }
 
 int launchLLCombineRecv(const LLCombineParams& p, int sms, void* stream) {
-  return llLaunch(llCombineRecvKernel, p, kThreads, sms, stream);
+  return p.v.nranks <= 2 ? llLaunch(llCombineRecvKernel<2>, p, kThreads, sms, stream)
+                         : llLaunch(llCombineRecvKernel<kMaxRanks>, p, kThreads, sms, stream);
 }
 
 }  // namespace cuda
