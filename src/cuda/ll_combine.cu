@@ -22,6 +22,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRecGroup = 32;  // records a block describes in shared memory at once
 constexpr int kUnits = 2;      // units per thread per step (up to 4 rows of y each in flight)
+constexpr int kRecvRows = 8;   // receive: partial-row pieces (units x ranks) per thread per step
 
 constexpr int kHdrPerWarp = kRecGroup / kWarps;
 
@@ -156,7 +157,12 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
 }
 
 // Marks 4-6 of `kind`: arrived, sums written, signalled.
-__device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p, LLKernelKind kind) {
+// Each thread takes U = kRecvRows / MR (token, 8 values) units per step,
+// strided by the grid, and issues the loads of all their partial rows (MR
+// ranks at most) before it adds any: one memory round trip per step instead
+// of one per unit, in a fixed number of registers whatever the rank count.
+template <int MR>
+__device__ __forceinline__ void combineRecvUnits(const LLCombineParams& p, LLKernelKind kind) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, H = v.hidden;
   const uint64_t pair = p.hd->pair;
@@ -164,43 +170,64 @@ __device__ __forceinline__ void combineRecvPhase(const LLCombineParams& p, LLKer
   const int pieces = H / 8;
   const int total = p.hd->num_tokens * pieces;
   const int stride = gridDim.x * kThreads;
+  constexpr int U = kRecvRows / MR;
+  static_assert(U >= 1 && MR <= kMaxRanks, "receive step shape");
   int unit = blockIdx.x * kThreads + threadIdx.x;
-  unsigned mask = unit < total ? p.hd->mask[unit / pieces] : 0u;  // loaded before the wait
+  unsigned mask[U];  // destination ranks of each unit's token (0: no unit)
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int un = unit + u * stride;
+    mask[u] = un < total ? p.hd->mask[un / pieces] : 0u;  // loaded before the wait
+  }
   llWaitAll(v, kLLCombineSent, set, llTarget(pair), kLLWhatCombine);
   __syncthreads();
   llMark(v, pair, kind, 4);
-  for (; unit < total; unit += stride) {
-    const int t = unit / pieces, j = unit - t * pieces;
-    int4 a[kMaxRanks], b[kMaxRanks];
+  for (; unit < total; unit += U * stride) {
+    int4 a[U][MR], b[U][MR];
 #pragma unroll
-    for (int r = 0; r < kMaxRanks; r++) {  // every partial row in flight at once
-      if (r < R && (mask & (1u << r))) {
-        const int4* src = reinterpret_cast<const int4*>(llCombineRow(v, me, set, r, t) + size_t(j) * 8);
-        a[r] = ldStaged(src);
-        b[r] = ldStaged(src + 1);
+    for (int u = 0; u < U; u++) {  // every partial row of every unit in flight at once
+      const int un = unit + u * stride, t = un / pieces, j = un - t * pieces;
+#pragma unroll
+      for (int r = 0; r < MR; r++) {
+        if (r < R && (mask[u] & (1u << r))) {
+          const int4* src = reinterpret_cast<const int4*>(llCombineRow(v, me, set, r, t) + size_t(j) * 8);
+          a[u][r] = ldStaged(src);
+          b[u][r] = ldStaged(src + 1);
+        }
       }
     }
-    const unsigned next_mask = unit + stride < total ? p.hd->mask[(unit + stride) / pieces] : 0u;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    unsigned next[U];
 #pragma unroll
-    for (int r = 0; r < kMaxRanks; r++) {  // ascending rank order, as the host
-      if (!(r < R && (mask & (1u << r)))) continue;
-      acc[0] += __int_as_float(a[r].x);
-      acc[1] += __int_as_float(a[r].y);
-      acc[2] += __int_as_float(a[r].z);
-      acc[3] += __int_as_float(a[r].w);
-      acc[4] += __int_as_float(b[r].x);
-      acc[5] += __int_as_float(b[r].y);
-      acc[6] += __int_as_float(b[r].z);
-      acc[7] += __int_as_float(b[r].w);
+    for (int u = 0; u < U; u++) {
+      const int un = unit + (U + u) * stride;
+      next[u] = un < total ? p.hd->mask[un / pieces] : 0u;
     }
-    uint4 packed;
-    packed.x = floatToBf16(acc[0]) | (floatToBf16(acc[1]) << 16);
-    packed.y = floatToBf16(acc[2]) | (floatToBf16(acc[3]) << 16);
-    packed.z = floatToBf16(acc[4]) | (floatToBf16(acc[5]) << 16);
-    packed.w = floatToBf16(acc[6]) | (floatToBf16(acc[7]) << 16);
-    reinterpret_cast<uint4*>(p.out + size_t(t) * H)[j] = packed;
-    mask = next_mask;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int un = unit + u * stride, t = un / pieces, j = un - t * pieces;
+      if (un >= total) break;
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int r = 0; r < MR; r++) {  // ascending rank order, as the host
+        if (!(r < R && (mask[u] & (1u << r)))) continue;
+        acc[0] += __int_as_float(a[u][r].x);
+        acc[1] += __int_as_float(a[u][r].y);
+        acc[2] += __int_as_float(a[u][r].z);
+        acc[3] += __int_as_float(a[u][r].w);
+        acc[4] += __int_as_float(b[u][r].x);
+        acc[5] += __int_as_float(b[u][r].y);
+        acc[6] += __int_as_float(b[u][r].z);
+        acc[7] += __int_as_float(b[u][r].w);
+      }
+      uint4 packed;
+      packed.x = floatToBf16(acc[0]) | (floatToBf16(acc[1]) << 16);
+      packed.y = floatToBf16(acc[2]) | (floatToBf16(acc[3]) << 16);
+      packed.z = floatToBf16(acc[4]) | (floatToBf16(acc[5]) << 16);
+      packed.w = floatToBf16(acc[6]) | (floatToBf16(acc[7]) << 16);
+      reinterpret_cast<uint4*>(p.out + size_t(t) * H)[j] = packed;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) mask[u] = next[u];
   }
   llMark(v, pair, kind, 5);
   llSignal(v, kLLCombineRead, set);
@@ -214,19 +241,24 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombinePara
   llTimeEnd(p.v, pair, kLLKindCombine);
 }
 
+// MR: the most ranks the kernel sums (2: four units per thread per step; 8:
+// one). One instance per kernel, the host picks by the rank count: a kernel
+// holding both would run one and carry the other's code.
+template <int MR>
 __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombineParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombineRecv);
-  combineRecvPhase(p, kLLKindCombineRecv);
+  combineRecvUnits<MR>(p, kLLKindCombineRecv);
   llTimeEnd(p.v, pair, kLLKindCombineRecv);
 }
 
 // Both halves in one launch; at most one block per SM (see llDispatchKernel).
+template <int MR>
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
   combineSendPhase(p);
-  combineRecvPhase(p, kLLKindCombine);
+  combineRecvUnits<MR>(p, kLLKindCombine);
   llTimeEnd(p.v, pair, kLLKindCombine);
 }
 
@@ -237,11 +269,13 @@ int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream) {
 }
 
 int launchLLCombine(const LLCombineParams& p, int sms, void* stream) {
-  return llLaunch(llCombineKernel, p, kThreads, sms, stream);
+  return p.v.nranks <= 2 ? llLaunch(llCombineKernel<2>, p, kThreads, sms, stream)
+                         : llLaunch(llCombineKernel<kMaxRanks>, p, kThreads, sms, stream);
 }
 
 int launchLLCombineRecv(const LLCombineParams& p, int sms, void* stream) {
-  return llLaunch(llCombineRecvKernel, p, kThreads, sms, stream);
+  return p.v.nranks <= 2 ? llLaunch(llCombineRecvKernel<2>, p, kThreads, sms, stream)
+                         : llLaunch(llCombineRecvKernel<kMaxRanks>, p, kThreads, sms, stream);
 }
 
 }  // namespace cuda
