@@ -159,8 +159,9 @@ int launchLLDispatchRecv(const LLDispatchParams& p, int sms, void* stream);
 // The row-slice kernels of small calls (ll_dispatch_small.cu): the send half, or both halves.
 int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only);
 int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream);
-int launchLLCombine(const LLCombineParams& p, int sms, void* stream);  // both halves, one kernel
-int launchLLCombineRecv(const LLCombineParams& p, int sms, void* stream);
+// tokens: this rank's tokens (the combine's output rows), to pick the receive's kernel.
+int launchLLCombine(const LLCombineParams& p, int sms, int tokens, void* stream);  // both halves, one kernel
+int launchLLCombineRecv(const LLCombineParams& p, int sms, int tokens, void* stream);
 
 }  // namespace cuda
 }  // namespace ep

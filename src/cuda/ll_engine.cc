@@ -285,7 +285,8 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
   p.hd = st->dev;
   p.y = static_cast<const uint16_t*>(a.y);
   p.out = static_cast<uint16_t*>(a.out);
-  const int err = send_only ? launchLLCombineSend(p, sms_, stream) : launchLLCombine(p, sms_, stream);
+  const int err = send_only ? launchLLCombineSend(p, sms_, stream)
+                                : launchLLCombine(p, sms_, st->dispatch.num_tokens, stream);
   if (err != 0)
     return setError(comm_, epUnhandledCudaError, "epLowLatencyCombine: kernel launch failed: %s",
                     cudaGetErrorString(cudaError_t(err)));
@@ -298,7 +299,7 @@ epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
   auto* st = static_cast<HandleState*>(h->backend_state);
   int err = 0;
   if (h->pending == epHandle::Pending::kDispatch) err = launchLLDispatchRecv(st->dispatch, sms_, stream);
-  else err = launchLLCombineRecv(st->combine, sms_, stream);
+  else err = launchLLCombineRecv(st->combine, sms_, st->dispatch.num_tokens, stream);
   if (err != 0)
     return setError(comm_, epUnhandledCudaError, "epLowLatencyComplete: kernel launch failed: %s",
                     cudaGetErrorString(cudaError_t(err)));

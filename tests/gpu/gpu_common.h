@@ -740,8 +740,17 @@ inline bool allocAlign(int R, AlignFlags* flags, std::vector<int*>* counters) {
   return true;
 }
 
+// GPU_LL_BENCH_MAX_TOKENS=M: the communicator's max_tokens_per_rank (default
+// 128, at least the call's tokens). It moves every landing region's address,
+// so it shows whether a figure depends on where the rows land.
+inline int benchMaxTokens(int tokens) {
+  const char* env = getenv("GPU_LL_BENCH_MAX_TOKENS");
+  const int m = env ? atoi(env) : 128;
+  return std::max(m > 0 ? m : 128, tokens);
+}
+
 inline void bench(int R, int tokens, bool split) {
-  Shape s{7168, 8, 288, std::max(128, tokens), std::vector<int>(R, tokens), true, false, split};
+  Shape s{7168, 8, 288, benchMaxTokens(tokens), std::vector<int>(R, tokens), true, false, split};
   std::vector<RankData> in(R);
   std::vector<GpuRank> g(R);
   std::vector<epComm_t> comms(R);
