@@ -95,6 +95,13 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ -
   run "gpu" env BUILD="$BUILD" bash tests/gpu/run.sh
 else
   skip "gpu" "no NVIDIA GPU visible on this machine (run make gpu-test on a GPU machine)"
+  # Without a GPU, the GPU test programs are still built (against this library),
+  # so that a test source that stopped compiling shows here.
+  if [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
+    run "gpu test programs build (no GPU needed)" env BUILD="$BUILD" bash tests/gpu/build.sh
+  else
+    skip "gpu test programs build" "no nvcc at ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
+  fi
 fi
 
 echo

@@ -708,6 +708,9 @@ constexpr int kAlignRanks = 8;
 struct AlignFlags {
   int* flag[kAlignRanks];  // on GPU s: flag[s][r] = the last layer rank r reached
 };
+// The kernel exists only where nvcc compiles this header (gpu_ll_test,
+// gpu_bench); gpu_test and gpu_mp_test are host-compiled and never align.
+#ifdef __CUDACC__
 __global__ void alignRanks(int* counter, AlignFlags peers, int me, int R) {
   const int c = ++*counter;
   for (int s = 0; s < R; s++)
@@ -717,11 +720,25 @@ __global__ void alignRanks(int* counter, AlignFlags peers, int me, int R) {
       while (reinterpret_cast<volatile int*>(peers.flag[me])[s] < c) {
       }
 }
+#endif
+
+inline void launchAlign(int* counter, const AlignFlags& peers, int me, int R, cudaStream_t stream) {
+#ifdef __CUDACC__
+  alignRanks<<<1, 1, 0, stream>>>(counter, peers, me, R);
+  CK(cudaGetLastError());
+#else
+  (void)counter, (void)peers, (void)me, (void)R, (void)stream;
+#endif
+}
 
 // Flags and counters of alignRanks on every GPU, with peer access between them.
 inline bool allocAlign(int R, AlignFlags* flags, std::vector<int*>* counters) {
   const char* env = getenv("GPU_LL_BENCH_ALIGN");
   if (env == nullptr || atoi(env) == 0 || R > kAlignRanks) return false;
+#ifndef __CUDACC__
+  printf("LL bench: GPU_LL_BENCH_ALIGN needs the nvcc-built benchmark (gpu_ll_test); not aligned\n");
+  return false;
+#endif
   counters->assign(R, nullptr);
   for (int r = 0; r < R; r++) {
     CK(cudaSetDevice(r));
@@ -797,7 +814,7 @@ inline void bench(int R, int tokens, bool split) {
       CK(cudaStreamBeginCapture(g[r].stream, cudaStreamCaptureModeThreadLocal));
       for (int l = 0; l < layers; l++) {
         epLowLatencyDispatchArgs_t a = dispatchArgs(s, r, g[r]);  // EP_LL_SEND_ONLY when split
-        if (align) alignRanks<<<1, 1, 0, g[r].stream>>>(align_counters[r], align_flags, r, R);
+        if (align) launchAlign(align_counters[r], align_flags, r, R, g[r].stream);
         mark(4 * l);
         EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
         mark(4 * l + 1);

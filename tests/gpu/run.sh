@@ -19,21 +19,12 @@ mkdir -p "$LOGS" "$BUILD/tests"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 make -j16 CUDA=1 lib >"$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; echo "gpu-test: FAILED to build"; exit 1; }
-g++ -std=c++17 -O2 -g -Wall -Iinclude -isystem "$CUDA_HOME/include" tests/gpu/gpu_test.cc -o "$BUILD/tests/gpu_test" \
-  -L"$BUILD/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread -Wl,-rpath,"$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_test"; exit 1; }
 MP=${EP_GPU_MP:-1}
-if [ "$MP" != 0 ]; then
-g++ -std=c++17 -O2 -g -Wall -Iinclude -Itools -isystem "$CUDA_HOME/include" tests/gpu/gpu_mp_test.cc tools/common/launch.cc -o "$BUILD/tests/gpu_mp_test" \
-  -L"$BUILD/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread -Wl,-rpath,"$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_mp_test"; exit 1; }
-fi
-"$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_bench.cc -o "$BUILD/tests/gpu_bench" \
-  -L"$BUILD/lib" -lmoeep -ldl -Xlinker -rpath -Xlinker "$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_bench"; exit 1; }
-
 LL=${EP_GPU_LL:-1}
-if [ "$LL" != 0 ]; then
-"$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_ll_test.cc -o "$BUILD/tests/gpu_ll_test" \
-  -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$PWD/$BUILD/lib" || { echo "gpu-test: FAILED to build gpu_ll_test"; exit 1; }
-fi
+build_args=()
+[ "$MP" != 0 ] || build_args+=(--no-mp)
+[ "$LL" != 0 ] || build_args+=(--no-ll)
+BUILD="$BUILD" CUDA_HOME="$CUDA_HOME" bash tests/gpu/build.sh "${build_args[@]}" || exit 1
 
 status=0
 if [ "$LL" != 0 ]; then

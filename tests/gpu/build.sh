@@ -1,0 +1,37 @@
+#!/bin/bash
+# Builds the GPU test programs (gpu_test, gpu_mp_test, gpu_bench, gpu_ll_test)
+# against $BUILD/lib/libmoeep.so, as tests/gpu/run.sh runs them.
+#   tests/gpu/build.sh [--no-mp] [--no-ll]
+# Needs nvcc and the CUDA headers, not a GPU: the CPU-only test suite runs it
+# too (tests/run_all.sh), against the host-only library, so that a test source
+# that no longer compiles fails there and not first on a GPU machine.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+mp=1 ll=1
+for a in "$@"; do
+  case "$a" in
+    --no-mp) mp=0 ;;
+    --no-ll) ll=0 ;;
+    *) echo "build.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$BUILD/tests"
+RPATH="$PWD/$BUILD/lib"
+fail() { echo "gpu-test: FAILED to build $1"; exit 1; }
+
+g++ -std=c++17 -O2 -g -Wall -Iinclude -isystem "$CUDA_HOME/include" tests/gpu/gpu_test.cc -o "$BUILD/tests/gpu_test" \
+  -L"$BUILD/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread -Wl,-rpath,"$RPATH" || fail gpu_test
+if [ "$mp" != 0 ]; then
+  g++ -std=c++17 -O2 -g -Wall -Iinclude -Itools -isystem "$CUDA_HOME/include" tests/gpu/gpu_mp_test.cc \
+    tools/common/launch.cc -o "$BUILD/tests/gpu_mp_test" \
+    -L"$BUILD/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread -Wl,-rpath,"$RPATH" || fail gpu_mp_test
+fi
+"$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_bench.cc -o "$BUILD/tests/gpu_bench" \
+  -L"$BUILD/lib" -lmoeep -ldl -Xlinker -rpath -Xlinker "$RPATH" || fail gpu_bench
+if [ "$ll" != 0 ]; then
+  "$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_ll_test.cc -o "$BUILD/tests/gpu_ll_test" \
+    -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$RPATH" || fail gpu_ll_test
+fi
+exit 0
