@@ -138,6 +138,9 @@ __device__ __forceinline__ void writeHeaders(const LLDispatchParams& p, int set,
 }
 
 // Stores the pieces of rows [t0, t0 + n) loaded for `base` (quantised for FP8).
+// Its FP8 quantisation has a twin in storeSlicePiece (ll_dispatch_small.cu):
+// a shared helper changed this function's SASS and the 128-token send time
+// (measured), so a change to the wire format goes into both.
 __device__ __forceinline__ void storeRowPieces(const LLDispatchParams& p, int set, int t0, int n, int base,
                                                const int4 (&raw)[kInFlight], const unsigned* s_mask) {
   const LLView& v = p.v;
