@@ -22,7 +22,10 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRecGroup = 32;  // records a block describes in shared memory at once
 constexpr int kUnits = 2;      // units per thread per step (up to 4 rows of y each in flight)
-constexpr int kRecvRows = 8;   // receive: partial-row pieces (units x ranks) per thread per step
+// Receive: partial-row pieces (units x ranks) per thread per step, at least
+// one unit. Measured at two ranks, 128 tokens: 4 (two units) -0.1 to -0.7 us
+// against 8 (four units), 16 +0.2-0.6 us.
+constexpr int kRecvRows = 4;
 
 constexpr int kHdrPerWarp = kRecGroup / kWarps;
 
@@ -157,7 +160,7 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
 }
 
 // Marks 4-6 of `kind`: arrived, sums written, signalled.
-// Each thread takes U = kRecvRows / MR (token, 8 values) units per step,
+// Each thread takes U = max(1, kRecvRows / MR) (token, 8 values) units per step,
 // strided by the grid, and issues the loads of all their partial rows (MR
 // ranks at most) before it adds any: one memory round trip per step instead
 // of one per unit, in a fixed number of registers whatever the rank count.
@@ -170,7 +173,7 @@ __device__ __forceinline__ void combineRecvUnits(const LLCombineParams& p, LLKer
   const int pieces = H / 8;
   const int total = p.hd->num_tokens * pieces;
   const int stride = gridDim.x * kThreads;
-  constexpr int U = kRecvRows / MR;
+  constexpr int U = kRecvRows / MR > 0 ? kRecvRows / MR : 1;
   static_assert(U >= 1 && MR <= kMaxRanks, "receive step shape");
   int unit = blockIdx.x * kThreads + threadIdx.x;
   unsigned mask[U];  // destination ranks of each unit's token (0: no unit)
@@ -241,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombinePara
   llTimeEnd(p.v, pair, kLLKindCombine);
 }
 
-// MR: the most ranks the kernel sums (2: four units per thread per step; 8:
+// MR: the most ranks the kernel sums (2: two units per thread per step; 8:
 // one). One instance per kernel, the host picks by the rank count: a kernel
 // holding both would run one and carry the other's code.
 template <int MR>
@@ -270,8 +273,9 @@ int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream) {
 
 // The receive with several units in flight (MR = 2) only where it has them:
 // two ranks at most, and more units than the grid has threads. Measured on
-// 2 x H200 at hidden 7168: 128 tokens -0.5 to -0.6 us, but one token (one
-// unit per thread or none) +0.3 us, so small calls keep the one-unit kernel.
+// 2 x H200 at hidden 7168: 128 tokens -0.5 to -0.6 us with four units (two are
+// better still, see kRecvRows), but one token (one unit per thread or none)
+// +0.3 us, so small calls keep the one-unit kernel.
 static bool llCombinePipelined(const LLCombineParams& p, int sms, int tokens) {
   return p.v.nranks <= 2 && (long long)tokens * (p.v.hidden / 8) > (long long)llGrid(sms) * kThreads;
 }
