@@ -1,7 +1,7 @@
 #!/bin/bash
-# GPU level of the tests (`make gpu-test`): builds the library with CUDA, the
-# GPU tests and the GPU benchmark, runs the tests, a small case under
-# compute-sanitizer (memcheck, racecheck) and the benchmark.
+# GPU level of the tests (`make gpu-test`): builds the library with CUDA and
+# (tests/gpu/build.sh) the GPU tests and the GPU benchmark, runs the tests, a
+# small case under compute-sanitizer (memcheck, racecheck) and the benchmark.
 # Fails when no GPU is visible. Logs go to $OUT (if set) or $BUILD/gpu-logs.
 #   EP_GPU_BENCH=0   skip the benchmark
 #   EP_GPU_SANITIZER=0  skip the sanitizer runs
