@@ -29,8 +29,10 @@ EP_LL_SHARE_FN void llShare(int n, unsigned i, unsigned parts, int& lo, int& hi)
 // as the blocks allow but none smaller than one step (`step` units, e.g. one
 // per thread), each a multiple of `align` units (16 for FP8 rows: whole scale
 // blocks), so that a small call's items are handled by several blocks at
-// once. `first`: this block has the item's first slice (the dispatch writes
-// the record headers there).
+// once. `first` (plo == 0) is read by no kernel, only by the unit test (every
+// slice of a dispatch writes the record headers); it stays until a GPU run
+// shows that dropping it, which renumbers the slice kernels' registers,
+// changes nothing.
 struct LLSliceShare {
   int lo, hi, plo, width;
   bool first;
