@@ -697,66 +697,6 @@ inline double percentile(std::vector<float> v, double q) {
 // accounting (bytes of (token, expert) pairs) and the physical bytes: one
 // record per (token, destination rank) for dispatch, one float32 row per
 // (token, rank) for combine, counted for the other ranks only (over NVLink).
-// GPU_LL_BENCH_ALIGN=1: every layer of the benchmark starts with a
-// handshake of all ranks (one thread per GPU spins until every peer has
-// reached the same layer), outside the timed events. Free-running ranks
-// drift against each other, and where one rank's sends land while its peer
-// is in another step can change a call's time; aligned starts take that out
-// of an A/B. The graph without events then includes the handshakes: compare
-// only the per-call and kernel times of aligned runs.
-constexpr int kAlignRanks = 8;
-struct AlignFlags {
-  int* flag[kAlignRanks];  // on GPU s: flag[s][r] = the last layer rank r reached
-};
-// The kernel exists only where nvcc compiles this header (gpu_ll_test,
-// gpu_bench); gpu_test and gpu_mp_test are host-compiled and never align.
-#ifdef __CUDACC__
-__global__ void alignRanks(int* counter, AlignFlags peers, int me, int R) {
-  const int c = ++*counter;
-  for (int s = 0; s < R; s++)
-    if (s != me) reinterpret_cast<volatile int*>(peers.flag[s])[me] = c;
-  for (int s = 0; s < R; s++)
-    if (s != me)
-      while (reinterpret_cast<volatile int*>(peers.flag[me])[s] < c) {
-      }
-}
-#endif
-
-inline void launchAlign(int* counter, const AlignFlags& peers, int me, int R, cudaStream_t stream) {
-#ifdef __CUDACC__
-  alignRanks<<<1, 1, 0, stream>>>(counter, peers, me, R);
-  CK(cudaGetLastError());
-#else
-  (void)counter, (void)peers, (void)me, (void)R, (void)stream;
-#endif
-}
-
-// Flags and counters of alignRanks on every GPU, with peer access between them.
-inline bool allocAlign(int R, AlignFlags* flags, std::vector<int*>* counters) {
-  const char* env = getenv("GPU_LL_BENCH_ALIGN");
-  if (env == nullptr || atoi(env) == 0 || R > kAlignRanks) return false;
-#ifndef __CUDACC__
-  printf("LL bench: GPU_LL_BENCH_ALIGN needs the nvcc-built benchmark (gpu_ll_test); not aligned\n");
-  return false;
-#endif
-  counters->assign(R, nullptr);
-  for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(r));
-    for (int s = 0; s < R; s++) {
-      if (s == r) continue;
-      const cudaError_t e = cudaDeviceEnablePeerAccess(s, 0);
-      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CK(e);
-      cudaGetLastError();
-    }
-    CK(cudaMalloc(&flags->flag[r], kAlignRanks * sizeof(int)));
-    CK(cudaMemset(flags->flag[r], 0, kAlignRanks * sizeof(int)));
-    CK(cudaMalloc(&(*counters)[r], sizeof(int)));
-    CK(cudaMemset((*counters)[r], 0, sizeof(int)));
-  }
-  printf("LL bench: ranks aligned before every layer (GPU_LL_BENCH_ALIGN)\n");
-  return true;
-}
-
 // GPU_LL_BENCH_MAX_TOKENS=M: the communicator's max_tokens_per_rank (default
 // 128, at least the call's tokens). It moves every landing region's address,
 // so it shows whether a figure depends on where the rows land.
@@ -775,9 +715,6 @@ inline void bench(int R, int tokens, bool split) {
   EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
   for (int r = 0; r < R; r++) randomInputs(s, R, 99, r, &in[r]);
   const int layers = 100;
-  AlignFlags align_flags{};
-  std::vector<int*> align_counters;
-  const bool align = allocAlign(R, &align_flags, &align_counters);
   std::vector<std::vector<float>> t_disp(R), t_comb(R), t_send(R), t_recv(R);
   std::vector<float> t_layer(R);
   runRanks(R, [&](int r) {
@@ -814,7 +751,6 @@ inline void bench(int R, int tokens, bool split) {
       CK(cudaStreamBeginCapture(g[r].stream, cudaStreamCaptureModeThreadLocal));
       for (int l = 0; l < layers; l++) {
         epLowLatencyDispatchArgs_t a = dispatchArgs(s, r, g[r]);  // EP_LL_SEND_ONLY when split
-        if (align) launchAlign(align_counters[r], align_flags, r, R, g[r].stream);
         mark(4 * l);
         EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
         mark(4 * l + 1);
@@ -870,11 +806,6 @@ inline void bench(int R, int tokens, bool split) {
     freeRank(g[r]);
   });
   for (auto c : comms) epCommDestroy(c);
-  for (int r = 0; align && r < R; r++) {
-    CK(cudaSetDevice(r));
-    CK(cudaFree(align_flags.flag[r]));
-    CK(cudaFree(align_counters[r]));
-  }
   // DeepEP's accounting: bytes of (token, expert) pairs; FP8 rows + scales for dispatch, BF16 for combine.
   const double pairs = double(tokens) * 8;
   const double disp_bytes = pairs * (7168 + 56 * 4), comb_bytes = pairs * 7168 * 2;
