@@ -690,13 +690,6 @@ inline double percentile(std::vector<float> v, double q) {
   return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
 }
 
-// Latency of dispatch and combine inside one CUDA graph of `layers` layers
-// (EP R on GPUs 0..R-1, max(128, tokens) max tokens, hidden 7168, top-8 of
-// 288, FP8 wire, `tokens` per rank). Prints, per rank, per-call medians and p99 (events around
-// each call), the replay time per layer of a graph without events, DeepEP's
-// accounting (bytes of (token, expert) pairs) and the physical bytes: one
-// record per (token, destination rank) for dispatch, one float32 row per
-// (token, rank) for combine, counted for the other ranks only (over NVLink).
 // GPU_LL_BENCH_MAX_TOKENS=M: the communicator's max_tokens_per_rank (default
 // 128, at least the call's tokens). It moves every landing region's address,
 // so it shows whether a figure depends on where the rows land.
@@ -706,6 +699,13 @@ inline int benchMaxTokens(int tokens) {
   return std::max(m > 0 ? m : 128, tokens);
 }
 
+// Latency of dispatch and combine inside one CUDA graph of `layers` layers
+// (EP R on GPUs 0..R-1, benchMaxTokens(tokens) max tokens, hidden 7168, top-8 of
+// 288, FP8 wire, `tokens` per rank). Prints, per rank, per-call medians and p99 (events around
+// each call), the replay time per layer of a graph without events, DeepEP's
+// accounting (bytes of (token, expert) pairs) and the physical bytes: one
+// record per (token, destination rank) for dispatch, one float32 row per
+// (token, rank) for combine, counted for the other ranks only (over NVLink).
 inline void bench(int R, int tokens, bool split) {
   Shape s{7168, 8, 288, benchMaxTokens(tokens), std::vector<int>(R, tokens), true, false, split};
   std::vector<RankData> in(R);
