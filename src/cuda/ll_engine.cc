@@ -138,6 +138,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.comb_off = llCombineOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.cnt_off = llCountsOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.timeout_ns = (unsigned long long)c.timeout_ms * 1000000ull;
+  slices_ = int(param::CUDA_LL_SLICES());
   if (param::CUDA_LL_TIMING() != 0) {
     void* tp = nullptr;
     CUDACHECK(cudaMalloc(&tp, sizeof(LLTiming)));
@@ -265,9 +266,8 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   p.recv_src = a.recv_src;
   h->backend_state = st.get();
   HandleState* raw = st.release();
-  const int slices = int(param::CUDA_LL_SLICES());
-  const int err = send_only ? launchLLDispatchSend(raw->dispatch, sms_, slices, stream)
-                            : launchLLDispatch(raw->dispatch, sms_, slices, stream);
+  const int err = send_only ? launchLLDispatchSend(raw->dispatch, sms_, slices_, stream)
+                            : launchLLDispatch(raw->dispatch, sms_, slices_, stream);
   if (err != 0) {
     release(h);
     return setError(comm_, epUnhandledCudaError, "epLowLatencyDispatch: kernel launch failed: %s",

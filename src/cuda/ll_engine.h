@@ -41,6 +41,7 @@ class LLEngine {
   epComm* comm_;
   int dev_;
   int sms_;
+  int slices_ = -1;  // EP_CUDA_LL_SLICES, read once at init
   size_t bytes_ = 0;
   LLView view_{};
   const TransportEntry* ipc_ = nullptr;
