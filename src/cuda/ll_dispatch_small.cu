@@ -94,7 +94,7 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
   const int NB = numberingBlocks(v), G = gridDim.x, b = blockIdx.x;
   const bool numbers = NB == 0 || b < NB;
   const bool rows = NB == 0 || b >= NB;
-  LLSliceShare sl{0, 0, 0, 0, true};
+  LLSliceShare sl{0, 0, 0, 0};
   if (rows) sl = llSliceShare(p.num_tokens, piecesPerToken(p), b - NB, G - NB, kThreads, 16);  // NB == 0: every block
   // Loads first: the first token's ids and piece, or the first numbering round.
   TokenLoads tl;

@@ -29,16 +29,12 @@ EP_LL_SHARE_FN void llShare(int n, unsigned i, unsigned parts, int& lo, int& hi)
 // as the blocks allow but none smaller than one step (`step` units, e.g. one
 // per thread), each a multiple of `align` units (16 for FP8 rows: whole scale
 // blocks), so that a small call's items are handled by several blocks at
-// once. `first` (plo == 0) is read by no kernel, only by the unit test (every
-// slice of a dispatch writes the record headers); it stays until a GPU run
-// shows that dropping it, which renumbers the slice kernels' registers,
-// changes nothing.
+// once.
 struct LLSliceShare {
   int lo, hi, plo, width;
-  bool first;
 };
 EP_LL_SHARE_FN LLSliceShare llSliceShare(int n, int pieces, int b, int G, int step, int align) {
-  LLSliceShare r{0, 0, 0, pieces, true};
+  LLSliceShare r{0, 0, 0, pieces};
   const int S = (n == 0 || n >= G) ? 1 : llMin(G / n, (pieces + step - 1) / step);
   if (S <= 1) {
     llShare(n, unsigned(b), unsigned(G), r.lo, r.hi);
@@ -51,7 +47,6 @@ EP_LL_SHARE_FN LLSliceShare llSliceShare(int n, int pieces, int b, int G, int st
   const int chunk = ((pieces + S - 1) / S + align - 1) / align * align, slice = first - r.lo * S;
   r.plo = llMin(slice * chunk, pieces);
   r.width = llMin(r.plo + chunk, pieces) - r.plo;
-  r.first = slice == 0;
   if (r.width <= 0) r.hi = r.lo;  // a last slice past the item's end (large items): nothing (slice 0 never is)
   return r;
 }

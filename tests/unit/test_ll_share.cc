@@ -62,7 +62,7 @@ void checkSliceShares(int step, int align) {
             if (G / n >= (pieces + step - 1) / step) assert_true(r.width <= step + align - 1);
           }
           for (int c = r.lo; c < r.hi; c++) {
-            if (r.first) firsts[c]++;
+            if (r.plo == 0) firsts[c]++;
             for (int j = r.plo; j < r.plo + r.width; j++) covered[size_t(c) * pieces + j]++;
           }
         }
