@@ -56,8 +56,22 @@ class DeviceGuard {
 
 struct RankDevice {
   int device;
+  int channels;  // this rank's high-throughput channels before they are agreed
+  int sms;       // its GPU's SMs
   char bus_id[16];
 };
+
+// Whether two ranks drive the same GPU (same machine, same PCI bus id).
+bool sameGpu(const epPeerInfo_v1_t& a, const epPeerInfo_v1_t& b) {
+  return a.host_hash == b.host_hash && strncmp(a.bus_id, b.bus_id, sizeof(a.bus_id)) == 0;
+}
+
+// Ranks (r included) that drive rank r's GPU.
+int ranksOnGpuOf(const std::vector<epPeerInfo_v1_t>& peers, int r) {
+  int n = 0;
+  for (const epPeerInfo_v1_t& p : peers) n += sameGpu(p, peers[r]) ? 1 : 0;
+  return n;
+}
 
 struct HandleSlot {
   void* mem = nullptr;
@@ -222,6 +236,8 @@ epResult_t CudaBackend::init() {
   std::vector<RankDevice> devs(R);
   memset(devs.data(), 0, sizeof(RankDevice) * R);
   devs[me].device = dev_;
+  devs[me].channels = channels_;
+  devs[me].sms = prop.multiProcessorCount;
   CUDACHECK(cudaDeviceGetPCIBusId(devs[me].bus_id, sizeof(devs[me].bus_id), dev_));
   EPCHECK(bootstrapAllGather(comm_->bootstrap, devs.data(), sizeof(RankDevice)));
   std::vector<epPeerInfo_v1_t> peers = comm_->peers;
@@ -230,6 +246,33 @@ epResult_t CudaBackend::init() {
     memcpy(peers[r].bus_id, devs[r].bus_id, sizeof(peers[r].bus_id));
     peers[r].bus_id[sizeof(peers[r].bus_id) - 1] = '\0';
   }
+  // Ranks that drive the same GPU split its SMs: their kernels wait for each
+  // other, so all their blocks must be resident at once.
+  const int sharing = ranksOnGpuOf(peers, me);
+  if (sharing > 1) {
+    bool other_process = false;
+    for (int r = 0; r < R; r++)
+      other_process |= sameGpu(peers[r], peers[me]) && peers[r].pid != peers[me].pid;
+    const char* conns = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    if (other_process)
+      EP_WARN(kSubsysInit,
+              "%d ranks drive GPU %s, not all from this process: their kernels wait for each other and run "
+              "at the same time only under MPS; without it expect slow calls or timeouts",
+              sharing, peers[me].bus_id);
+    else if (conns == nullptr || atoi(conns) < 32)
+      EP_WARN(kSubsysInit,
+              "%d ranks of this process drive GPU %s: their kernels wait for each other, so their streams "
+              "must not share a hardware queue; set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts "
+              "(it is %s), or calls can stall until the timeout",
+              sharing, peers[me].bus_id, conns ? conns : "unset: 8 queues");
+    EP_INFO(kSubsysInit, "%d ranks share GPU %s: this one's kernels take at most %d of its %d SMs", sharing,
+            peers[me].bus_id, prop.multiProcessorCount / sharing, prop.multiProcessorCount);
+  }
+  const int sm_share = prop.multiProcessorCount / sharing;
+  // One channel count on every rank (channel c of a sender pairs with channel
+  // c of each receiver): the least any rank asks for or its share of SMs allows.
+  for (int r = 0; r < R; r++)
+    channels_ = std::min({channels_, devs[r].channels, devs[r].sms / ranksOnGpuOf(peers, r)});
   for (int r = 0; r < R; r++) {
     if (r == me) continue;
     // A peer in this process names its GPU by ordinal; across processes the bus id decides.
@@ -320,7 +363,22 @@ epResult_t CudaBackend::init() {
   }
   CUDACHECK(cudaDeviceSynchronize());
   if (cfg.low_latency) {  // collective, like everything above
-    ll_ = std::make_unique<cuda::LLEngine>(comm_, dev_, prop.multiProcessorCount);
+    // Decided the same way on every rank, before the collective below. Ranks
+    // sharing a GPU ran the high-throughput kernels correctly at 4 and 8
+    // ranks on 2 GPUs, but their low-latency kernels stalled at random (a
+    // rank's kernel never started within the timeout), cause not found.
+    for (int r = 0; r < R; r++)
+      if (ranksOnGpuOf(peers, r) > 1)
+        return setError(comm_, epNotSupported,
+                        "the low-latency mode needs a GPU per rank, but %d ranks of this communicator drive GPU "
+                        "%s (rank %d's): create it with low_latency = 0 to use the high-throughput calls",
+                        ranksOnGpuOf(peers, r), peers[r].bus_id, r);
+    int ll_sms = sm_share;
+    if (const int64_t want = param::CUDA_LL_SMS(); want != 0) {
+      if (want >= 1 && want <= sm_share) ll_sms = int(want);
+      else EP_WARN(kSubsysCuda, "EP_CUDA_LL_SMS=%lld is not in 1..%d: ignored", (long long)want, sm_share);
+    }
+    ll_ = std::make_unique<cuda::LLEngine>(comm_, dev_, ll_sms);
     EPCHECK(ll_->init(ipc_, peers));
   }
   notices_ = std::make_unique<cuda::HostNotices>(comm_, dev_);

@@ -35,6 +35,21 @@ inline size_t typeSize(epDataType_t t) {
   return t == epFloat32 ? 4 : t == epFloat8E4M3 ? 1 : 2;
 }
 
+// GPUs the ranks are spread over: rank r drives GPU r % gpuCount(). A test
+// runs more ranks than GPUs (--ranks) by setting it to the visible count;
+// ranks that share a GPU split its SMs (the library sees it at init).
+inline int& gpuCount() {
+  static int n = 8;
+  return n;
+}
+inline int gpuOf(int r) { return r % gpuCount(); }
+// The devices argument of epCommInitAll for R ranks.
+inline std::vector<int> gpusOf(int R) {
+  std::vector<int> d(R);
+  for (int r = 0; r < R; r++) d[r] = gpuOf(r);
+  return d;
+}
+
 inline void runRanks(int R, const std::function<void(int)>& fn) {
   std::vector<std::thread> th;
   for (int r = 0; r < R; r++) th.emplace_back(fn, r);
@@ -365,7 +380,7 @@ inline epLayoutArgs_t layoutArgs(const Case& c, int r, const DevBufs& d) {
 
 inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool capacity, RankOut* out) {
   const Geometry g = geometryOf(c);
-  CK(cudaSetDevice(r));
+  CK(cudaSetDevice(gpuOf(r)));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   DevBufs d;
@@ -712,13 +727,13 @@ inline void bench(int R, int tokens, bool split) {
   std::vector<GpuRank> g(R);
   std::vector<epComm_t> comms(R);
   epConfig_t cfg = configFor(s, epBackendCuda);
-  EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
   for (int r = 0; r < R; r++) randomInputs(s, R, 99, r, &in[r]);
   const int layers = 100;
   std::vector<std::vector<float>> t_disp(R), t_comb(R), t_send(R), t_recv(R);
   std::vector<float> t_layer(R);
   runRanks(R, [&](int r) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     g[r].comm = comms[r];
     allocRank(s, R, g[r], 64 << 20);
     upload(s, r, in[r], g[r]);

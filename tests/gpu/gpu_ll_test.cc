@@ -8,6 +8,9 @@
 //                          inside a CUDA graph), EP = number of visible GPUs
 //   gpu_ll_test --bench-tokens N[,N...]
 //                          the same for N tokens per rank (unsplit calls only)
+//   gpu_ll_test --ranks N  correctness at EP N only (1..N GPUs); with fewer
+//                          GPUs than N (ranks would share a GPU), checks that
+//                          the library refuses the low-latency mode instead
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -37,7 +40,7 @@ __global__ void busyKernel(float* p, int n) {  // "other work" between the halve
 void runHost(const Shape& s, int R, std::vector<RankData>& in, std::vector<Outputs>& ref) {
   std::vector<epComm_t> comms(R);
   epConfig_t cfg = configFor(s, epBackendHost);
-  EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
   runRanks(R, [&](int r) { ll::runHost(s, R, r, comms[r], in[r], &ref[r]); });
   for (auto c : comms) epCommDestroy(c);
 }
@@ -47,7 +50,7 @@ void randomInputs(const Shape& s, int R, uint64_t seed, std::vector<RankData>& i
 }
 
 void allocRank(const Shape& s, int R, int r, GpuRank& g) {
-  CK(cudaSetDevice(r));
+  CK(cudaSetDevice(gpuOf(r)));
   ll::allocRank(s, R, g, 64 << 20);  // busyKernel's 16 << 20 floats
 }
 
@@ -62,7 +65,7 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   std::vector<GpuRank> g(R);
   std::vector<epComm_t> comms(R);
   epConfig_t cfg = configFor(s, epBackendCuda);
-  EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
   for (int r = 0; r < R; r++) {
     g[r].comm = comms[r];
     allocRank(s, R, r, g[r]);
@@ -74,7 +77,7 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
     randomInputs(s, R, seed + round, in);
     runHost(s, R, in, ref);
     runRanks(R, [&](int r) {
-      CK(cudaSetDevice(r));
+      CK(cudaSetDevice(gpuOf(r)));
       upload(s, r, in[r], g[r]);
       poison(s, R, g[r]);
       if (!graph) {
@@ -99,12 +102,12 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
       CK(cudaStreamSynchronize(g[r].stream));
     });
     for (int r = 0; r < R; r++) {
-      CK(cudaSetDevice(r));
+      CK(cudaSetDevice(gpuOf(r)));
       bad += compare(s, R, r, g[r], ref[r], graph ? "graph" : "eager");
     }
   }
   for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     if (exec[r]) cudaGraphExecDestroy(exec[r]);
     freeRank(g[r]);
     epCommDestroy(comms[r]);
@@ -124,7 +127,7 @@ int runWireMismatch(int R) {
   std::vector<GpuRank> g(R);
   std::vector<epComm_t> comms(R);
   epConfig_t cfg = configFor(s, epBackendCuda);
-  EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
   randomInputs(s, R, 21, in);
   std::vector<int> bad(R, 0);
   runRanks(R, [&](int r) {
@@ -149,7 +152,7 @@ int runWireMismatch(int R) {
     epHandleDestroy(h);
   });
   for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     freeRank(g[r]);
     epCommDestroy(comms[r]);
   }
@@ -167,7 +170,7 @@ int runAbortWhileWaiting(int R) {
   std::vector<epComm_t> comms(R);
   epConfig_t cfg = configFor(s, epBackendCuda);
   cfg.timeout_ms = 60000;
-  EK(nullptr, epCommInitAll(comms.data(), R, nullptr, &cfg));
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
   randomInputs(s, R, 23, in);
   GpuRank g;
   g.comm = comms[0];
@@ -201,6 +204,7 @@ int main(int argc, char** argv) {
   }
   const bool do_bench = argc > 1 && std::string(argv[1]) == "--bench";
   const int Rmax = std::min(ndev, 8);
+  gpuCount() = Rmax;
   if (do_bench) {
     ll::benchStandard(Rmax);
     return 0;
@@ -234,6 +238,27 @@ int main(int argc, char** argv) {
     return failed ? 1 : 0;
   }
   if (Rmax > 2) rank_counts.push_back(Rmax);
+  if (argc > 2 && std::string(argv[1]) == "--ranks") {
+    const int n = atoi(argv[2]);
+    if (n < 1 || n > 8) {
+      fprintf(stderr, "gpu_ll_test: --ranks takes 1..8\n");
+      return 2;
+    }
+    rank_counts = {n};
+    if (n > Rmax) {  // ranks would share a GPU: the library refuses the low-latency mode
+      std::vector<epComm_t> comms(n);
+      const Shape s{512, 4, 4 * n, 40, std::vector<int>(n, 40), true, false, false};
+      epConfig_t cfg = configFor(s, epBackendCuda);
+      const epResult_t res = epCommInitAll(comms.data(), n, gpusOf(n).data(), &cfg);
+      const bool ok = res == epNotSupported;
+      printf("init   R=%d on %d GPUs, low-latency: %s (%s)\n", n, Rmax, ok ? "refused: OK" : "FAILED",
+             epGetErrorString(res));
+      if (res == epSuccess)
+        for (epComm_t c : comms) epCommDestroy(c);
+      printf("gpu_ll_test: %d passed, %d failed\n", ok ? 1 : 0, ok ? 0 : 1);
+      return ok ? 0 : 1;
+    }
+  }
   for (int R : rank_counts) {
     std::vector<Shape> shapes = {
         {7168, 8, 288, 128, std::vector<int>(R, 128), true, false, false},

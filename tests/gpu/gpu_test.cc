@@ -4,6 +4,9 @@
 // and replay with new data. Ranks are threads of this process (epCommInitAll).
 //   gpu_test            all cases
 //   gpu_test --small    small cases only (for compute-sanitizer)
+//   gpu_test --ranks N  all cases at EP N only (1..8), ranks spread over the
+//                       visible GPUs (rank r on GPU r % GPUs): with fewer GPUs
+//                       than N, ranks share a GPU and split its SMs
 // Prints SKIPPED and exits 0 when no GPU is visible (tests/gpu/run.sh turns
 // that into a failure of `make gpu-test`).
 #include <algorithm>
@@ -46,7 +49,7 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
   std::vector<RankIn> ins;
   makeInputs(c, 777, &ins);
   runRanks(c.R, [&](int r) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     CK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
     allocDev(c, ins[r], r, &d[r]);
     cudaStream_t s = streams[r];
@@ -80,7 +83,7 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
     runHost(c, host, ins, &ref);
     std::vector<RankOut> got(c.R);
     runRanks(c.R, [&](int r) {
-      CK(cudaSetDevice(r));
+      CK(cudaSetDevice(gpuOf(r)));
       cudaStream_t s = streams[r];
       uploadInputs(c, ins[r], &d[r], s);
       poison(c, r, &d[r], s);
@@ -119,7 +122,7 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
     fflush(stdout);
   }
   runRanks(c.R, [&](int r) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     epHandleDestroy(handles[r]);
     CK(cudaGraphExecDestroy(execs[r]));
     freeDev(&d[r]);
@@ -127,14 +130,15 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
   });
 }
 
-void runCase(const Case& c, int ndev, bool graph) {
-  if (c.R > ndev) {
-    printf("SKIPPED %s: needs %d GPUs, %d visible\n", c.name.c_str(), c.R, ndev);
+// max_ranks: the most ranks the visible GPUs take (more with --ranks).
+void runCase(const Case& c, int max_ranks, bool graph) {
+  if (c.R > max_ranks) {
+    printf("SKIPPED %s: needs %d GPUs, %d visible\n", c.name.c_str(), c.R, max_ranks);
     return;
   }
   std::vector<epComm_t> gpu(c.R), host(c.R);
   epConfig_t gc = configOf(c, epBackendCuda), hc = configOf(c, epBackendHost);
-  EK(nullptr, epCommInitAll(gpu.data(), c.R, nullptr, &gc));
+  EK(nullptr, epCommInitAll(gpu.data(), c.R, gpusOf(c.R).data(), &gc));
   EK(nullptr, epCommInitAll(host.data(), c.R, nullptr, &hc));
   std::vector<RankIn> ins;
   makeInputs(c, 42, &ins);
@@ -153,6 +157,17 @@ void runCase(const Case& c, int ndev, bool graph) {
 
 int main(int argc, char** argv) {
   bool small = argc > 1 && std::string(argv[1]) == "--small";
+  int ranks = 0;  // --ranks N
+  if (argc > 2 && std::string(argv[1]) == "--ranks") {
+    ranks = atoi(argv[2]);
+    if (ranks < 1 || ranks > 8) {
+      fprintf(stderr, "gpu_test: --ranks takes 1..8\n");
+      return 2;
+    }
+  }
+  // Ranks that share a GPU wait for each other's kernels: their streams must
+  // not share a hardware queue (CUDA's default is 8 queues; see README).
+  if (ranks) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     printf("SKIPPED gpu_test: no GPU visible (%s)\n", cudaGetErrorString(cudaGetLastError()));
@@ -161,9 +176,15 @@ int main(int argc, char** argv) {
   ndev = std::min(ndev, 8);
   // Under compute-sanitizer kernels of different GPUs may not run at once: one rank only.
   if (small) ndev = 1;
+  gpuCount() = ndev;
+  const int max_ranks = ranks ? ranks : ndev;
   std::vector<Case> cases;
-  auto add = [&](Case c) { cases.push_back(c); };
-  for (int R : {1, 2}) {
+  auto add = [&](Case c) {
+    c.E = (c.E + c.R - 1) / c.R * c.R;  // whole experts per rank (--ranks 4 or 8)
+    cases.push_back(c);
+  };
+  const std::vector<int> rank_counts = ranks ? std::vector<int>{ranks} : std::vector<int>{1, 2};
+  for (int R : rank_counts) {
     std::string ep = "EP" + std::to_string(R) + " ";
     Case c;
     c = Case{ep + "bf16 h16 k1", R, 16, 1, 8, std::vector<int>(R, 37)};
@@ -203,13 +224,13 @@ int main(int argc, char** argv) {
     c = Case{ep + "bf16 h7168 k8 e256", R, 7168, 8, 256, std::vector<int>(R, 4096)};
     add(c);
   }
-  for (const Case& c : cases) runCase(c, ndev, false);
-  // Graph capture, EP2 (or EP1 on one GPU).
+  for (const Case& c : cases) runCase(c, max_ranks, false);
+  // Graph capture, EP2 (or EP1 on one GPU; EP N with --ranks).
   {
-    int R = std::min(ndev, 2);
+    int R = ranks ? ranks : std::min(ndev, 2);
     Case c{"EP" + std::to_string(R) + " bf16 h2560 k6 e64", R, 2560, 6, 64, std::vector<int>(R, small ? 64 : 1000)};
     c.bias = true;
-    runCase(c, ndev, true);
+    runCase(c, max_ranks, true);
   }
   printf("%s: %d failures\n", g_failures ? "FAILED" : "ALL PASSED", g_failures);
   return g_failures ? 1 : 0;

@@ -6,6 +6,7 @@
 #   EP_GPU_BENCH=0   skip the benchmark
 #   EP_GPU_SANITIZER=0  skip the sanitizer runs
 #   EP_GPU_LL=0      skip the low-latency test and its benchmark (gpu_ll_test)
+#   EP_GPU_RANKS="4 8"  the rank counts of gpu_test / gpu_ll_test --ranks (empty: none)
 #   EP_GPU_MP=0      skip the test with ranks as processes (gpu_mp_test: cross-process
 #                    CUDA IPC against the host backend; SKIPPED with fewer than 2 GPUs)
 #   EP_GPU_BENCH_ARGS  arguments of gpu_bench (see its main)
@@ -39,6 +40,16 @@ timeout ${EP_GPU_TEST_TIMEOUT:-540} "$BUILD/tests/gpu_test" 2>&1 | tee "$LOGS/gp
 rc=${PIPESTATUS[0]}
 if grep -q "^SKIPPED gpu_test: no GPU" "$LOGS/gpu_test.log"; then echo "gpu-test: FAILED: no GPU visible"; exit 1; fi
 [ "$rc" -eq 0 ] || { echo "gpu_test: exit $rc"; status=1; }
+# EP4 / EP8: on fewer GPUs gpu_test's ranks share GPUs (each a share of the
+# SMs) and gpu_ll_test checks that the low-latency mode refuses that.
+for n in ${EP_GPU_RANKS-4 8}; do
+  timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_test" --ranks "$n" 2>&1 | tee "$LOGS/gpu_test_ranks$n.log" | tail -1
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_test --ranks $n: FAILED"; status=1; }
+  if [ "$LL" != 0 ]; then
+    timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" --ranks "$n" 2>&1 | tee "$LOGS/gpu_ll_test_ranks$n.log" | tail -2
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --ranks $n: FAILED"; status=1; }
+  fi
+done
 if [ "$MP" != 0 ]; then
 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" 2>&1 | tee "$LOGS/gpu_mp_test.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test: FAILED"; status=1; }
