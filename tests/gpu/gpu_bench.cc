@@ -1,5 +1,6 @@
-// GPU benchmark of the CUDA backend, EP2 on two GPUs of one node (ranks are
-// threads of this process). Built with nvcc -x cu by tests/gpu/run.sh.
+// GPU benchmark of the CUDA backend, EP N on the first N GPUs of one node
+// (N = the visible GPUs, at most 8, or --ranks N; ranks are threads of this
+// process). Built with nvcc -x cu by tests/gpu/run.sh.
 //
 // For each shape: check first (num_recv against the routing computed here, and
 // combine(y = recv_x) == x * ranks-that-got-it, bit for bit), then time with
@@ -8,9 +9,10 @@
 // 3 warm-ups, the slower rank's median quoted. Reported:
 //   logical GB/s  = bytes of every row this rank received (own included) / time (DeepEP)
 //   physical GB/s = bytes that crossed NVLink into this rank / time, and its
-//                   ratio to the bidirectional SM-push ceiling measured here
-//                   with the same number of blocks (the better of 1 and 8
-//                   loads in flight per thread)
+//                   ratio to the all-to-all SM-push ceiling measured here
+//                   with the same number of blocks (every GPU pushing to
+//                   every other at once; the better of 1 and 8 loads in
+//                   flight per thread)
 //   NCCL all-to-all of the same bytes (dlopen of $EP_BENCH_NCCL_LIB), if found.
 // --mode ll: the low-latency benchmark of gpu_ll_test --bench (gpu_common.h).
 #include <dlfcn.h>
@@ -23,20 +25,38 @@
 
 namespace {
 
-constexpr int kWarm = 3, kIters = 20;
+constexpr int kWarm = 3, kIters = 20, kMaxR = 8;
+int g_R = 2;  // ranks (GPUs 0..g_R-1)
 
-__global__ void handshake(volatile int* mine, volatile int* peer, int v) {
-  *peer = v;
-  while (*mine < v) {
-  }
+// Each rank's handshake slots (kMaxR ints on its GPU, slot q written by rank q).
+struct Flags {
+  int* of[kMaxR];
+};
+
+// Releases all GPUs together: tells every peer, then waits for every peer.
+__global__ void handshake(Flags f, int me, int R, int v) {
+  for (int q = 0; q < R; q++)
+    if (q != me) reinterpret_cast<volatile int*>(f.of[q])[me] = v;
+  for (int q = 0; q < R; q++)
+    if (q != me)
+      while (reinterpret_cast<volatile int*>(f.of[me])[q] < v) {
+      }
 }
 
-// Copies n 16-byte pieces, kU loads in flight per thread before their stores
-// (one in flight leaves the copy bound by load latency, not by the link).
+struct Dsts {
+  int4* to[kMaxR - 1];  // the peers' receive areas for this rank's pieces
+};
+
+// Pushes n 16-byte pieces to each of the npeers peers, the blocks split
+// evenly among them (the gridDim % npeers left over idle), kU loads in flight per thread before their stores (one
+// in flight leaves the copy bound by load latency, not by the link).
 template <int kU>
-__global__ void smCopy(const int4* __restrict__ src, int4* __restrict__ dst, size_t n) {
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += stride * kU) {
+__global__ void smPush(const int4* __restrict__ src, Dsts d, int npeers, size_t n) {
+  const int per = gridDim.x / npeers, j = blockIdx.x % npeers, b = blockIdx.x / npeers;
+  if (b >= per) return;
+  int4* __restrict__ dst = d.to[j];
+  const size_t stride = size_t(per) * blockDim.x;
+  for (size_t i = b * size_t(blockDim.x) + threadIdx.x; i < n; i += stride * kU) {
     int4 v[kU];
 #pragma unroll
     for (int u = 0; u < kU; u++)
@@ -63,8 +83,8 @@ struct SpinBarrier {
 };
 
 struct Sync {
-  int* flag[2];
-  void* flush[2];
+  Flags flags;
+  void* flush[kMaxR];
 };
 Sync g_sync;
 std::atomic<int> g_tick{0};  // handshake values, increasing over the whole run
@@ -75,7 +95,7 @@ double median(std::vector<float> v) {
 }
 
 // Runs op on rank r kWarm + kIters times, each after an L2 flush and a
-// handshake with the other GPU; returns the median in microseconds.
+// handshake with the other GPUs; returns the median in microseconds.
 double timeOp(int r, cudaStream_t s, SpinBarrier& bar, const std::function<void()>& op,
               const std::function<void()>& after = nullptr) {
   cudaEvent_t e0, e1;
@@ -88,7 +108,7 @@ double timeOp(int r, cudaStream_t s, SpinBarrier& bar, const std::function<void(
     bar.wait();
     int v = g_tick.load();
     CK(cudaMemsetAsync(g_sync.flush[r], it & 0xff, 256u << 20, s));
-    handshake<<<1, 1, 0, s>>>(g_sync.flag[r], g_sync.flag[1 - r], v);
+    handshake<<<1, 1, 0, s>>>(g_sync.flags, r, g_R, v);
     CK(cudaEventRecord(e0, s));
     op();
     CK(cudaEventRecord(e1, s));
@@ -103,18 +123,21 @@ double timeOp(int r, cudaStream_t s, SpinBarrier& bar, const std::function<void(
   return median(ts);
 }
 
-// Bidirectional SM push, GB/s per direction, 512-thread blocks (as the
-// kernels), kU 16-byte loads in flight per thread.
+// All-to-all SM push (every GPU sends bytes in all, an equal share to each
+// peer, while the others do the same), GB/s per direction (sent by one GPU),
+// 512-thread blocks (as the kernels), kU 16-byte loads in flight per thread.
 template <int kU>
 double linkCeilingOf(int blocks, size_t bytes) {
-  void *src[2], *dst[2];
-  cudaStream_t s[2];
-  cudaEvent_t e0[2], e1[2];
-  for (int r = 0; r < 2; r++) {
+  const int R = g_R, npeers = R - 1;
+  const size_t per_peer = bytes / 16 / npeers;  // pieces to each peer
+  void *src[kMaxR], *dst[kMaxR];
+  cudaStream_t s[kMaxR];
+  cudaEvent_t e0[kMaxR], e1[kMaxR];
+  for (int r = 0; r < R; r++) {
     CK(cudaSetDevice(r));
-    CK(cudaMalloc(&src[r], bytes));
-    CK(cudaMalloc(&dst[r], bytes));
-    CK(cudaMemset(src[r], 1, bytes));
+    CK(cudaMalloc(&src[r], per_peer * 16));
+    CK(cudaMalloc(&dst[r], per_peer * 16 * R));  // slice q: from rank q
+    CK(cudaMemset(src[r], 1, per_peer * 16));
     CK(cudaStreamCreate(&s[r]));
     CK(cudaEventCreate(&e0[r]));
     CK(cudaEventCreate(&e1[r]));
@@ -123,14 +146,17 @@ double linkCeilingOf(int blocks, size_t bytes) {
   for (int it = 0; it < 13; it++) {
     float worst = 0;
     const int v = ++g_tick;
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < R; r++) {
       CK(cudaSetDevice(r));
-      handshake<<<1, 1, 0, s[r]>>>(g_sync.flag[r], g_sync.flag[1 - r], v);
+      Dsts d{};
+      for (int j = 0, q = 0; q < R; q++)
+        if (q != r) d.to[j++] = static_cast<int4*>(dst[q]) + size_t(r) * per_peer;
+      handshake<<<1, 1, 0, s[r]>>>(g_sync.flags, r, R, v);
       CK(cudaEventRecord(e0[r], s[r]));
-      smCopy<kU><<<blocks, 512, 0, s[r]>>>((const int4*)src[r], (int4*)dst[1 - r], bytes / 16);
+      smPush<kU><<<blocks, 512, 0, s[r]>>>((const int4*)src[r], d, npeers, per_peer);
       CK(cudaEventRecord(e1[r], s[r]));
     }
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < R; r++) {
       CK(cudaSetDevice(r));
       CK(cudaStreamSynchronize(s[r]));
       float ms;
@@ -139,42 +165,55 @@ double linkCeilingOf(int blocks, size_t bytes) {
     }
     if (it >= 3) ts.push_back(worst);
   }
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < R; r++) {
     CK(cudaSetDevice(r));
     cudaFree(src[r]);
     cudaFree(dst[r]);
     cudaStreamDestroy(s[r]);
   }
-  return bytes / (median(ts) * 1e6);
+  return double(per_peer) * 16 * npeers / (median(ts) * 1e6);
 }
 
 // The link ceiling: the better of one and eight loads in flight per thread
 // (both printed; the kernels keep 8-14 in flight).
 double linkCeiling(int blocks, size_t bytes) {
   const double one = linkCeilingOf<1>(blocks, bytes), eight = linkCeilingOf<8>(blocks, bytes);
-  printf("link ceiling: SM push both directions, %d blocks x 512 threads: %.1f GB/s per direction with 1 load in "
-         "flight per thread, %.1f with 8\n",
-         blocks, one, eight);
+  printf("link ceiling: SM push all-to-all over %d GPUs, %d blocks x 512 threads: %.1f GB/s per direction with 1 "
+         "load in flight per thread, %.1f with 8\n",
+         g_R, blocks, one, eight);
   return std::max(one, eight);
 }
 
 struct Routing {
-  std::vector<int64_t> topk[2];
-  int64_t count[2][2];  // [src][dst] rows
-  std::vector<uint8_t> cnt_of[2];  // ranks per token
+  std::vector<int64_t> topk[kMaxR];
+  int64_t count[kMaxR][kMaxR];  // [src][dst] rows
+  std::vector<uint8_t> cnt_of[kMaxR];  // ranks per token
+  // Rows rank d receives (own included), and those that crossed NVLink.
+  int64_t recvRows(int d) const {
+    int64_t n = 0;
+    for (int s = 0; s < g_R; s++) n += count[s][d];
+    return n;
+  }
+  int64_t linkRowsInto(int d) const { return recvRows(d) - count[d][d]; }
+  int64_t linkRowsFrom(int s) const {
+    int64_t n = 0;
+    for (int d = 0; d < g_R; d++) n += d == s ? 0 : count[s][d];
+    return n;
+  }
 };
 
 Routing makeRouting(int T, int K, int E) {
   Routing rt;
-  for (int r = 0; r < 2; r++) {
+  const int R = g_R;
+  for (int r = 0; r < R; r++) {
     std::mt19937_64 g(100 + r);
     randomTopk(g, T, K, E, 0.0, &rt.topk[r]);
-    rt.count[r][0] = rt.count[r][1] = 0;
+    for (int d = 0; d < R; d++) rt.count[r][d] = 0;
     rt.cnt_of[r].assign(T, 0);
     for (int t = 0; t < T; t++) {
-      bool in[2] = {false, false};
-      for (int k = 0; k < K; k++) in[rt.topk[r][size_t(t) * K + k] / (E / 2)] = true;
-      for (int d = 0; d < 2; d++) {
+      bool in[kMaxR] = {};
+      for (int k = 0; k < K; k++) in[rt.topk[r][size_t(t) * K + k] / (E / R)] = true;
+      for (int d = 0; d < R; d++) {
         rt.count[r][d] += in[d];
         rt.cnt_of[r][t] += in[d];
       }
@@ -202,7 +241,7 @@ void report(const std::string& what, double us, double recv_bytes, double nvlink
 }
 
 void benchConfig(int T, epDataType_t dt, int sms, const Routing& rt, double ceiling, bool layout_too) {
-  const int H = 7168, K = 8, E = 256, R = 2;
+  const int H = 7168, K = 8, E = 256, R = g_R;
   epConfig_t cfg = EP_CONFIG_INITIALIZER;
   cfg.num_experts = E;
   cfg.hidden = H;
@@ -213,15 +252,15 @@ void benchConfig(int T, epDataType_t dt, int sms, const Routing& rt, double ceil
   cfg.backend = epBackendCuda;
   cfg.timeout_ms = 20000;
   cfg.num_sms = sms;
-  epComm_t comms[2];
+  epComm_t comms[kMaxR];
   EK(nullptr, epCommInitAll(comms, R, nullptr, &cfg));
   const bool fp8 = dt == epFloat8E4M3;
   const int nb = fp8 ? H / 128 : 0;
   const size_t drow = size_t(H) * (fp8 ? 1 : 2), crow = size_t(H) * 2;
-  const int cap = 2 * T;
-  double t_full[2], t_cached[2], t_combine[2], t_layout[2];
-  SpinBarrier bar(2);
-  runRanks(2, [&](int r) {
+  const int cap = R * T;
+  double t_full[kMaxR], t_cached[kMaxR], t_combine[kMaxR], t_layout[kMaxR];
+  SpinBarrier bar(R);
+  runRanks(R, [&](int r) {
     CK(cudaSetDevice(r));
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -285,7 +324,7 @@ void benchConfig(int T, epDataType_t dt, int sms, const Routing& rt, double ceil
     CK(cudaStreamSynchronize(s));
     int64_t n = -1;
     CK(cudaMemcpy(&n, num_recv, 8, cudaMemcpyDeviceToHost));
-    const int64_t expect = rt.count[0][r] + rt.count[1][r];
+    const int64_t expect = rt.recvRows(r);
     if (n != expect) {
       printf("CHECK FAILED rank %d: num_recv %lld, expected %lld\n", r, (long long)n, (long long)expect);
       g_bad++;
@@ -333,22 +372,24 @@ void benchConfig(int T, epDataType_t dt, int sms, const Routing& rt, double ceil
     for (void* p : all) cudaFree(p);
     CK(cudaStreamDestroy(s));
   });
-  for (int r = 0; r < 2; r++) epCommDestroy(comms[r]);
+  for (int r = 0; r < R; r++) epCommDestroy(comms[r]);
   // Bytes per rank (rank 0's view; the routing is symmetric in expectation).
   const double rowb = double(drow) + nb * 4;
-  const double recv_rows = double(rt.count[0][0] + rt.count[1][0]);
-  const double nvl_rows = double(rt.count[1][0]);
+  const double recv_rows = double(rt.recvRows(0));
+  const double nvl_rows = double(rt.linkRowsInto(0));
+  auto slowest = [R](const double* t) { return *std::max_element(t, t + R); };
   char name[128];
   const char* ty = fp8 ? "fp8" : "bf16";
   snprintf(name, sizeof(name), "dispatch %s T=%d sms=%d (cached)", ty, T, sms);
-  report(name, std::max(t_cached[0], t_cached[1]), recv_rows * rowb, nvl_rows * rowb, ceiling);
+  report(name, slowest(t_cached), recv_rows * rowb, nvl_rows * rowb, ceiling);
   snprintf(name, sizeof(name), "dispatch %s T=%d sms=%d (new routing)", ty, T, sms);
-  report(name, std::max(t_full[0], t_full[1]), recv_rows * rowb, nvl_rows * rowb, ceiling);
+  report(name, slowest(t_full), recv_rows * rowb, nvl_rows * rowb, ceiling);
   snprintf(name, sizeof(name), "combine bf16 T=%d sms=%d (after %s)", T, sms, ty);
-  report(name, std::max(t_combine[0], t_combine[1]), recv_rows * crow, double(rt.count[0][1]) * crow, ceiling);
+  // Combine: the partial rows of rank 0's tokens come back to it from the other ranks.
+  report(name, slowest(t_combine), recv_rows * crow, double(rt.linkRowsFrom(0)) * crow, ceiling);
   if (layout_too) {
     snprintf(name, sizeof(name), "layout T=%d", T);
-    report(name, std::max(t_layout[0], t_layout[1]), 0, 0, 0);
+    report(name, slowest(t_layout), 0, 0, 0);
   }
 }
 
@@ -371,34 +412,36 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
   auto gstart = (ncclGroup_t)dlsym(h, "ncclGroupStart");
   auto gend = (ncclGroup_t)dlsym(h, "ncclGroupEnd");
   auto destroy = (ncclCommDestroy_t)dlsym(h, "ncclCommDestroy");
-  void* comms[2];
-  int devs[2] = {0, 1};
-  if (!initAll || initAll(comms, 2, devs) != 0) {
+  const int R = g_R;
+  void* comms[kMaxR];
+  int devs[kMaxR];
+  for (int r = 0; r < R; r++) devs[r] = r;
+  if (!initAll || initAll(comms, R, devs) != 0) {
     printf("SKIPPED nccl all-to-all: ncclCommInitAll failed\n");
     return;
   }
-  void *sb[2], *rb[2];
-  cudaStream_t s[2];
-  cudaEvent_t e0[2], e1[2];
-  for (int r = 0; r < 2; r++) {
+  void *sb[kMaxR], *rb[kMaxR];
+  cudaStream_t s[kMaxR];
+  cudaEvent_t e0[kMaxR], e1[kMaxR];
+  for (int r = 0; r < R; r++) {
     CK(cudaSetDevice(r));
-    CK(cudaMalloc(&sb[r], size_t(T) * 2 * rowb));
-    CK(cudaMalloc(&rb[r], size_t(T) * 2 * rowb));
+    CK(cudaMalloc(&sb[r], size_t(T) * R * rowb));
+    CK(cudaMalloc(&rb[r], size_t(T) * R * rowb));
     CK(cudaStreamCreate(&s[r]));
     CK(cudaEventCreate(&e0[r]));
     CK(cudaEventCreate(&e1[r]));
   }
   std::vector<float> ts;
   for (int it = 0; it < kWarm + kIters; it++) {
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < R; r++) {
       CK(cudaSetDevice(r));
       CK(cudaMemsetAsync(g_sync.flush[r], 1, 256u << 20, s[r]));
       CK(cudaEventRecord(e0[r], s[r]));
     }
     gstart();
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < R; r++) {
       size_t soff = 0, roff = 0;
-      for (int d = 0; d < 2; d++) {
+      for (int d = 0; d < R; d++) {
         send((char*)sb[r] + soff, size_t(rt.count[r][d]) * rowb, 0, d, comms[r], s[r]);
         recv((char*)rb[r] + roff, size_t(rt.count[d][r]) * rowb, 0, d, comms[r], s[r]);
         soff += size_t(rt.count[r][d]) * rowb;
@@ -407,7 +450,7 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
     }
     gend();
     float worst = 0;
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < R; r++) {
       CK(cudaSetDevice(r));
       CK(cudaEventRecord(e1[r], s[r]));
       CK(cudaStreamSynchronize(s[r]));
@@ -418,11 +461,10 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
     if (it >= kWarm) ts.push_back(worst * 1000.f);
   }
   double us = median(ts);
-  double recv_rows = double(rt.count[0][0] + rt.count[1][0]);
   char name[128];
   snprintf(name, sizeof(name), "nccl all-to-all %s bytes T=%d", what, T);
-  report(name, us, recv_rows * rowb, double(rt.count[1][0]) * rowb, 0);
-  for (int r = 0; r < 2; r++) {
+  report(name, us, double(rt.recvRows(0)) * rowb, double(rt.linkRowsInto(0)) * rowb, 0);
+  for (int r = 0; r < R; r++) {
     CK(cudaSetDevice(r));
     cudaFree(sb[r]);
     cudaFree(rb[r]);
@@ -433,8 +475,10 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
 }  // namespace
 
 const char kUsage[] =
-    "usage: gpu_bench [--mode ht|ll] [--quick] [--tokens N,..] [--sms A,B,..] [--types bf16|fp8|both] [--no-nccl]\n"
+    "usage: gpu_bench [--mode ht|ll] [--ranks N] [--quick] [--tokens N,..] [--sms A,B,..] [--types bf16|fp8|both]\n"
+    "                 [--no-nccl]\n"
     "  --mode ll   the low-latency table (128 tokens, split halves, 1 token) on all GPUs, at most 8\n"
+    "  --ranks N   EP N on GPUs 0..N-1 (2..8; default: every visible GPU, at most 8)\n"
     "  --quick     32 SMs only\n"
     "  --no-nccl   skip NCCL's all-to-all of the same bytes\n";
 
@@ -446,6 +490,7 @@ int main(int argc, char** argv) {
   std::vector<int> tokens = {4096, 8192};
   std::vector<epDataType_t> types = {epBfloat16, epFloat8E4M3};
   bool nccl = true;
+  int ranks = 0;
   auto ints = [](const char* v) {
     std::vector<int> out;
     for (const char* q = v; *q;) {
@@ -460,6 +505,7 @@ int main(int argc, char** argv) {
     const bool has_value = i + 1 < argc;
     if (arg == "--quick") sms_list = {32};
     else if (arg == "--tokens" && has_value) tokens = ints(argv[++i]);
+    else if (arg == "--ranks" && has_value) ranks = atoi(argv[++i]);
     else if (arg == "--sms" && has_value) sms_list = ints(argv[++i]);
     else if (arg == "--types" && has_value) {
       std::string t = argv[++i];
@@ -496,8 +542,13 @@ int main(int argc, char** argv) {
     printf("SKIPPED gpu_bench: needs 2 GPUs, %d visible\n", ndev);
     return 0;
   }
+  g_R = ranks ? ranks : std::min(ndev, kMaxR);
+  if (g_R < 2 || g_R > std::min(ndev, kMaxR)) {
+    fprintf(stderr, "gpu_bench: --ranks %d: 2..%d with %d GPUs visible\n", ranks, std::min(ndev, kMaxR), ndev);
+    return 2;
+  }
   if (low_latency) {
-    ll::benchStandard(std::min(ndev, 8));
+    ll::benchStandard(g_R);
     return 0;
   }
   for (int sms : sms_list)
@@ -505,13 +556,16 @@ int main(int argc, char** argv) {
       printf("gpu_bench: --sms values must be in [1, 64]\n");
       return 2;
     }
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < g_R; r++) {
     CK(cudaSetDevice(r));
-    cudaError_t e = cudaDeviceEnablePeerAccess(1 - r, 0);
-    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CK(e);
-    cudaGetLastError();
-    CK(cudaMalloc((void**)&g_sync.flag[r], 64));
-    CK(cudaMemset(g_sync.flag[r], 0, 64));
+    for (int q = 0; q < g_R; q++) {
+      if (q == r) continue;
+      cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CK(e);
+      cudaGetLastError();
+    }
+    CK(cudaMalloc((void**)&g_sync.flags.of[r], kMaxR * sizeof(int)));
+    CK(cudaMemset(g_sync.flags.of[r], 0, kMaxR * sizeof(int)));
     CK(cudaMalloc(&g_sync.flush[r], 256u << 20));
   }
   std::vector<double> ceil_of(65, 0);
@@ -520,8 +574,10 @@ int main(int argc, char** argv) {
   }
   for (int T : tokens) {
     Routing rt = makeRouting(T, 8, 256);
-    printf("routing T=%d: rows 0->0 %lld 0->1 %lld 1->0 %lld 1->1 %lld\n", T, (long long)rt.count[0][0],
-           (long long)rt.count[0][1], (long long)rt.count[1][0], (long long)rt.count[1][1]);
+    printf("routing T=%d, EP%d: rows src->dst", T, g_R);
+    for (int s = 0; s < g_R; s++)
+      for (int d = 0; d < g_R; d++) printf(" %d->%d %lld", s, d, (long long)rt.count[s][d]);
+    printf("\n");
     for (epDataType_t dt : types)
       for (int sms : sms_list) benchConfig(T, dt, sms, rt, ceil_of[sms], dt == epBfloat16 && sms == sms_list[0]);
     if (nccl) {
