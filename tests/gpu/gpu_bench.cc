@@ -551,6 +551,10 @@ int main(int argc, char** argv) {
     ll::benchStandard(g_R);
     return 0;
   }
+  if (256 % g_R != 0) {
+    fprintf(stderr, "gpu_bench: the high-throughput table has 256 experts: EP%d does not divide them\n", g_R);
+    return 2;
+  }
   for (int sms : sms_list)
     if (sms < 1 || sms > 64) {
       printf("gpu_bench: --sms values must be in [1, 64]\n");
