@@ -24,6 +24,7 @@
 #include "../transport.h"
 #include "cuda_check.h"
 #include "cuda_common.h"
+#include "gpu_share.h"
 #include "host_notices.h"
 #include "ll_engine.h"
 
@@ -60,18 +61,6 @@ struct RankDevice {
   int sms;       // its GPU's SMs
   char bus_id[16];
 };
-
-// Whether two ranks drive the same GPU (same machine, same PCI bus id).
-bool sameGpu(const epPeerInfo_v1_t& a, const epPeerInfo_v1_t& b) {
-  return a.host_hash == b.host_hash && strncmp(a.bus_id, b.bus_id, sizeof(a.bus_id)) == 0;
-}
-
-// Ranks (r included) that drive rank r's GPU.
-int ranksOnGpuOf(const std::vector<epPeerInfo_v1_t>& peers, int r) {
-  int n = 0;
-  for (const epPeerInfo_v1_t& p : peers) n += sameGpu(p, peers[r]) ? 1 : 0;
-  return n;
-}
 
 struct HandleSlot {
   void* mem = nullptr;
@@ -248,11 +237,11 @@ epResult_t CudaBackend::init() {
   }
   // Ranks that drive the same GPU split its SMs: their kernels wait for each
   // other, so all their blocks must be resident at once.
-  const int sharing = ranksOnGpuOf(peers, me);
+  const int sharing = cuda::ranksOnGpuOf(peers, me);
   if (sharing > 1) {
     bool other_process = false;
     for (int r = 0; r < R; r++)
-      other_process |= sameGpu(peers[r], peers[me]) && peers[r].pid != peers[me].pid;
+      other_process |= cuda::sameGpu(peers[r], peers[me]) && peers[r].pid != peers[me].pid;
     const char* conns = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     if (other_process)
       EP_WARN(kSubsysInit,
@@ -269,10 +258,14 @@ epResult_t CudaBackend::init() {
             peers[me].bus_id, prop.multiProcessorCount / sharing, prop.multiProcessorCount);
   }
   const int sm_share = prop.multiProcessorCount / sharing;
-  // One channel count on every rank (channel c of a sender pairs with channel
-  // c of each receiver): the least any rank asks for or its share of SMs allows.
-  for (int r = 0; r < R; r++)
-    channels_ = std::min({channels_, devs[r].channels, devs[r].sms / ranksOnGpuOf(peers, r)});
+  {
+    std::vector<int> wanted(R), sms(R);
+    for (int r = 0; r < R; r++) {
+      wanted[r] = devs[r].channels;
+      sms[r] = devs[r].sms;
+    }
+    channels_ = cuda::agreedChannels(peers, wanted, sms);
+  }
   for (int r = 0; r < R; r++) {
     if (r == me) continue;
     // A peer in this process names its GPU by ordinal; across processes the bus id decides.
@@ -368,11 +361,11 @@ epResult_t CudaBackend::init() {
     // ranks on 2 GPUs, but their low-latency kernels stalled at random (a
     // rank's kernel never started within the timeout), cause not found.
     for (int r = 0; r < R; r++)
-      if (ranksOnGpuOf(peers, r) > 1)
+      if (cuda::ranksOnGpuOf(peers, r) > 1)
         return setError(comm_, epNotSupported,
                         "the low-latency mode needs a GPU per rank, but %d ranks of this communicator drive GPU "
                         "%s (rank %d's): create it with low_latency = 0 to use the high-throughput calls",
-                        ranksOnGpuOf(peers, r), peers[r].bus_id, r);
+                        cuda::ranksOnGpuOf(peers, r), peers[r].bus_id, r);
     int ll_sms = sm_share;
     if (const int64_t want = param::CUDA_LL_SMS(); want != 0) {
       if (want >= 1 && want <= sm_share) ll_sms = int(want);
