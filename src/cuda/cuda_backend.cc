@@ -257,7 +257,6 @@ epResult_t CudaBackend::init() {
     EP_INFO(kSubsysInit, "%d ranks share GPU %s: this one's kernels take at most %d of its %d SMs", sharing,
             peers[me].bus_id, prop.multiProcessorCount / sharing, prop.multiProcessorCount);
   }
-  const int sm_share = prop.multiProcessorCount / sharing;
   {
     std::vector<int> wanted(R), sms(R);
     for (int r = 0; r < R; r++) {
@@ -366,10 +365,10 @@ epResult_t CudaBackend::init() {
                         "the low-latency mode needs a GPU per rank, but %d ranks of this communicator drive GPU "
                         "%s (rank %d's): create it with low_latency = 0 to use the high-throughput calls",
                         cuda::ranksOnGpuOf(peers, r), peers[r].bus_id, r);
-    int ll_sms = sm_share;
+    int ll_sms = prop.multiProcessorCount;  // one rank per GPU (checked above): all its SMs
     if (const int64_t want = param::CUDA_LL_SMS(); want != 0) {
-      if (want >= 1 && want <= sm_share) ll_sms = int(want);
-      else EP_WARN(kSubsysCuda, "EP_CUDA_LL_SMS=%lld is not in 1..%d: ignored", (long long)want, sm_share);
+      if (want >= 1 && want <= ll_sms) ll_sms = int(want);
+      else EP_WARN(kSubsysCuda, "EP_CUDA_LL_SMS=%lld is not in 1..%d: ignored", (long long)want, ll_sms);
     }
     ll_ = std::make_unique<cuda::LLEngine>(comm_, dev_, ll_sms);
     EPCHECK(ll_->init(ipc_, peers));

@@ -286,7 +286,7 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
   p.y = static_cast<const uint16_t*>(a.y);
   p.out = static_cast<uint16_t*>(a.out);
   const int err = send_only ? launchLLCombineSend(p, sms_, stream)
-                                : launchLLCombine(p, sms_, st->dispatch.num_tokens, stream);
+                            : launchLLCombine(p, sms_, st->dispatch.num_tokens, stream);
   if (err != 0)
     return setError(comm_, epUnhandledCudaError, "epLowLatencyCombine: kernel launch failed: %s",
                     cudaGetErrorString(cudaError_t(err)));
