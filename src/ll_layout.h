@@ -5,7 +5,8 @@
 //   dispatch landing  R * M records: a header (tag, token index, K expert ids,
 //                     K weights, K slots filled on arrival), the token row (BF16,
 //                     the larger wire type) and its FP8 scales
-//   combine landing   R * M rows of float32 partial sums
+//   combine landing   R * M rows of float32 partial sums (or, on GPUs with more
+//                     than two ranks, a weight and one expert's BF16 row)
 //   counts            [R][E / R] int32: rows each source sends to each local
 //                     expert (the receiver's slot bases)
 // before the two sets: a 4096-byte control area of signal words.

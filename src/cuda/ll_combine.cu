@@ -7,7 +7,10 @@
 // threads form the weighted sums, 8 values per unit, with fused multiply-adds
 // into float32 in k order (exactly as the host backend), and store them into
 // the home rank's combine landing: one row per (token, rank), whatever the
-// number of experts.
+// number of experts. With more than two ranks (kSingles), a rank that holds
+// only one of the token's experts sends that expert's BF16 row and its weight
+// instead (half the bytes; at EP8, top-8 of 288, most (token, rank) pairs):
+// the home rank forms fmaf(w, y, 0) itself, the same float32 value.
 // Receive: the (token, 8 values) units of this rank's tokens are spread over
 // all threads; each sums the partial rows of the ranks the token went to, in
 // ascending rank order, and rounds to BF16.
@@ -50,6 +53,7 @@ __device__ __forceinline__ void loadRecords(const LLView& v, int set, const int*
   llLoadHeaders(v, set, src_base, c0, n, kWarps, order, rl.h, rl.w);
 }
 
+template <bool kSingles>
 __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, H = v.hidden, L = v.local_experts;
@@ -122,8 +126,8 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
 #pragma unroll
         for (int q = 0; q < 8; q++) acc[u][q] = 0.0f;
       }
+      int4 raw[kUnits][4];  // a one-expert unit's row stays in raw[u][0] (kSingles)
       for (int k0 = 0; k0 < most; k0 += 4) {  // up to 4 rows per unit in flight, summed in k order
-        int4 raw[kUnits][4];
 #pragma unroll
         for (int u = 0; u < kUnits; u++)
 #pragma unroll
@@ -148,6 +152,12 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
 #pragma unroll
       for (int u = 0; u < kUnits; u++) {
         if (nk[u] == 0) continue;
+        if (kSingles && nk[u] == 1) {
+          char* row = reinterpret_cast<char*>(s_dst[i[u]]);
+          reinterpret_cast<int4*>(row + kLLSingleRowHead)[j[u]] = raw[u][0];
+          if (j[u] == 0) *reinterpret_cast<float*>(row) = s_w[i[u]][0];
+          continue;
+        }
         float4* dst = reinterpret_cast<float4*>(s_dst[i[u]] + size_t(j[u]) * 8);
         dst[0] = make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]);
         dst[1] = make_float4(acc[u][4], acc[u][5], acc[u][6], acc[u][7]);
@@ -160,11 +170,13 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
 }
 
 // Marks 4-6 of `kind`: arrived, sums written, signalled.
+// kSingles: the rows of ranks in the token's singles mask are BF16 with their
+// weight (see combineSendPhase); each adds fmaf(w, y, 0) in its rank's turn.
 // Each thread takes U = max(1, kRecvRows / MR) (token, 8 values) units per step,
 // strided by the grid, and issues the loads of all their partial rows (MR
 // ranks at most) before it adds any: one memory round trip per step instead
 // of one per unit, in a fixed number of registers whatever the rank count.
-template <int MR>
+template <int MR, bool kSingles>
 __device__ __forceinline__ void combineRecvUnits(const LLCombineParams& p, LLKernelKind kind) {
   const LLView& v = p.v;
   const int R = v.nranks, me = v.rank, H = v.hidden;
@@ -177,10 +189,12 @@ __device__ __forceinline__ void combineRecvUnits(const LLCombineParams& p, LLKer
   static_assert(U >= 1 && MR <= kMaxRanks, "receive step shape");
   int unit = blockIdx.x * kThreads + threadIdx.x;
   unsigned mask[U];  // destination ranks of each unit's token (0: no unit)
+  unsigned single[U];  // those of them that sent a BF16 row (kSingles)
 #pragma unroll
   for (int u = 0; u < U; u++) {
     const int un = unit + u * stride;
     mask[u] = un < total ? p.hd->mask[un / pieces] : 0u;  // loaded before the wait
+    single[u] = kSingles && un < total ? llSingles(v, p.hd)[un / pieces] : 0u;
   }
   llWaitAll(v, kLLCombineSent, set, llTarget(pair), kLLWhatCombine);
   __syncthreads();
@@ -193,17 +207,24 @@ __device__ __forceinline__ void combineRecvUnits(const LLCombineParams& p, LLKer
 #pragma unroll
       for (int r = 0; r < MR; r++) {
         if (r < R && (mask[u] & (1u << r))) {
+          if (kSingles && (single[u] & (1u << r))) {  // the weight in a, the 8 BF16 values in b
+            const char* row = reinterpret_cast<const char*>(llCombineRow(v, me, set, r, t));
+            a[u][r] = ldStaged(reinterpret_cast<const int4*>(row));
+            b[u][r] = ldStaged(reinterpret_cast<const int4*>(row + kLLSingleRowHead) + j);
+            continue;
+          }
           const int4* src = reinterpret_cast<const int4*>(llCombineRow(v, me, set, r, t) + size_t(j) * 8);
           a[u][r] = ldStaged(src);
           b[u][r] = ldStaged(src + 1);
         }
       }
     }
-    unsigned next[U];
+    unsigned next[U], next_single[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int un = unit + (U + u) * stride;
       next[u] = un < total ? p.hd->mask[un / pieces] : 0u;
+      next_single[u] = kSingles && un < total ? llSingles(v, p.hd)[un / pieces] : 0u;
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -213,6 +234,17 @@ __device__ __forceinline__ void combineRecvUnits(const LLCombineParams& p, LLKer
 #pragma unroll
       for (int r = 0; r < MR; r++) {  // ascending rank order, as the host
         if (!(r < R && (mask[u] & (1u << r)))) continue;
+        if (kSingles && (single[u] & (1u << r))) {
+          const float w = __int_as_float(a[u][r].x);
+          const uint32_t words[4] = {uint32_t(b[u][r].x), uint32_t(b[u][r].y), uint32_t(b[u][r].z),
+                                     uint32_t(b[u][r].w)};
+#pragma unroll
+          for (int q = 0; q < 4; q++) {
+            acc[2 * q] += fmaf(w, bf16ToFloat(words[q] & 0xffffu), 0.0f);
+            acc[2 * q + 1] += fmaf(w, bf16ToFloat(words[q] >> 16), 0.0f);
+          }
+          continue;
+        }
         acc[0] += __int_as_float(a[u][r].x);
         acc[1] += __int_as_float(a[u][r].y);
         acc[2] += __int_as_float(a[u][r].z);
@@ -230,45 +262,54 @@ __device__ __forceinline__ void combineRecvUnits(const LLCombineParams& p, LLKer
       reinterpret_cast<uint4*>(p.out + size_t(t) * H)[j] = packed;
     }
 #pragma unroll
-    for (int u = 0; u < U; u++) mask[u] = next[u];
+    for (int u = 0; u < U; u++) {
+      mask[u] = next[u];
+      single[u] = next_single[u];
+    }
   }
   llMark(v, pair, kind, 5);
   llSignal(v, kLLCombineRead, set);
   llMark(v, pair, kind, 6);
 }
 
+template <bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombineParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
-  combineSendPhase(p);
+  combineSendPhase<kSingles>(p);
   llTimeEnd(p.v, pair, kLLKindCombine);
 }
 
 // MR: the most ranks the kernel sums (2: two units per thread per step; 8:
 // one). One instance per kernel, the host picks by the rank count: a kernel
-// holding both would run one and carry the other's code.
-template <int MR>
+// holding both would run one and carry the other's code. kSingles (more than
+// two ranks): BF16 rows from ranks that hold one of a token's experts.
+template <int MR, bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombineParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombineRecv);
-  combineRecvUnits<MR>(p, kLLKindCombineRecv);
+  combineRecvUnits<MR, kSingles>(p, kLLKindCombineRecv);
   llTimeEnd(p.v, pair, kLLKindCombineRecv);
 }
 
 // Both halves in one launch; at most one block per SM (see llDispatchKernel).
-template <int MR>
+template <int MR, bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindCombine);
-  combineSendPhase(p);
-  combineRecvUnits<MR>(p, kLLKindCombine);
+  combineSendPhase<kSingles>(p);
+  combineRecvUnits<MR, kSingles>(p, kLLKindCombine);
   llTimeEnd(p.v, pair, kLLKindCombine);
 }
 
 }  // namespace
 
+// BF16 rows for one-expert (token, rank) pairs: see llSinglesMask.
+static bool llSingleRows(const LLCombineParams& p) { return llSinglesMask(p.v); }
+
 int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream) {
-  return llLaunch(llCombineSendKernel, p, kThreads, sms, stream);
+  return llSingleRows(p) ? llLaunch(llCombineSendKernel<true>, p, kThreads, sms, stream)
+                         : llLaunch(llCombineSendKernel<false>, p, kThreads, sms, stream);
 }
 
 // The receive with several units in flight (MR = 2) only where it has them:
@@ -281,13 +322,15 @@ static bool llCombinePipelined(const LLCombineParams& p, int sms, int tokens) {
 }
 
 int launchLLCombine(const LLCombineParams& p, int sms, int tokens, void* stream) {
-  return llCombinePipelined(p, sms, tokens) ? llLaunch(llCombineKernel<2>, p, kThreads, sms, stream)
-                                            : llLaunch(llCombineKernel<kMaxRanks>, p, kThreads, sms, stream);
+  if (llSingleRows(p)) return llLaunch(llCombineKernel<kMaxRanks, true>, p, kThreads, sms, stream);
+  return llCombinePipelined(p, sms, tokens) ? llLaunch(llCombineKernel<2, false>, p, kThreads, sms, stream)
+                                            : llLaunch(llCombineKernel<kMaxRanks, false>, p, kThreads, sms, stream);
 }
 
 int launchLLCombineRecv(const LLCombineParams& p, int sms, int tokens, void* stream) {
-  return llCombinePipelined(p, sms, tokens) ? llLaunch(llCombineRecvKernel<2>, p, kThreads, sms, stream)
-                                            : llLaunch(llCombineRecvKernel<kMaxRanks>, p, kThreads, sms, stream);
+  if (llSingleRows(p)) return llLaunch(llCombineRecvKernel<kMaxRanks, true>, p, kThreads, sms, stream);
+  return llCombinePipelined(p, sms, tokens) ? llLaunch(llCombineRecvKernel<2, false>, p, kThreads, sms, stream)
+                                            : llLaunch(llCombineRecvKernel<kMaxRanks, false>, p, kThreads, sms, stream);
 }
 
 }  // namespace cuda

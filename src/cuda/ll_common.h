@@ -28,7 +28,9 @@
 //                            the slot field with the absolute slot (own memory)
 //   combine send (rank d)    for every record that arrived, the weighted sum of
 //                            its local experts' rows of y -> float32 row in the
-//                            home rank's combine landing[d][t]; then
+//                            home rank's combine landing[d][t] (more than two
+//                            ranks, and d holds one of the token's experts: its
+//                            weight and BF16 row instead, llSingles); then
 //                            cdone[set][d] += 1 per block in every rank (also
 //                            "d no longer reads its dispatch landing set")
 //   combine recv (rank s)    waits cdone of all ranks, sums the rows of the ranks
@@ -99,7 +101,10 @@ struct LLHandleDev {
   uint64_t pair;
   int num_tokens;
   int src_base[kMaxRanks + 1];  // records that arrived here: source s owns [src_base[s], src_base[s + 1])
-  uint8_t mask[1];              // [max_tokens]: destination ranks of each token (bit r)
+  uint8_t mask[1];              // [max_tokens]: destination ranks of each token (bit r),
+                                // then [max_tokens]: the ranks holding exactly one of its
+                                // experts (llSingles), whose combine rows are BF16 (more than
+                                // two ranks, see ll_combine.cu)
 };
 
 struct LLView {

@@ -25,6 +25,19 @@ __device__ __forceinline__ float* llCombineRow(const LLView& v, int r, int set, 
   return reinterpret_cast<float*>(llSet(v, r, set) + v.comb_off + (size_t(src) * v.max_tokens + t) * v.crow_bytes);
 }
 
+// A combine row sent as BF16 (the rank holds one expert of the token): the
+// weight (float32) in the first 16 bytes, then the expert's BF16 row as is;
+// the home rank forms fmaf(w, y, 0), the partial sum the rank would have sent.
+constexpr int kLLSingleRowHead = 16;
+// Only with more than two ranks: at two, a rank rarely holds just one of a
+// token's 8 experts, and the two-rank kernels stay as they were measured. The
+// dispatch (which records the singles) and the combine (which sends and reads
+// the BF16 rows) decide alike.
+inline bool llSinglesMask(const LLView& v) { return v.nranks > 2; }
+
+// Ranks holding exactly one of token t's experts (bit r), after the masks.
+__device__ __forceinline__ uint8_t* llSingles(const LLView& v, LLHandleDev* hd) { return hd->mask + v.max_tokens; }
+
 // Record header fields (the row follows at v.hdr_bytes).
 __device__ __forceinline__ int32_t* llIds(const LLView&, char* rec) { return reinterpret_cast<int32_t*>(rec + 16); }
 __device__ __forceinline__ float* llWeights(const LLView& v, char* rec) {

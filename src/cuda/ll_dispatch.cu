@@ -7,10 +7,11 @@ namespace cuda {
 
 namespace {
 
+template <bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
-  dispatchSendPhase(p, pair);
+  dispatchSendPhase<kSingles>(p, pair);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
@@ -25,10 +26,11 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(LLDispatchPa
 // share, then receives. The grid is at most one block per SM so that all
 // blocks are resident: blocks waiting in the receive half never keep a
 // sending block from running.
+template <bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
-  dispatchSendPhase(p, pair);
+  dispatchSendPhase<kSingles>(p, pair);
   dispatchRecvPhase(p, pair, kLLKindDispatch);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
@@ -45,12 +47,14 @@ static bool useSlices(const LLDispatchParams& p, int sms, int slices) {
 
 int launchLLDispatchSend(const LLDispatchParams& p, int sms, int slices, void* stream) {
   if (useSlices(p, sms, slices)) return launchLLDispatchSlices(p, sms, stream, true);
-  return llLaunch(llDispatchSendKernel, p, kThreads, sms, stream);
+  return llSinglesMask(p.v) ? llLaunch(llDispatchSendKernel<true>, p, kThreads, sms, stream)
+                            : llLaunch(llDispatchSendKernel<false>, p, kThreads, sms, stream);
 }
 
 int launchLLDispatch(const LLDispatchParams& p, int sms, int slices, void* stream) {
   if (useSlices(p, sms, slices)) return launchLLDispatchSlices(p, sms, stream, false);
-  return llLaunch(llDispatchKernel, p, kThreads, sms, stream);
+  return llSinglesMask(p.v) ? llLaunch(llDispatchKernel<true>, p, kThreads, sms, stream)
+                            : llLaunch(llDispatchKernel<false>, p, kThreads, sms, stream);
 }
 
 int launchLLDispatchRecv(const LLDispatchParams& p, int sms, void* stream) {

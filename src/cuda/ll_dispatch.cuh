@@ -104,6 +104,9 @@ __device__ __forceinline__ void loadTokens(const LLDispatchParams& p, int t0, in
 }
 
 // Headers of tokens [t0, t0 + n); s_mask[i] = destination ranks of token t0 + i.
+// kSingles (more than two ranks): also the ranks holding exactly one of each
+// token's (k) entries, whose combine rows come back as BF16 (ll_combine.cu).
+template <bool kSingles>
 __device__ __forceinline__ void writeHeaders(const LLDispatchParams& p, int set, uint32_t tag, int t0, int n,
                                              const TokenLoads& tl, unsigned* s_mask) {
   const LLView& v = p.v;
@@ -117,6 +120,12 @@ __device__ __forceinline__ void writeHeaders(const LLDispatchParams& p, int set,
     if (lane < K && (e < -1 || e >= v.num_experts)) llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
     const int id = (e < 0 || e >= v.num_experts) ? -1 : int(e);
     const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
+    if (kSingles) {  // ranks holding exactly one of the token's (k) entries
+      const int dest = id >= 0 ? id / v.local_experts : -1;
+      const unsigned same = __match_any_sync(0xffffffffu, id >= 0 ? dest : -1 - lane);
+      const unsigned singles = __reduce_or_sync(0xffffffffu, id >= 0 && __popc(same) == 1 ? 1u << dest : 0u);
+      if (lane == 0) llSingles(v, p.hd)[t] = uint8_t(singles);
+    }
     if (lane == 0) {
       p.hd->mask[t] = uint8_t(mask);
       s_mask[i] = mask;
@@ -271,6 +280,7 @@ __device__ __forceinline__ int numberingBlocks(const LLView& v) {
 // The numbering and the rows run in different blocks, side by side (measured:
 // in the same blocks, one after the other, the numbering added ~3 us at 128
 // tokens).
+template <bool kSingles>
 __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uint64_t pair) {
   const LLView& v = p.v;
   const int set = int(pair & 1u);
@@ -304,7 +314,7 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
     const int n = min(kTokGroup, hi - t0);
     __syncthreads();  // the wait above; s_mask of the previous group is no longer read
     if (t0 != lo) loadTokens(p, t0, n, tl);
-    writeHeaders(p, set, tag, t0, n, tl, s_mask);
+    writeHeaders<kSingles>(p, set, tag, t0, n, tl, s_mask);
     __syncthreads();
     // One copy of the (large, unrolled) store code: the first round's pieces
     // were loaded with the group's ids, the later rounds load theirs here.

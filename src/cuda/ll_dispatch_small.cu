@@ -87,6 +87,7 @@ __device__ __forceinline__ void storeSlicePiece(const LLDispatchParams& p, int s
 // The send half of a small call: dispatchSendPhase with slices for rows.
 // Every slice of a token writes its headers (the same values: the extra
 // stores are a few hundred bytes, and no block waits for another).
+template <bool kSingles>
 __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& p, uint64_t pair) {
   const LLView& v = p.v;
   const int set = int(pair & 1u);
@@ -127,7 +128,7 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
       loadSliceIds(p, t, tl);
       loadSlicePiece(p, t, sl.plo, sl.width, 0, tl.raw[0]);
     }
-    writeHeaders(p, set, tag, t, 1, tl, s_mask);
+    writeHeaders<kSingles>(p, set, tag, t, 1, tl, s_mask);
     __syncthreads();
     for (int base = 0; base < sl.width; base += kThreads) {
       if (base != 0) loadSlicePiece(p, t, sl.plo, sl.width, base, tl.raw[0]);
@@ -142,18 +143,20 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
   if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
 }
 
+template <bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
-  dispatchSendSlicesPhase(p, pair);
+  dispatchSendSlicesPhase<kSingles>(p, pair);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
 // Both halves in one launch (see llDispatchKernel).
+template <bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
-  dispatchSendSlicesPhase(p, pair);
+  dispatchSendSlicesPhase<kSingles>(p, pair);
   dispatchRecvPhase(p, pair, kLLKindDispatch);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
@@ -161,8 +164,11 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(LLDispatch
 }  // namespace
 
 int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
-  return send_only ? llLaunch(llDispatchSlicesSendKernel, p, kThreads, sms, stream)
-                   : llLaunch(llDispatchSlicesKernel, p, kThreads, sms, stream);
+  if (llSinglesMask(p.v))
+    return send_only ? llLaunch(llDispatchSlicesSendKernel<true>, p, kThreads, sms, stream)
+                     : llLaunch(llDispatchSlicesKernel<true>, p, kThreads, sms, stream);
+  return send_only ? llLaunch(llDispatchSlicesSendKernel<false>, p, kThreads, sms, stream)
+                   : llLaunch(llDispatchSlicesKernel<false>, p, kThreads, sms, stream);
 }
 
 }  // namespace cuda

@@ -168,7 +168,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   CUDACHECK(cudaHostGetDevicePointer(&dp, hp, 0));
   view_.err = static_cast<ErrorInfo*>(dp);
 
-  slot_bytes_ = llAlign(offsetof(LLHandleDev, mask) + size_t(c.max_tokens_per_rank) + 1, 256);
+  slot_bytes_ = llAlign(offsetof(LLHandleDev, mask) + 2 * size_t(c.max_tokens_per_rank) + 1, 256);
   for (int i = 0; i < 8; i++) {  // enough that a captured graph of a few layers allocates nothing
     LLHandleDev* s = nullptr;
     CUDACHECK(cudaMalloc(&s, slot_bytes_));
