@@ -719,8 +719,10 @@ inline int benchMaxTokens(int tokens) {
 // 288, FP8 wire, `tokens` per rank). Prints, per rank, per-call medians and p99 (events around
 // each call), the replay time per layer of a graph without events, DeepEP's
 // accounting (bytes of (token, expert) pairs) and the physical bytes: one
-// record per (token, destination rank) for dispatch, one float32 row per
-// (token, rank) for combine, counted for the other ranks only (over NVLink).
+// record per (token, destination rank) for dispatch; for combine one float32
+// row per (token, rank), or with more than two ranks a BF16 row and a 16-byte
+// head where the rank holds one of the token's entries; counted for the other
+// ranks only (over NVLink).
 inline void bench(int R, int tokens, bool split) {
   Shape s{7168, 8, 288, benchMaxTokens(tokens), std::vector<int>(R, tokens), true, false, split};
   std::vector<RankData> in(R);
@@ -827,14 +829,19 @@ inline void bench(int R, int tokens, bool split) {
   const double record_bytes = double((16 + 12 * 8 + 15) / 16 * 16) + 7168 + 56 * 4;  // header, FP8 row, scales
   const int L = s.experts / R;
   for (int r = 0; r < R; r++) {
-    long long remote = 0;  // (token, destination rank other than r) pairs
+    long long remote = 0;      // (token, destination rank other than r) pairs
+    double comb_physical = 0;  // combine bytes back to r over NVLink
     for (int t = 0; t < tokens; t++) {
-      unsigned mask = 0;
+      std::vector<int> held(R, 0);  // the token's entries per rank
       for (int k = 0; k < 8; k++) {
         const long long e = in[r].topk[size_t(t) * 8 + k];
-        if (e >= 0) mask |= 1u << (e / L);
+        if (e >= 0) held[e / L]++;
       }
-      remote += __builtin_popcount(mask & ~(1u << r));
+      for (int q = 0; q < R; q++) {
+        if (q == r || held[q] == 0) continue;
+        remote++;
+        comb_physical += R > 2 && held[q] == 1 ? 7168.0 * 2 + 16 : 7168.0 * 4;
+      }
     }
     double d = percentile(t_disp[r], 0.5), c = percentile(t_comb[r], 0.5);
     printf("LL EP%d rank %d tokens %d%s: dispatch fp8 median %.1f us p99 %.1f us (%.0f GB/s) | combine bf16 median %.1f us p99 %.1f us (%.0f GB/s)",
@@ -844,7 +851,7 @@ inline void bench(int R, int tokens, bool split) {
     printf(" | graph without events: %.1f us per layer (dispatch + combine)\n", t_layer[r]);
     printf("LL EP%d rank %d tokens %d%s: physical bytes to other ranks: dispatch %.2f MB (%.0f GB/s at the median), "
            "combine %.2f MB (%.0f GB/s)\n", R, r, tokens, split ? " split" : "", remote * record_bytes / 1e6,
-           remote * record_bytes / d / 1e3, remote * 7168.0 * 4 / 1e6, remote * 7168.0 * 4 / c / 1e3);
+           remote * record_bytes / d / 1e3, comb_physical / 1e6, comb_physical / c / 1e3);
   }
 }
 
