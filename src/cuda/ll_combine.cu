@@ -304,11 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p
 
 }  // namespace
 
-// BF16 rows for one-expert (token, rank) pairs: see llSinglesMask.
-static bool llSingleRows(const LLCombineParams& p) { return llSinglesMask(p.v); }
-
 int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream) {
-  return llSingleRows(p) ? llLaunch(llCombineSendKernel<true>, p, kThreads, sms, stream)
+  return llUsesSingles(p.v) ? llLaunch(llCombineSendKernel<true>, p, kThreads, sms, stream)
                          : llLaunch(llCombineSendKernel<false>, p, kThreads, sms, stream);
 }
 
@@ -322,13 +319,13 @@ static bool llCombinePipelined(const LLCombineParams& p, int sms, int tokens) {
 }
 
 int launchLLCombine(const LLCombineParams& p, int sms, int tokens, void* stream) {
-  if (llSingleRows(p)) return llLaunch(llCombineKernel<kMaxRanks, true>, p, kThreads, sms, stream);
+  if (llUsesSingles(p.v)) return llLaunch(llCombineKernel<kMaxRanks, true>, p, kThreads, sms, stream);
   return llCombinePipelined(p, sms, tokens) ? llLaunch(llCombineKernel<2, false>, p, kThreads, sms, stream)
                                             : llLaunch(llCombineKernel<kMaxRanks, false>, p, kThreads, sms, stream);
 }
 
 int launchLLCombineRecv(const LLCombineParams& p, int sms, int tokens, void* stream) {
-  if (llSingleRows(p)) return llLaunch(llCombineRecvKernel<kMaxRanks, true>, p, kThreads, sms, stream);
+  if (llUsesSingles(p.v)) return llLaunch(llCombineRecvKernel<kMaxRanks, true>, p, kThreads, sms, stream);
   return llCombinePipelined(p, sms, tokens) ? llLaunch(llCombineRecvKernel<2, false>, p, kThreads, sms, stream)
                                             : llLaunch(llCombineRecvKernel<kMaxRanks, false>, p, kThreads, sms, stream);
 }

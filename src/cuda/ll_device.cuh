@@ -33,7 +33,7 @@ constexpr int kLLSingleRowHead = 16;
 // token's 8 experts, and the two-rank kernels stay as they were measured. The
 // dispatch (which records the singles) and the combine (which sends and reads
 // the BF16 rows) decide alike.
-inline bool llSinglesMask(const LLView& v) { return v.nranks > 2; }
+inline bool llUsesSingles(const LLView& v) { return v.nranks > 2; }
 
 // Ranks holding exactly one of token t's experts (bit r), after the masks.
 __device__ __forceinline__ uint8_t* llSingles(const LLView& v, LLHandleDev* hd) { return hd->mask + v.max_tokens; }

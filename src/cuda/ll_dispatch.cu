@@ -47,13 +47,13 @@ static bool useSlices(const LLDispatchParams& p, int sms, int slices) {
 
 int launchLLDispatchSend(const LLDispatchParams& p, int sms, int slices, void* stream) {
   if (useSlices(p, sms, slices)) return launchLLDispatchSlices(p, sms, stream, true);
-  return llSinglesMask(p.v) ? llLaunch(llDispatchSendKernel<true>, p, kThreads, sms, stream)
+  return llUsesSingles(p.v) ? llLaunch(llDispatchSendKernel<true>, p, kThreads, sms, stream)
                             : llLaunch(llDispatchSendKernel<false>, p, kThreads, sms, stream);
 }
 
 int launchLLDispatch(const LLDispatchParams& p, int sms, int slices, void* stream) {
   if (useSlices(p, sms, slices)) return launchLLDispatchSlices(p, sms, stream, false);
-  return llSinglesMask(p.v) ? llLaunch(llDispatchKernel<true>, p, kThreads, sms, stream)
+  return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true>, p, kThreads, sms, stream)
                             : llLaunch(llDispatchKernel<false>, p, kThreads, sms, stream);
 }
 

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(LLDispatch
 }  // namespace
 
 int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
-  if (llSinglesMask(p.v))
+  if (llUsesSingles(p.v))
     return send_only ? llLaunch(llDispatchSlicesSendKernel<true>, p, kThreads, sms, stream)
                      : llLaunch(llDispatchSlicesKernel<true>, p, kThreads, sms, stream);
   return send_only ? llLaunch(llDispatchSlicesSendKernel<false>, p, kThreads, sms, stream)
