@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "device.cuh"
+#include "preload.cuh"
 
 namespace ep {
 namespace cuda {
@@ -246,6 +247,8 @@ int launchCombine(const CombineParams& p, int blocks, void* stream) {
   }
   return int(cudaGetLastError());
 }
+
+int preloadCombineKernels() { return preloadKernels(combineKernel<0>, combineKernel<1>, combineKernel<2>); }
 
 }  // namespace cuda
 }  // namespace ep

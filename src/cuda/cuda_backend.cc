@@ -353,19 +353,20 @@ epResult_t CudaBackend::init() {
     EPCHECK(allocSlot(&s));
     free_slots_.push_back(s);
   }
+  // Every kernel loaded now, not at its first launch (preload.cuh says why).
+  CUDACHECK(cudaError_t(cuda::preloadLayoutKernels()));
+  CUDACHECK(cudaError_t(cuda::preloadDispatchKernels()));
+  CUDACHECK(cudaError_t(cuda::preloadCombineKernels()));
+  if (cfg.low_latency) {
+    CUDACHECK(cudaError_t(cuda::preloadLLDispatchKernels()));
+    CUDACHECK(cudaError_t(cuda::preloadLLDispatchSlicesKernels()));
+    CUDACHECK(cudaError_t(cuda::preloadLLCombineKernels()));
+  }
   CUDACHECK(cudaDeviceSynchronize());
   if (cfg.low_latency) {  // collective, like everything above
-    // Decided the same way on every rank, before the collective below. Ranks
-    // sharing a GPU ran the high-throughput kernels correctly at 4 and 8
-    // ranks on 2 GPUs, but their low-latency kernels stalled at random (a
-    // rank's kernel never started within the timeout), cause not found.
-    for (int r = 0; r < R; r++)
-      if (cuda::ranksOnGpuOf(peers, r) > 1)
-        return setError(comm_, epNotSupported,
-                        "the low-latency mode needs a GPU per rank, but %d ranks of this communicator drive GPU "
-                        "%s (rank %d's): create it with low_latency = 0 to use the high-throughput calls",
-                        cuda::ranksOnGpuOf(peers, r), peers[r].bus_id, r);
-    int ll_sms = prop.multiProcessorCount;  // one rank per GPU (checked above): all its SMs
+    // Ranks sharing a GPU split its SMs, as for the high-throughput kernels:
+    // every block of every rank's fused kernel must be resident at once.
+    int ll_sms = prop.multiProcessorCount / sharing;
     if (const int64_t want = param::CUDA_LL_SMS(); want != 0) {
       if (want >= 1 && want <= ll_sms) ll_sms = int(want);
       else EP_WARN(kSubsysCuda, "EP_CUDA_LL_SMS=%lld is not in 1..%d: ignored", (long long)want, ll_sms);

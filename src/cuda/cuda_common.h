@@ -176,6 +176,10 @@ int launchLayout(const LayoutParams& p, void* stream);
 int launchRouting(const RoutingParams& p, void* stream);
 int launchDispatch(const DispatchParams& p, int blocks, void* stream);
 int launchCombine(const CombineParams& p, int blocks, void* stream);
+// Load every kernel of a file now (preload.cuh says why).
+int preloadLayoutKernels();
+int preloadDispatchKernels();
+int preloadCombineKernels();
 
 }  // namespace cuda
 }  // namespace ep

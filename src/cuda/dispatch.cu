@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "device.cuh"
+#include "preload.cuh"
 
 namespace ep {
 namespace cuda {
@@ -273,6 +274,8 @@ int launchDispatch(const DispatchParams& p, int blocks, void* stream) {
   kernel<<<blocks, threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }
+
+int preloadDispatchKernels() { return preloadKernels(dispatchKernel<14>, dispatchKernel<8>); }
 
 }  // namespace cuda
 }  // namespace ep

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "device.cuh"
+#include "preload.cuh"
 
 namespace ep {
 namespace cuda {
@@ -286,6 +287,8 @@ int launchRouting(const RoutingParams& p, void* stream) {
   routingKernel<<<tiles, kRouteTile, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return int(cudaGetLastError());
 }
+
+int preloadLayoutKernels() { return preloadKernels(layoutKernel, routingKernel); }
 
 }  // namespace cuda
 }  // namespace ep

@@ -15,6 +15,7 @@
 // all threads; each sums the partial rows of the ranks the token went to, in
 // ascending rank order, and rounds to BF16.
 #include "ll_device.cuh"
+#include "preload.cuh"
 
 namespace ep {
 namespace cuda {
@@ -328,6 +329,13 @@ int launchLLCombineRecv(const LLCombineParams& p, int sms, int tokens, void* str
   if (llUsesSingles(p.v)) return llLaunch(llCombineRecvKernel<kMaxRanks, true>, p, kThreads, sms, stream);
   return llCombinePipelined(p, sms, tokens) ? llLaunch(llCombineRecvKernel<2, false>, p, kThreads, sms, stream)
                                             : llLaunch(llCombineRecvKernel<kMaxRanks, false>, p, kThreads, sms, stream);
+}
+
+int preloadLLCombineKernels() {
+  return preloadKernels(llCombineSendKernel<true>, llCombineSendKernel<false>, llCombineKernel<kMaxRanks, true>,
+                        llCombineKernel<2, false>, llCombineKernel<kMaxRanks, false>,
+                        llCombineRecvKernel<kMaxRanks, true>, llCombineRecvKernel<2, false>,
+                        llCombineRecvKernel<kMaxRanks, false>);
 }
 
 }  // namespace cuda

@@ -167,6 +167,10 @@ int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream);
 // tokens: this rank's tokens (the combine's output rows), to pick the receive's kernel.
 int launchLLCombine(const LLCombineParams& p, int sms, int tokens, void* stream);  // both halves, one kernel
 int launchLLCombineRecv(const LLCombineParams& p, int sms, int tokens, void* stream);
+// Load every kernel of a file now (preload.cuh says why).
+int preloadLLDispatchKernels();
+int preloadLLDispatchSlicesKernels();
+int preloadLLCombineKernels();
 
 }  // namespace cuda
 }  // namespace ep

@@ -1,6 +1,7 @@
 // Low-latency dispatch kernels and their launches (device code in
 // ll_dispatch.cuh; small calls' send half: ll_dispatch_small.cu).
 #include "ll_dispatch.cuh"
+#include "preload.cuh"
 
 namespace ep {
 namespace cuda {
@@ -59,6 +60,11 @@ int launchLLDispatch(const LLDispatchParams& p, int sms, int slices, void* strea
 
 int launchLLDispatchRecv(const LLDispatchParams& p, int sms, void* stream) {
   return llLaunch(llDispatchRecvKernel, p, kThreads, sms, stream);
+}
+
+int preloadLLDispatchKernels() {
+  return preloadKernels(llDispatchSendKernel<true>, llDispatchSendKernel<false>, llDispatchRecvKernel,
+                        llDispatchKernel<true>, llDispatchKernel<false>);
 }
 
 }  // namespace cuda

@@ -11,6 +11,7 @@
 // device code is left exactly as it was, and the numbering and signalling
 // steps around the rows are repeated here rather than shared.
 #include "ll_dispatch.cuh"
+#include "preload.cuh"
 
 namespace ep {
 namespace cuda {
@@ -169,6 +170,11 @@ int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, boo
                      : llLaunch(llDispatchSlicesKernel<true>, p, kThreads, sms, stream);
   return send_only ? llLaunch(llDispatchSlicesSendKernel<false>, p, kThreads, sms, stream)
                    : llLaunch(llDispatchSlicesKernel<false>, p, kThreads, sms, stream);
+}
+
+int preloadLLDispatchSlicesKernels() {
+  return preloadKernels(llDispatchSlicesSendKernel<true>, llDispatchSlicesSendKernel<false>,
+                        llDispatchSlicesKernel<true>, llDispatchSlicesKernel<false>);
 }
 
 }  // namespace cuda

@@ -8,9 +8,9 @@
 //                          inside a CUDA graph), EP = number of visible GPUs
 //   gpu_ll_test --bench-tokens N[,N...]
 //                          the same for N tokens per rank (unsplit calls only)
-//   gpu_ll_test --ranks N  correctness at EP N only (1..N GPUs); with fewer
-//                          GPUs than N (ranks would share a GPU), checks that
-//                          the library refuses the low-latency mode instead
+//   gpu_ll_test --ranks N  correctness at EP N only; with fewer GPUs than N,
+//                          rank r on GPU r % GPUs (ranks share GPUs, each
+//                          with its share of the SMs)
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -194,24 +194,12 @@ int runAbortWhileWaiting(int R) {
   return failed ? 1 : 0;
 }
 
-// R ranks on fewer GPUs: a low-latency communicator is refused at init
-// (epNotSupported) instead of its kernels stalling. Returns 1 if not.
-int runSharedGpuRefused(int R, int gpus) {
-  std::vector<epComm_t> comms(R);
-  const Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), true, false, false};
-  epConfig_t cfg = configFor(s, epBackendCuda);
-  const epResult_t res = epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg);
-  const bool ok = res == epNotSupported;
-  printf("init   R=%d on %d GPUs, low-latency: %s (%s)\n", R, gpus, ok ? "refused: OK" : "FAILED",
-         epGetErrorString(res));
-  if (res == epSuccess)
-    for (epComm_t c : comms) epCommDestroy(c);
-  return ok ? 0 : 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Ranks that share a GPU wait for each other's kernels: their streams must
+  // not share a hardware queue (CUDA's default is 8 queues; see README).
+  if (argc > 2 && std::string(argv[1]) == "--ranks") setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     printf("SKIPPED gpu_ll_test: no GPU visible\n");
@@ -220,6 +208,15 @@ int main(int argc, char** argv) {
   const bool do_bench = argc > 1 && std::string(argv[1]) == "--bench";
   const int Rmax = std::min(ndev, 8);
   gpuCount() = Rmax;
+  // The work this test enqueues between the split halves, loaded before any
+  // call: under lazy loading its first launch could wait for a kernel of a
+  // rank that shares the GPU, which waits for this rank (README, "Ranks
+  // sharing a GPU").
+  cudaFuncAttributes busy_attr;
+  for (int d = 0; d < Rmax; d++) {
+    CK(cudaSetDevice(d));
+    CK(cudaFuncGetAttributes(&busy_attr, busyKernel));
+  }
   if (do_bench) {
     ll::benchStandard(Rmax);
     return 0;
@@ -260,11 +257,6 @@ int main(int argc, char** argv) {
       return 2;
     }
     rank_counts = {n};
-    if (n > Rmax) {  // ranks would share a GPU
-      const int bad = runSharedGpuRefused(n, Rmax);
-      printf("gpu_ll_test: %d passed, %d failed\n", 1 - bad, bad);
-      return bad;
-    }
   }
   for (int R : rank_counts) {
     std::vector<Shape> shapes = {
