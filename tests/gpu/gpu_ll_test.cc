@@ -198,7 +198,7 @@ int runAbortWhileWaiting(int R) {
 
 int main(int argc, char** argv) {
   // Ranks that share a GPU wait for each other's kernels: their streams must
-  // not share a hardware queue (CUDA's default is 8 queues; see README).
+  // not share a hardware queue (CUDA's default is 8 queues; docs/SEMANTICS.md).
   if (argc > 2 && std::string(argv[1]) == "--ranks") setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -210,8 +210,8 @@ int main(int argc, char** argv) {
   gpuCount() = Rmax;
   // The work this test enqueues between the split halves, loaded before any
   // call: under lazy loading its first launch could wait for a kernel of a
-  // rank that shares the GPU, which waits for this rank (README, "Ranks
-  // sharing a GPU").
+  // rank that shares the GPU, which waits for this rank (docs/SEMANTICS.md, ranks
+  // sharing a GPU).
   cudaFuncAttributes busy_attr;
   for (int d = 0; d < Rmax; d++) {
     CK(cudaSetDevice(d));

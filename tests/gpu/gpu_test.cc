@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
     }
   }
   // Ranks that share a GPU wait for each other's kernels: their streams must
-  // not share a hardware queue (CUDA's default is 8 queues; see README).
+  // not share a hardware queue (CUDA's default is 8 queues; docs/SEMANTICS.md).
   if (ranks) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
