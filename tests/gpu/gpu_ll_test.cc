@@ -46,7 +46,7 @@ void runHost(const Shape& s, int R, std::vector<RankData>& in, std::vector<Outpu
 }
 
 void randomInputs(const Shape& s, int R, uint64_t seed, std::vector<RankData>& in) {
-  for (int r = 0; r < R; r++) ll::randomInputs(s, R, seed, r, &in[r]);
+  runRanks(R, [&](int r) { ll::randomInputs(s, R, seed, r, &in[r]); });  // a function of (seed, r): any order
 }
 
 void allocRank(const Shape& s, int R, int r, GpuRank& g) {
