@@ -366,11 +366,11 @@ epResult_t CudaBackend::init() {
   if (cfg.low_latency) {  // collective, like everything above
     // Ranks sharing a GPU split its SMs, as for the high-throughput kernels:
     // every block of every rank's fused kernel must be resident at once.
-    int ll_sms = prop.multiProcessorCount / sharing;
-    if (const int64_t want = param::CUDA_LL_SMS(); want != 0) {
-      if (want >= 1 && want <= ll_sms) ll_sms = int(want);
-      else EP_WARN(kSubsysCuda, "EP_CUDA_LL_SMS=%lld is not in 1..%d: ignored", (long long)want, ll_sms);
-    }
+    const long long want = param::CUDA_LL_SMS();
+    bool ignored = false;
+    const int ll_sms = cuda::llBlocks(prop.multiProcessorCount, sharing, want, &ignored);
+    if (ignored)
+      EP_WARN(kSubsysCuda, "EP_CUDA_LL_SMS=%lld is not in 1..%d (this rank's SMs): ignored", want, ll_sms);
     ll_ = std::make_unique<cuda::LLEngine>(comm_, dev_, ll_sms);
     EPCHECK(ll_->init(ipc_, peers));
   }

@@ -36,5 +36,16 @@ inline int agreedChannels(const std::vector<epPeerInfo_v1_t>& peers, const std::
   return std::max(c, 1);
 }
 
+// The blocks of one rank's low-latency kernels, before the ranks agree on the
+// least of them (LLEngine): its share of its GPU's SMs (gpu_sms split evenly
+// among the `sharing` ranks on that GPU, at least 1), or `want`
+// (EP_CUDA_LL_SMS; 0: unset) where that is in 1..share. *ignored: a set want
+// that was not in that range.
+inline int llBlocks(int gpu_sms, int sharing, long long want, bool* ignored) {
+  const int share = std::max(gpu_sms / std::max(sharing, 1), 1);
+  *ignored = want != 0 && (want < 1 || want > share);
+  return want >= 1 && want <= share ? int(want) : share;
+}
+
 }  // namespace cuda
 }  // namespace ep

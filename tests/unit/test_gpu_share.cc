@@ -2,7 +2,8 @@
 // GPU (same machine and PCI bus id, not the same device ordinal), and the one
 // high-throughput channel count all ranks agree on: the least any rank asks
 // for, and no more than the share of its GPU's SMs that each rank on it gets
-// (their kernels wait for each other, so all their blocks must be resident).
+// (their kernels wait for each other, so all their blocks must be resident);
+// and a rank's low-latency blocks, its share unless EP_CUDA_LL_SMS asks fewer.
 #include <cstdio>
 #include <vector>
 
@@ -13,6 +14,7 @@
 namespace {
 
 using ep::cuda::agreedChannels;
+using ep::cuda::llBlocks;
 using ep::cuda::ranksOnGpuOf;
 using ep::cuda::sameGpu;
 
@@ -74,6 +76,26 @@ void the_same_bus_id_on_another_host_is_another_gpu(void**) {
   assert_int_equal(agreedChannels(p, {32, 32}, {132, 132}), 32);
 }
 
+void low_latency_blocks_are_the_rank_share_unless_asked(void**) {
+  bool ignored = true;
+  assert_int_equal(llBlocks(132, 1, 0, &ignored), 132);  // one rank: every SM
+  assert_false(ignored);
+  assert_int_equal(llBlocks(132, 2, 0, &ignored), 66);
+  assert_int_equal(llBlocks(132, 8, 0, &ignored), 16);
+  assert_int_equal(llBlocks(132, 3, 0, &ignored), 44);
+  assert_int_equal(llBlocks(132, 2, 32, &ignored), 32);  // EP_CUDA_LL_SMS within the share
+  assert_false(ignored);
+  assert_int_equal(llBlocks(132, 2, 66, &ignored), 66);
+  assert_false(ignored);
+  assert_int_equal(llBlocks(132, 2, 100, &ignored), 66);  // past the share: ignored
+  assert_true(ignored);
+  assert_int_equal(llBlocks(132, 1, -3, &ignored), 132);
+  assert_true(ignored);
+  assert_int_equal(llBlocks(4, 8, 0, &ignored), 1);  // more ranks than SMs: one block each
+  assert_int_equal(llBlocks(4, 8, 2, &ignored), 1);
+  assert_true(ignored);
+}
+
 void more_ranks_than_sms_still_get_one_channel(void**) {
   const auto p = peersOn({0, 0, 0, 0}, {0, 0, 0, 0});
   assert_int_equal(agreedChannels(p, {32, 32, 32, 32}, {2, 2, 2, 2}), 1);
@@ -88,6 +110,7 @@ int main() {
       cmocka_unit_test(ranks_on_one_gpu_split_its_sms),
       cmocka_unit_test(an_uneven_split_binds_every_rank),
       cmocka_unit_test(the_same_bus_id_on_another_host_is_another_gpu),
+      cmocka_unit_test(low_latency_blocks_are_the_rank_share_unless_asked),
       cmocka_unit_test(more_ranks_than_sms_still_get_one_channel),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
