@@ -85,7 +85,7 @@ inline void fillRandomRow(std::mt19937_64& g, epDataType_t t, void* dst, size_t 
   }
 }
 
-// n BF16 values uniform in [-2, 2) (16-bit steps, then rounded to BF16),
+// n BF16 values uniform in [-2, 2) (16-bit steps; rounding to BF16 can give 2),
 // four from each 64-bit draw of a splitmix64 stream: ~15x faster than
 // fillRandomRow's for the low-latency tests' expert outputs (hundreds of MB
 // per rank at hidden 7168, most of an EP8 test's time when drawn element by

@@ -10,7 +10,8 @@
 #   EP_GPU_MP=0      skip the test with ranks as processes (gpu_mp_test: cross-process
 #                    CUDA IPC against the host backend; SKIPPED with fewer than 2 GPUs)
 #   EP_GPU_BENCH_ARGS  arguments of gpu_bench (see its main)
-#   EP_GPU_TEST_TIMEOUT, EP_GPU_SANITIZER_TIMEOUT, EP_GPU_BENCH_TIMEOUT: seconds
+#   EP_GPU_TEST_TIMEOUT, EP_GPU_LL_RANKS_TIMEOUT (gpu_ll_test --ranks, default 900),
+#   EP_GPU_SANITIZER_TIMEOUT, EP_GPU_BENCH_TIMEOUT: seconds
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -50,7 +51,7 @@ for n in ${EP_GPU_RANKS-4 8}; do
   timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_test" --ranks "$n" 2>&1 | tee "$LOGS/gpu_test_ranks$n.log" | tail -1
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_test --ranks $n: FAILED"; status=1; }
   if [ "$LL" != 0 ] && [ "$n" != "$ngpu" ]; then
-    timeout ${EP_GPU_TEST_TIMEOUT:-900} "$BUILD/tests/gpu_ll_test" --ranks "$n" 2>&1 | tee "$LOGS/gpu_ll_test_ranks$n.log" | tail -2
+    timeout ${EP_GPU_LL_RANKS_TIMEOUT:-900} "$BUILD/tests/gpu_ll_test" --ranks "$n" 2>&1 | tee "$LOGS/gpu_ll_test_ranks$n.log" | tail -2
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --ranks $n: FAILED"; status=1; }
   fi
 done
