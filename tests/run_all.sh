@@ -24,6 +24,9 @@ skip() { skipped=$((skipped + 1)); echo "=== $1: SKIPPED ($2)"; }
 # --- ABI: exported symbols, headers alone, abidiff against the baseline
 run abi-check env BUILD="$BUILD" bash scripts/abi-check.sh
 
+# --- every CUDA kernel loaded at init (sources only: ranks sharing a GPU need it)
+run "cuda kernels preloaded" python3 tests/check_preload.py
+
 # --- unit suites (CMocka) and the bootstrap selftest
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] && run "unit $(basename "$t")" timeout 300 "$t"
