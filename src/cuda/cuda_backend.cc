@@ -255,7 +255,7 @@ epResult_t CudaBackend::init() {
               "(it is %s), or calls can stall until the timeout",
               sharing, peers[me].bus_id, conns ? conns : "unset: 8 queues");
     EP_INFO(kSubsysInit, "%d ranks share GPU %s: this one's kernels take at most %d of its %d SMs", sharing,
-            peers[me].bus_id, prop.multiProcessorCount / sharing, prop.multiProcessorCount);
+            peers[me].bus_id, cuda::smShare(prop.multiProcessorCount, sharing), prop.multiProcessorCount);
   }
   {
     std::vector<int> wanted(R), sms(R);
