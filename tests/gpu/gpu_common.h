@@ -50,6 +50,21 @@ inline std::vector<int> gpusOf(int R) {
   return d;
 }
 
+// `prog --ranks N` (1..8): N, else 0; exits 2 on a count out of range. Call
+// before CUDA starts: with ranks that may share a GPU, their kernels wait for
+// each other, so their streams must not share a hardware queue (CUDA's
+// default is 8 queues; docs/SEMANTICS.md): CUDA_DEVICE_MAX_CONNECTIONS=32.
+inline int ranksOption(int argc, char** argv, const char* prog) {
+  if (argc <= 2 || std::string(argv[1]) != "--ranks") return 0;
+  const int n = atoi(argv[2]);
+  if (n < 1 || n > 8) {
+    fprintf(stderr, "%s: --ranks takes 1..8\n", prog);
+    exit(2);
+  }
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  return n;
+}
+
 inline void runRanks(int R, const std::function<void(int)>& fn) {
   std::vector<std::thread> th;
   for (int r = 0; r < R; r++) th.emplace_back(fn, r);

@@ -197,9 +197,7 @@ int runAbortWhileWaiting(int R) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Ranks that share a GPU wait for each other's kernels: their streams must
-  // not share a hardware queue (CUDA's default is 8 queues; docs/SEMANTICS.md).
-  if (argc > 2 && std::string(argv[1]) == "--ranks") setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  const int ranks = ranksOption(argc, argv, "gpu_ll_test");  // 0: not given
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     printf("SKIPPED gpu_ll_test: no GPU visible\n");
@@ -250,14 +248,7 @@ int main(int argc, char** argv) {
     return failed ? 1 : 0;
   }
   if (Rmax > 2) rank_counts.push_back(Rmax);
-  if (argc > 2 && std::string(argv[1]) == "--ranks") {
-    const int n = atoi(argv[2]);
-    if (n < 1 || n > 8) {
-      fprintf(stderr, "gpu_ll_test: --ranks takes 1..8\n");
-      return 2;
-    }
-    rank_counts = {n};
-  }
+  if (ranks) rank_counts = {ranks};
   for (int R : rank_counts) {
     std::vector<Shape> shapes = {
         {7168, 8, 288, 128, std::vector<int>(R, 128), true, false, false},

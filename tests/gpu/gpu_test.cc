@@ -157,17 +157,7 @@ void runCase(const Case& c, int max_ranks, bool graph) {
 
 int main(int argc, char** argv) {
   bool small = argc > 1 && std::string(argv[1]) == "--small";
-  int ranks = 0;  // --ranks N
-  if (argc > 2 && std::string(argv[1]) == "--ranks") {
-    ranks = atoi(argv[2]);
-    if (ranks < 1 || ranks > 8) {
-      fprintf(stderr, "gpu_test: --ranks takes 1..8\n");
-      return 2;
-    }
-  }
-  // Ranks that share a GPU wait for each other's kernels: their streams must
-  // not share a hardware queue (CUDA's default is 8 queues; docs/SEMANTICS.md).
-  if (ranks) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  const int ranks = ranksOption(argc, argv, "gpu_test");  // 0: not given
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     printf("SKIPPED gpu_test: no GPU visible (%s)\n", cudaGetErrorString(cudaGetLastError()));
