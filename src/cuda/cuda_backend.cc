@@ -347,7 +347,8 @@ epResult_t CudaBackend::init() {
   chan_off_ = tok_pos_off_ + roundUp(size_t(cfg.max_tokens_per_rank + 1) * R * sizeof(int), 256);
   expert_off_ = chan_off_ + roundUp(size_t(2) * R * channels_ * sizeof(int), 256);
   slot_bytes_ = expert_off_ + roundUp(size_t(2) * EL * sizeof(int), 256);
-  // A few up front, so a first dispatch under stream capture allocates nothing.
+  // A few up front, so that most calls allocate nothing (more come when more
+  // handles are alive, under stream capture too: allocSlot).
   for (int i = 0; i < 4; i++) {
     HandleSlot* s = nullptr;
     EPCHECK(allocSlot(&s));
@@ -386,8 +387,9 @@ epResult_t CudaBackend::init() {
 
 epResult_t CudaBackend::allocSlot(HandleSlot** out) {
   auto* s = new HandleSlot();
+  cuda::RelaxedCaptureScope relaxed;  // a dispatch under capture may get here (more handles alive than slots)
   cudaError_t e = cudaMalloc(&s->mem, slot_bytes_);
-  if (e == cudaSuccess) e = cudaMemset(s->mem, 0, slot_bytes_);
+  if (e == cudaSuccess) e = cuda::zeroDeviceMemory(s->mem, slot_bytes_);  // expert_acc starts (and is left) zeroed
   if (e != cudaSuccess) {
     cudaGetLastError();
     if (s->mem) cudaFree(s->mem);

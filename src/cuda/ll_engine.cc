@@ -169,7 +169,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.err = static_cast<ErrorInfo*>(dp);
 
   slot_bytes_ = llAlign(offsetof(LLHandleDev, mask) + 2 * size_t(c.max_tokens_per_rank) + 1, 256);
-  for (int i = 0; i < 8; i++) {  // enough that a captured graph of a few layers allocates nothing
+  for (int i = 0; i < 8; i++) {  // more when more handles are alive (acquireSlot)
     LLHandleDev* s = nullptr;
     CUDACHECK(cudaMalloc(&s, slot_bytes_));
     CUDACHECK(cudaMemset(s, 0, slot_bytes_));
@@ -186,6 +186,8 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
 epResult_t LLEngine::acquireSlot(LLHandleDev** out) {
   std::lock_guard<std::mutex> lock(slots_mu_);
   if (free_slots_.empty()) {
+    // A graph of many layers keeps a handle per layer: under capture as well.
+    cuda::RelaxedCaptureScope relaxed;
     LLHandleDev* s = nullptr;
     CUDACHECK(cudaMalloc(&s, slot_bytes_));
     all_slots_.push_back(s);

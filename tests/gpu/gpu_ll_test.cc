@@ -2,7 +2,7 @@
 // its latency in CUDA graphs.
 //
 //   gpu_ll_test            correctness: shapes x wire types, split halves with
-//                          other work between them, 3 layers captured in a graph
+//                          other work between them, 10 layers captured in a graph
 //                          and replayed on new data, ranks sending 0 tokens
 //   gpu_ll_test --bench    latency per call (median / p99 over >= 100 calls,
 //                          inside a CUDA graph), EP = number of visible GPUs
@@ -59,6 +59,11 @@ void enqueueLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h) {
   ll::enqueueLayer(s, r, g, h, [&](int) { busyKernel<<<64, 256, 0, g.stream>>>(g.scratch, 16 << 20); });
 }
 
+// Layers in the graph cases: more than the communicator's ready handle slots
+// (8), so its pool grows while the stream is being captured, as in a decode
+// graph of a whole model (a handle per layer, alive for the graph's life).
+constexpr int kGraphLayers = 10;
+
 int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   std::vector<RankData> in(R);
   std::vector<Outputs> ref(R);
@@ -71,8 +76,9 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
     allocRank(s, R, r, g[r]);
   }
   long long bad = 0;
-  const int rounds = graph ? 3 : 2;  // graph: 3 replays of a 3-layer graph
+  const int rounds = graph ? 3 : 2;  // graph: 3 replays of the graph
   std::vector<cudaGraphExec_t> exec(R, nullptr);
+  std::vector<std::vector<epHandle_t>> graph_handles(R);
   for (int round = 0; round < rounds; round++) {
     randomInputs(s, R, seed + round, in);
     runHost(s, R, in, ref);
@@ -87,16 +93,16 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
         epHandleDestroy(h);
         return;
       }
-      if (exec[r] == nullptr) {  // 3 layers with alternating buffer sets, captured once
+      if (exec[r] == nullptr) {  // kGraphLayers layers with alternating buffer sets, captured once
         cudaGraph_t graph_def;
-        epHandle_t hs[3] = {nullptr, nullptr, nullptr};
+        graph_handles[r].assign(kGraphLayers, nullptr);
         CK(cudaStreamSynchronize(g[r].stream));
         CK(cudaStreamBeginCapture(g[r].stream, cudaStreamCaptureModeThreadLocal));
-        for (int layer = 0; layer < 3; layer++) enqueueLayer(s, r, g[r], &hs[layer]);
+        for (int layer = 0; layer < kGraphLayers; layer++) enqueueLayer(s, r, g[r], &graph_handles[r][layer]);
         CK(cudaStreamEndCapture(g[r].stream, &graph_def));
         CK(cudaGraphInstantiate(&exec[r], graph_def, 0));
         CK(cudaGraphDestroy(graph_def));
-        // The handles' device state is used by the graph: keep them for its life.
+        // The handles' device state is used by the graph: kept for its life.
       }
       CK(cudaGraphLaunch(exec[r], g[r].stream));
       CK(cudaStreamSynchronize(g[r].stream));
@@ -109,6 +115,7 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   for (int r = 0; r < R; r++) {
     CK(cudaSetDevice(gpuOf(r)));
     if (exec[r]) cudaGraphExecDestroy(exec[r]);
+    for (epHandle_t h : graph_handles[r]) epHandleDestroy(h);
     freeRank(g[r]);
     epCommDestroy(comms[r]);
   }

@@ -38,14 +38,17 @@ void runGpuCase(const Case& c, epComm_t* comms, const std::vector<RankIn>& ins, 
 }
 
 // Dispatch (NO_HOST_SYNC) + combine captured in one CUDA graph per rank,
-// replayed with new data each time.
+// replayed with new data each time. kGraphLayers layers of the same call, each
+// handle kept for the graph's life: more handles alive under capture than the
+// communicator holds ready (4), so its pool grows while the stream captures.
+constexpr int kGraphLayers = 6;
 void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
   const Geometry g = geometryOf(c);
   const std::string cname = c.name + " [graph]";
   std::vector<DevBufs> d(c.R);
   std::vector<cudaStream_t> streams(c.R);
   std::vector<cudaGraphExec_t> execs(c.R);
-  std::vector<epHandle_t> handles(c.R, nullptr);
+  std::vector<std::vector<epHandle_t>> handles(c.R, std::vector<epHandle_t>(kGraphLayers, nullptr));
   std::vector<RankIn> ins;
   makeInputs(c, 777, &ins);
   runRanks(c.R, [&](int r) {
@@ -71,8 +74,10 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
     ca.out_topk_weights = c.weights ? d[r].out_w : nullptr;
     cudaGraph_t graph;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    EK(gpu[r], epDispatch(gpu[r], &a, &handles[r], s));
-    EK(gpu[r], epCombine(gpu[r], &ca, handles[r], s));
+    for (int layer = 0; layer < kGraphLayers; layer++) {  // each layer the same: the outputs are one layer's
+      EK(gpu[r], epDispatch(gpu[r], &a, &handles[r][layer], s));
+      EK(gpu[r], epCombine(gpu[r], &ca, handles[r][layer], s));
+    }
     CK(cudaStreamEndCapture(s, &graph));
     CK(cudaGraphInstantiate(&execs[r], graph, 0));
     CK(cudaGraphDestroy(graph));
@@ -123,7 +128,7 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
   }
   runRanks(c.R, [&](int r) {
     CK(cudaSetDevice(gpuOf(r)));
-    epHandleDestroy(handles[r]);
+    for (epHandle_t h : handles[r]) epHandleDestroy(h);
     CK(cudaGraphExecDestroy(execs[r]));
     freeDev(&d[r]);
     CK(cudaStreamDestroy(streams[r]));
