@@ -313,10 +313,9 @@ EP_API epResult_t epCombine(epComm_t comm, const epCombineArgs_t *args, epHandle
  * from max_tokens_per_rank, hidden, num_experts and max_topk, so no call
  * waits on the host, and every call can be captured in a CUDA graph. A call
  * allocates only when more than 8 handles are alive at once (the pool of their
- * device state grows; on GPUs that growth fails during stream capture, so a
- * graph may hold at most 8 live handles). A token crosses to each destination
- * rank once and is expanded there into the expert-major layout. Two buffer
- * sets alternate between calls.
+ * device state grows, during stream capture too). A token crosses to each
+ * destination rank once and is expanded there into the expert-major layout.
+ * Two buffer sets alternate between calls.
  * Output layout, with M = max_tokens_per_rank and R ranks:
  *   recv_x      [local_experts, R * M, H]        BF16, or FP8-E4M3 bytes
  *   recv_scales [local_experts, ceil(H/128), R * M] float32 (FP8; token index

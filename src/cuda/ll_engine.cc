@@ -221,14 +221,17 @@ const char* llWhatName(int what) {
 }
 
 // Errors the kernels left in the host-mapped slot (reported at the next call).
-epResult_t LLEngine::checkErrors(const char* fn) {
+// The claim is cleared on the call's stream, ahead of its kernels: not on the
+// legacy default stream, which would wait for the caller's blocking streams
+// (and for a kernel of a rank sharing the GPU that waits for this one).
+epResult_t LLEngine::checkErrors(const char* fn, cudaStream_t stream) {
   const int code = err_host_->code;
   if (code == 0) return epSuccess;
   if (code == epTimeout || code == epRemoteError) comm_->broken.store(code);
   const int what = err_host_->what, peer = err_host_->peer;
   const long long a = err_host_->a, b = err_host_->b;
   err_host_->code = 0;
-  cudaMemset(&local_->err_claim, 0, sizeof(int));
+  cudaMemsetAsync(&local_->err_claim, 0, sizeof(int), stream);
   if (what == kLLWhatWire)
     return setError(comm_, epInvalidUsage,
                     "%s: an earlier low-latency dispatch: rank %d sent %s rows and this rank asked for %s: wire_type "
@@ -248,7 +251,7 @@ epResult_t LLEngine::checkErrors(const char* fn) {
 }
 
 epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {
-  EPCHECK(checkErrors("epLowLatencyDispatch"));
+  EPCHECK(checkErrors("epLowLatencyDispatch", stream));
   auto st = std::make_unique<HandleState>();
   EPCHECK(acquireSlot(&st->dev));
   LLDispatchParams& p = st->dispatch;
@@ -280,7 +283,7 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
 }
 
 epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {
-  EPCHECK(checkErrors("epLowLatencyCombine"));
+  EPCHECK(checkErrors("epLowLatencyCombine", stream));
   auto* st = static_cast<HandleState*>(h->backend_state);
   LLCombineParams& p = st->combine;
   p.v = view_;
@@ -297,7 +300,7 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
 }
 
 epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
-  EPCHECK(checkErrors("epLowLatencyComplete"));
+  EPCHECK(checkErrors("epLowLatencyComplete", stream));
   auto* st = static_cast<HandleState*>(h->backend_state);
   int err = 0;
   if (h->pending == epHandle::Pending::kDispatch) err = launchLLDispatchRecv(st->dispatch, sms_, stream);

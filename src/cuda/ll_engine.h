@@ -34,7 +34,7 @@ class LLEngine {
 
  private:
   struct HandleState;
-  epResult_t checkErrors(const char* fn);
+  epResult_t checkErrors(const char* fn, cudaStream_t stream);
   void logTimes();
   epResult_t acquireSlot(LLHandleDev** out);
 

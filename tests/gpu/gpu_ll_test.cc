@@ -250,6 +250,8 @@ int main(int argc, char** argv) {
       const Shape small[] = {{512, 4, 4 * R, 40, zero, true, false, true},
                              {2048, 9, 16 * R, 64, std::vector<int>(R, 50), true, true, false}};
       for (const Shape& s : small) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
+      // A graph of kGraphLayers layers (its pool grows under capture), small.
+      ((runShape({512, 4, 4 * R, 16, std::vector<int>(R, 16), true, false, true}, R, 9, true) == 0) ? passed : failed)++;
     }
     printf("gpu_ll_test --small: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
