@@ -14,7 +14,11 @@
 //  - before any row, the channel's first position and row count go to
 //    Ctrl::dstart / dinfo at each destination.
 //  - receiver warps of rank d, channel c poll dprog[s][c] (acquire) and copy
-//    finished rows from staging to recv_x / recv_scales / recv_topk_*.
+//    finished rows from staging to recv_x / recv_scales / recv_topk_*. Each
+//    warp claims its next row from a shared counter; the sender warps join
+//    once their own rows are sent, so the copy of the last chunk (what is left
+//    when the link goes quiet) runs on every warp of the block, not only on
+//    the receivers.
 // The last block adds the per-expert counts, writes num_recv and bumps the epoch.
 #include <cuda_runtime.h>
 
@@ -66,7 +70,9 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   const int* tp = p.hv.tok_pos;
   const int T = p.num_tokens, K = p.num_topk;
   const bool with_topk = p.topk != nullptr;
+  __shared__ int claimed[kMaxRanks];  // [source]: rows of it claimed by a warp
   for (int i = threadIdx.x; i < EL; i += blockDim.x) hist[i] = 0;
+  if (threadIdx.x < kMaxRanks) claimed[threadIdx.x] = 0;
   channelBarrier(cv, epoch);
 
   const long long num_recv = hs->num_recv;
@@ -169,9 +175,10 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
         stReleaseSys(&peer->dprog[me][c], tagged(epoch, uint32_t(done)));
       }
     }
-  } else {
-    // Receiver warps: rows of channel c from every other rank.
-    const int rw = warp - p.send_warps, nr = p.recv_warps;
+  }
+  // Rows of channel c from every other rank: receiver warps from the start,
+  // sender warps once their rows are sent.
+  {
     Ctrl* mine = reinterpret_cast<Ctrl*>(cv.bufs[me]);
     const char* rows = cv.bufs[me] + cv.rows_off;
     const char* metas = cv.bufs[me] + cv.meta_off;
@@ -185,46 +192,49 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
       int start = 0;
       if (lane == 0) start = int(ldRelaxedSys32(&mine->dstart[s][c]));
       start = __shfl_sync(0xffffffffu, start, 0);
-      if (rw == 0 && lane == 0) {
+      if (warp == p.send_warps && lane == 0) {
         p.hv.chan_start[s * C + c] = start;
         p.hv.chan_count[s * C + c] = count;
       }
       const long long first = hs->recv_offset[s] + start;
-      int copied = 0;
+      int avail = 0;
       bool failed = false;
-      while (copied < count) {
-        long long avail = 0;
-        if (lane == 0) avail = waitTagged(cv, &mine->dprog[s][c], epoch, uint32_t(copied + 1), kWhatDispatchData, s);
-        avail = __shfl_sync(0xffffffffu, avail, 0);
-        if (avail < 0) { failed = true; break; }
-        int j = copied + ((rw - copied % nr) % nr + nr) % nr;
-        for (; j < int(avail); j += nr) {
-          const long long row = first + j;
-          if (drop) continue;
-          // Meta first, so its loads overlap the row's.
-          const char* meta = metas + row * cv.meta_stride;
-          float s0 = 0.0f, s1 = 0.0f;
-          if (lane < nb) s0 = reinterpret_cast<const float*>(meta)[lane];
-          if (lane + 32 < nb) s1 = reinterpret_cast<const float*>(meta)[lane + 32];
-          int local = -1;
-          float w = 0.0f;
-          if (with_topk && lane < K) {
-            local = reinterpret_cast<const int*>(meta + scale_bytes)[lane];
-            w = reinterpret_cast<const float*>(meta + scale_bytes + size_t(K) * 4)[lane];
-          }
-          copyRow<true, kU>(reinterpret_cast<const int4*>(rows + row * cv.row_stride),
-                            reinterpret_cast<int4*>(p.recv_x + row * p.row_bytes), 1u, n16, lane);
-          float* sdst = p.recv_scales + row * nb;
-          if (lane < nb) sdst[lane] = s0;
-          if (lane + 32 < nb) sdst[lane + 32] = s1;
-          for (int q = lane + 64; q < nb; q += 32) sdst[q] = reinterpret_cast<const float*>(meta)[q];
-          if (with_topk && lane < K) {
-            if (p.recv_idx) p.recv_idx[row * K + lane] = local;
-            if (p.recv_w) p.recv_w[row * K + lane] = w;
-            if (local >= 0) atomicAdd(&hist[local], 1);
-          }
+      for (;;) {
+        int j = 0;
+        if (lane == 0) j = atomicAdd(&claimed[s], 1);
+        j = __shfl_sync(0xffffffffu, j, 0);
+        if (j >= count) break;
+        if (j >= avail) {
+          long long got = 0;
+          if (lane == 0) got = waitTagged(cv, &mine->dprog[s][c], epoch, uint32_t(j + 1), kWhatDispatchData, s);
+          got = __shfl_sync(0xffffffffu, got, 0);
+          if (got < 0) { failed = true; break; }
+          avail = int(got);
         }
-        copied = int(avail);
+        if (drop) continue;
+        const long long row = first + j;
+        // Meta first, so its loads overlap the row's.
+        const char* meta = metas + row * cv.meta_stride;
+        float s0 = 0.0f, s1 = 0.0f;
+        if (lane < nb) s0 = reinterpret_cast<const float*>(meta)[lane];
+        if (lane + 32 < nb) s1 = reinterpret_cast<const float*>(meta)[lane + 32];
+        int local = -1;
+        float w = 0.0f;
+        if (with_topk && lane < K) {
+          local = reinterpret_cast<const int*>(meta + scale_bytes)[lane];
+          w = reinterpret_cast<const float*>(meta + scale_bytes + size_t(K) * 4)[lane];
+        }
+        copyRow<true, kU>(reinterpret_cast<const int4*>(rows + row * cv.row_stride),
+                          reinterpret_cast<int4*>(p.recv_x + row * p.row_bytes), 1u, n16, lane);
+        float* sdst = p.recv_scales + row * nb;
+        if (lane < nb) sdst[lane] = s0;
+        if (lane + 32 < nb) sdst[lane + 32] = s1;
+        for (int q = lane + 64; q < nb; q += 32) sdst[q] = reinterpret_cast<const float*>(meta)[q];
+        if (with_topk && lane < K) {
+          if (p.recv_idx) p.recv_idx[row * K + lane] = local;
+          if (p.recv_w) p.recv_w[row * K + lane] = w;
+          if (local >= 0) atomicAdd(&hist[local], 1);
+        }
       }
       if (failed) break;
     }
@@ -233,8 +243,10 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   if (with_topk)
     for (int i = threadIdx.x; i < EL; i += blockDim.x)
       if (hist[i]) atomicAdd(&p.hv.expert_acc[i], hist[i]);
-  // Capacity sizing: rows past num_recv are marked unused.
+  // Capacity sizing: rows past num_recv are marked unused. (num_recv read
+  // again: a register less across the row loops.)
   if (p.capacity_mode && !drop && p.recv_idx) {
+    const long long num_recv = *reinterpret_cast<const volatile long long*>(&hs->num_recv);
     const long long n = (p.capacity - num_recv) * K;
     for (long long i = (long long)c * blockDim.x + threadIdx.x; i < n; i += (long long)C * blockDim.x)
       p.recv_idx[num_recv * K + i] = -1;
@@ -254,7 +266,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
     }
   }
   if (threadIdx.x == 0) {
-    if (p.num_recv_dev && !drop) *p.num_recv_dev = num_recv;
+    if (p.num_recv_dev && !drop) *p.num_recv_dev = hs->num_recv;
     cv.local->blocks_done = 0;
     cv.local->epoch = epoch;
   }
