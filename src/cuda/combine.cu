@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
   const int K = p.recv_w ? p.num_topk : 0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n16 = int(p.row_bytes / 16);
-  channelBarrier(cv, epoch);
+  peersFinishedPrevious(cv, epoch);
 
   if (warp < p.push_warps) {
     const int pw = warp;
@@ -229,6 +229,7 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
     }
   }
   if (!lastBlockDone(cv.local)) return;
+  publishFinished(cv, epoch);
   if (threadIdx.x == 0) {
     cv.local->blocks_done = 0;
     cv.local->epoch = epoch;

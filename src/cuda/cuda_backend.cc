@@ -424,7 +424,7 @@ void CudaBackend::releaseHandle(epHandle* h) {
 
 const char* whatName(int what) {
   switch (what) {
-    case cuda::kWhatBarrier: return "the start barrier";
+    case cuda::kWhatPrevious: return "the end of its previous call";
     case cuda::kWhatCounts: return "dispatch counts";
     case cuda::kWhatDispatchInfo: return "dispatch channel info";
     case cuda::kWhatDispatchData: return "dispatch rows";

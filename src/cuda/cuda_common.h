@@ -28,7 +28,7 @@ constexpr int kMaxRanks = 8;
 constexpr int kMaxChannels = 132;
 
 struct Ctrl {
-  uint64_t barrier[kMaxRanks][kMaxChannels];    // [src][channel] = epoch the source reached
+  uint64_t fin[kMaxRanks];                      // [src] = epoch of the last collective kernel src finished
   uint64_t counts[2][kMaxRanks][kMaxRanks];      // [epoch & 1][src][dst] = epoch << 32 | rows
   uint64_t dinfo[kMaxRanks][kMaxChannels];       // [src][channel] = epoch << 32 | rows of that channel
   uint32_t dstart[kMaxRanks][kMaxChannels];      // [src][channel] first position (valid with dinfo)
@@ -67,7 +67,7 @@ struct ErrorInfo {
 
 enum ErrWhat {
   kWhatNone = 0,
-  kWhatBarrier = 1,
+  kWhatPrevious = 1,
   kWhatCounts = 2,
   kWhatDispatchInfo = 3,
   kWhatDispatchData = 4,

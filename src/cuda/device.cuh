@@ -149,17 +149,27 @@ __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* 
       [&](int code, uint64_t) { reportError(cv, code, what, peer, (long long)epoch, 0); });
 }
 
-// Channel barrier at the start of a data kernel: every rank's same channel has
-// started this kernel, hence finished the previous one (stream order).
-__device__ __forceinline__ void channelBarrier(const CommView& cv, uint32_t epoch) {
-  const int R = cv.nranks, c = blockIdx.x;
-  if (threadIdx.x < R) {
-    Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[threadIdx.x]);
-    stReleaseSys(&peer->barrier[cv.rank][c], epoch);
-    Ctrl* mine = reinterpret_cast<Ctrl*>(cv.bufs[cv.rank]);
-    waitReached(cv, &mine->barrier[threadIdx.x][c], epoch, kWhatBarrier, threadIdx.x);
+// Start of a data kernel: every peer has finished the previous collective
+// kernel of this communicator (its fin word, written by that kernel's last
+// block), so this kernel may overwrite what that kernel read in the peer's
+// buffer; nothing else of the peer's kernel needs it to have started. The word
+// is local and usually written long before, so the senders start without the
+// round trip of a barrier in which every rank must have started this kernel.
+__device__ __forceinline__ void peersFinishedPrevious(const CommView& cv, uint32_t epoch) {
+  if (threadIdx.x < cv.nranks && int(threadIdx.x) != cv.rank) {
+    const Ctrl* mine = reinterpret_cast<const Ctrl*>(cv.bufs[cv.rank]);
+    waitReached(cv, &mine->fin[threadIdx.x], epoch - 1, kWhatPrevious, threadIdx.x);
   }
   __syncthreads();
+}
+
+// Last block of a collective kernel (after lastBlockDone: every block's reads
+// of this rank's buffer are done): tells every peer that kernel epoch ended.
+__device__ __forceinline__ void publishFinished(const CommView& cv, uint32_t epoch) {
+  if (threadIdx.x < cv.nranks && int(threadIdx.x) != cv.rank) {
+    Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[threadIdx.x]);
+    stReleaseSys(&peer->fin[cv.rank], epoch);
+  }
 }
 
 // Last block of a collective kernel: bumps the epoch. Returns true in that block.

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   __shared__ int claimed[kMaxRanks];  // [source]: rows of it claimed by a warp
   for (int i = threadIdx.x; i < EL; i += blockDim.x) hist[i] = 0;
   if (threadIdx.x < kMaxRanks) claimed[threadIdx.x] = 0;
-  channelBarrier(cv, epoch);
+  peersFinishedPrevious(cv, epoch);
 
   const long long num_recv = hs->num_recv;
   const bool drop = p.drop || num_recv > p.capacity;
@@ -252,6 +252,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
       p.recv_idx[num_recv * K + i] = -1;
   }
   if (!lastBlockDone(cv.local)) return;
+  publishFinished(cv, epoch);
   for (int i = threadIdx.x; i < EL; i += blockDim.x) {
     int v;
     if (with_topk) {

@@ -238,6 +238,7 @@ __global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
     mat[s][d] = v < 0 ? 0 : int(v);
   }
   __syncthreads();
+  publishFinished(cv, epoch);  // the counts of this epoch are read
   if (threadIdx.x == 0) {
     HState* hs = p.hv.hs;
     long long off = 0;
