@@ -3,10 +3,11 @@
 // gpu_test and gpu_ll_test never take (their ranks are threads of one process,
 // epCommInitAll, mapped by raw pointers).
 //
-// The parent forks one process per GPU (R = min(GPUs, 8), at least 2) through
-// tools/common/launch.cc, without touching CUDA itself (the GPUs are counted in
-// a short-lived child). Each rank joins, per case, a communicator on the CUDA
-// backend (epCommInitRank, device = rank) and one on the host backend with the
+// The parent forks one process per GPU (R = min(GPUs, 8), at least 2; or
+// --ranks N, where rank r drives GPU r % GPUs, so processes may share a GPU)
+// through tools/common/launch.cc, without touching CUDA itself (the GPUs are
+// counted in a short-lived child). Each rank joins, per case, a communicator on
+// the CUDA backend (epCommInitRank, device = its GPU) and one on the host backend with the
 // same config, runs the same random inputs (fixed seed per rank) on both and
 // compares every output of the GPU run with the host run, bit for bit:
 //   high throughput (gpu_common.h, namespace ht: the code of gpu_test): layout
@@ -27,8 +28,13 @@
 // communicators; the others' waiting GPU calls must fail with epRemoteError
 // naming it within seconds (runPeerExit).
 //
-//   gpu_mp_test [--timeout SECONDS]   (default 240: ranks still running are killed)
-// Prints SKIPPED and exits 0 when fewer than 2 GPUs are visible; ends with
+//   gpu_mp_test [--timeout SECONDS] [--ranks N]
+// --timeout: ranks still running then are killed (default 240). --ranks N (2..8):
+// N processes even on fewer GPUs. Processes that share a GPU run their kernels
+// side by side only under MPS (docs/SEMANTICS.md); without it they take turns
+// in the GPU's time slices, and a kernel that waits for another process's
+// kernel waits at least a slice.
+// Without --ranks, prints SKIPPED and exits 0 when fewer than 2 GPUs are visible; ends with
 // `gpu_mp_test: N passed, M failed` (cases; a case passes when it passes on every rank).
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -133,7 +139,7 @@ const char* pathName(epPathKind_t k) {
 bool runCase(const MpCase& mc, int R, int rank, const epUniqueId& gpu_id, const epUniqueId& host_id, bool report_paths) {
   epConfig_t gc = mc.low_latency ? ll::configFor(mc.ll, epBackendCuda) : ht::configOf(mc.ht, epBackendCuda);
   epConfig_t hc = mc.low_latency ? ll::configFor(mc.ll, epBackendHost) : ht::configOf(mc.ht, epBackendHost);
-  gc.device = rank;
+  gc.device = gpuOf(rank);
   epComm_t gpu = join(R, gpu_id, rank, gc, mc.name);
   epComm_t host = join(R, host_id, rank, hc, mc.name);
   if (report_paths) {
@@ -144,7 +150,7 @@ bool runCase(const MpCase& mc, int R, int rank, const epUniqueId& gpu_id, const 
       EK(gpu, epCommPeerPath(gpu, p, &kind, &via));
       paths += " " + std::to_string(p) + ":" + pathName(kind);
     }
-    printf("rank %d (pid %d, device %d) paths to the ranks:%s\n", rank, int(getpid()), rank, paths.c_str());
+    printf("rank %d (pid %d, device %d) paths to the ranks:%s\n", rank, int(getpid()), gpuOf(rank), paths.c_str());
   }
   bool ok = true;
   if (!mc.low_latency) {
@@ -204,7 +210,7 @@ bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_
   epConfig_t hc = ht::configOf(c, epBackendCuda);
   ll::Shape s{2048, 4, 8 * R, 64, T, false, false, false};
   epConfig_t lc = ll::configFor(s, epBackendCuda);
-  hc.device = lc.device = rank;
+  hc.device = lc.device = gpuOf(rank);
   hc.timeout_ms = lc.timeout_ms = 60000;
   epComm_t ht_comm = join(R, ht_id, rank, hc, c.name);
   epComm_t ll_comm = join(R, ll_id, rank, lc, c.name);
@@ -282,7 +288,7 @@ bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_
 // Rank `rank`: every case in order; results[case * R + rank] = 0 passed, 1 failed.
 int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vector<epUniqueId>& ids, int* results) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // whole lines from each rank in the shared log
-  CK(cudaSetDevice(rank));
+  CK(cudaSetDevice(gpuOf(rank)));
   bool all = true;
   for (size_t i = 0; i < cases.size(); i++) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -349,13 +355,19 @@ int visibleGpus(std::string* why) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int timeout_s = 240;
+  int timeout_s = 240, ranks = 0;
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
     if (arg == "--timeout" && i + 1 < argc) {
       timeout_s = atoi(argv[++i]);
+    } else if (arg == "--ranks" && i + 1 < argc) {
+      ranks = atoi(argv[++i]);
+      if (ranks < 2 || ranks > 8) {
+        fprintf(stderr, "%s: --ranks takes 2..8\n", argv[0]);
+        return 2;
+      }
     } else {
-      fprintf(stderr, "usage: %s [--timeout SECONDS]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--timeout SECONDS] [--ranks N]\n", argv[0]);
       return 2;
     }
   }
@@ -369,7 +381,8 @@ int main(int argc, char** argv) {
     printf("SKIPPED gpu_mp_test: no GPU visible (%s)\n", ndev == 0 ? "0 CUDA devices" : why.c_str());
     return 0;
   }
-  const int R = std::min(ndev, 8);
+  gpuCount() = ndev;  // rank r drives GPU r % ndev
+  const int R = ranks ? ranks : std::min(ndev, 8);
   if (R < 2) {
     printf("SKIPPED gpu_mp_test: ranks as processes need 2 GPUs, %d visible\n", ndev);
     return 0;
@@ -385,7 +398,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (size_t i = 0; i < nres; i++) results[i] = -1;  // not run
-  printf("gpu_mp_test: %d ranks as processes, %zu cases\n", R, ncases);
+  printf("gpu_mp_test: %d ranks as processes on %d GPU%s, %zu cases\n", R, std::min(ndev, R), ndev == 1 ? "" : "s",
+         ncases);
   std::vector<epUniqueId> ids(2 * ncases);  // per case: the CUDA and the host communicator (peer exit: two CUDA)
   int rank = -1;
   std::vector<int> codes;
