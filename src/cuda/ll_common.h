@@ -58,11 +58,19 @@ struct LLCtrl {
   uint64_t dsig[2][kMaxRanks];   // [set][source]: blocks of the source's dispatch sends
   uint64_t cdone[2][kMaxRanks];  // [set][rank]: blocks of the rank's combine sends
   uint64_t cfree[2][kMaxRanks];  // [set][rank]: blocks of the rank's combine receives
-  uint32_t ntok[2][kMaxRanks];   // [set][source]: tokens of the source's latest dispatch, | kLLNtokFp8 for FP8 rows
+  uint64_t ntok[2][kMaxRanks];   // [set][source]: llNtokWord of the source's latest dispatch
 };
 // The wire type rides in ntok, which every receiving block reads anyway: a
 // receiver finds a source of the other type without loading anything more.
 constexpr uint32_t kLLNtokFp8 = 1u << 31;
+// ntok word of a dispatch: the pair's record tag (high half), then its tokens
+// | kLLNtokFp8 for FP8 rows. With the tag a receiver may load the word before
+// its wait for the source's signal: when the tag is this pair's, the word is
+// this pair's (each pair writes it once), and the record loads after the wait
+// need no second dependent load.
+inline __host__ __device__ uint64_t llNtokWord(uint32_t tag, int tokens, bool fp8) {
+  return (uint64_t(tag) << 32) | uint32_t(tokens) | (fp8 ? kLLNtokFp8 : 0u);
+}
 
 // What a low-latency kernel was doing when it reported an error
 // (ErrorInfo::what; the host names it in the message).

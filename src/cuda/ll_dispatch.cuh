@@ -299,7 +299,7 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
   if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
   if (b == 0) {
     if (threadIdx.x < v.nranks)
-      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = uint32_t(p.num_tokens) | (p.fp8 ? kLLNtokFp8 : 0u);
+      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = llNtokWord(tag, p.num_tokens, p.fp8);
     if (threadIdx.x == 0) {
       p.hd->pair = pair;
       p.hd->num_tokens = p.num_tokens;
@@ -389,10 +389,15 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ int src_base[kMaxRanks + 1];
   __shared__ int s_base[kStagedBases];
+  // Thread s loads source s's ntok word before its wait (see llNtokWord) and
+  // again after it only when the word was not yet this pair's.
+  volatile uint64_t* ntok_word = &llCtrl(v, v.rank)->ntok[set][threadIdx.x < R ? threadIdx.x : 0];
+  uint64_t word = threadIdx.x < R ? *ntok_word : 0;
   llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
   int ntok = 0;
   if (threadIdx.x < R) {
-    const uint32_t sent = llCtrl(v, v.rank)->ntok[set][threadIdx.x];
+    if (uint32_t(word >> 32) != tag) word = *ntok_word;
+    const uint32_t sent = uint32_t(word);
     ntok = int(sent & ~kLLNtokFp8);
     // Rows of another wire type than this rank asked for cannot be read as its
     // rows: reported (at the next call), and the source's records not copied.

@@ -110,7 +110,7 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
   if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
   if (b == 0) {
     if (threadIdx.x < v.nranks)
-      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = uint32_t(p.num_tokens) | (p.fp8 ? kLLNtokFp8 : 0u);
+      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = llNtokWord(tag, p.num_tokens, p.fp8);
     if (threadIdx.x == 0) {
       p.hd->pair = pair;
       p.hd->num_tokens = p.num_tokens;
