@@ -246,7 +246,8 @@ epResult_t CudaBackend::init() {
     if (other_process)
       EP_WARN(kSubsysInit,
               "%d ranks drive GPU %s, not all from this process: their kernels wait for each other and run "
-              "at the same time only under MPS; without it expect slow calls or timeouts",
+              "at the same time only under MPS; without it the GPU gives the processes time slices in turn "
+              "and each call takes milliseconds",
               sharing, peers[me].bus_id);
     else if (conns == nullptr || atoi(conns) < 32)
       EP_WARN(kSubsysInit,

@@ -24,16 +24,17 @@
 // 8R experts, 100 + 37 r tokens on rank r (a 2056-element row is 2056 bytes in
 // FP8, not a multiple of 16, so the FP8 cases of that shape use 2064).
 //
-// Last, a peer that exits: the last rank leaves without destroying its
-// communicators; the others' waiting GPU calls must fail with epRemoteError
-// naming it within seconds (runPeerExit).
+// Then the wall time of a low-latency layer (dispatch + combine) per rank,
+// printed, not checked (timeLlLayers). Last, a peer that exits: the last rank
+// leaves without destroying its communicators; the others' waiting GPU calls
+// must fail with epRemoteError naming it within seconds (runPeerExit).
 //
 //   gpu_mp_test [--timeout SECONDS] [--ranks N]
 // --timeout: ranks still running then are killed (default 240). --ranks N (2..8):
 // N processes even on fewer GPUs. Processes that share a GPU run their kernels
 // side by side only under MPS (docs/SEMANTICS.md); without it they take turns
 // in the GPU's time slices, and a kernel that waits for another process's
-// kernel waits at least a slice.
+// kernel waits for the slice to end (milliseconds per layer: see the timing).
 // Without --ranks, prints SKIPPED and exits 0 when fewer than 2 GPUs are visible; ends with
 // `gpu_mp_test: N passed, M failed` (cases; a case passes when it passes on every rank).
 #include <sys/mman.h>
@@ -285,6 +286,40 @@ bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_
   return ok;
 }
 
+// Wall time per low-latency layer (dispatch + combine, FP8, 128 tokens of
+// hidden 7168 per rank, top-8 of 288 experts; launch and stream wait
+// included), median and p90 of 50 after 10 of warm-up, printed by rank 0: the
+// cost of the processes' kernels meeting, with or without MPS where they
+// share a GPU. Any failed call ends the rank (the parent then fails the run).
+void timeLlLayers(int R, int rank, const epUniqueId& id) {
+  const ll::Shape s{7168, 8, 288, 128, std::vector<int>(R, 128), true, false, false};
+  epConfig_t cfg = ll::configFor(s, epBackendCuda);
+  cfg.device = gpuOf(rank);
+  epComm_t comm = join(R, id, rank, cfg, "layer timing");
+  ll::GpuRank g;
+  g.comm = comm;
+  ll::allocRank(s, R, g, kScratchBytes);
+  ll::RankData in;
+  ll::randomInputs(s, R, 3, rank, &in);
+  ll::upload(s, rank, in, g);
+  CK(cudaStreamSynchronize(g.stream));
+  std::vector<double> us;
+  for (int i = 0; i < 60; i++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    epHandle_t h = nullptr;
+    ll::enqueueLayer(s, rank, g, &h, [](int) {});
+    CK(cudaStreamSynchronize(g.stream));
+    EK(comm, epHandleDestroy(h));
+    if (i >= 10) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  if (rank == 0)
+    printf("EP%d LL layer (dispatch + combine, FP8, 128 tokens per rank), wall time per layer: median %.1f us, "
+           "p90 %.1f us\n", R, us[us.size() / 2], us[us.size() * 9 / 10]);
+  ll::freeRank(g);
+  EK(comm, epCommDestroy(comm));
+}
+
 // Rank `rank`: every case in order; results[case * R + rank] = 0 passed, 1 failed.
 int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vector<epUniqueId>& ids, int* results) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // whole lines from each rank in the shared log
@@ -298,6 +333,7 @@ int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vecto
     if (!ok || rank == 0) printf("%s %s on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", cases[i].name.c_str(), rank, s);
     all &= ok;
   }
+  timeLlLayers(R, rank, ids[2 * (cases.size() + 1)]);
   // Last: the case in which the last rank exits.
   const size_t i = cases.size();
   const auto t0 = std::chrono::steady_clock::now();
@@ -384,7 +420,8 @@ int main(int argc, char** argv) {
   gpuCount() = ndev;  // rank r drives GPU r % ndev
   const int R = ranks ? ranks : std::min(ndev, 8);
   if (R < 2) {
-    printf("SKIPPED gpu_mp_test: ranks as processes need 2 GPUs, %d visible\n", ndev);
+    printf("SKIPPED gpu_mp_test: a process per GPU needs 2 GPUs, %d visible (--ranks 2: two processes on one)\n",
+           ndev);
     return 0;
   }
   const std::vector<MpCase> cases = makeCases(R);
@@ -400,7 +437,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < nres; i++) results[i] = -1;  // not run
   printf("gpu_mp_test: %d ranks as processes on %d GPU%s, %zu cases\n", R, std::min(ndev, R), ndev == 1 ? "" : "s",
          ncases);
-  std::vector<epUniqueId> ids(2 * ncases);  // per case: the CUDA and the host communicator (peer exit: two CUDA)
+  // Per case: the CUDA and the host communicator (peer exit: two CUDA); then the layer timing's.
+  std::vector<epUniqueId> ids(2 * ncases + 1);
   int rank = -1;
   std::vector<int> codes;
   bool timed_out = false;

@@ -8,7 +8,7 @@
 #   EP_GPU_LL=0      skip the low-latency test and its benchmark (gpu_ll_test)
 #   EP_GPU_RANKS="4 8"  the rank counts of gpu_test / gpu_ll_test --ranks (empty: none)
 #   EP_GPU_MP=0      skip the test with ranks as processes (gpu_mp_test: cross-process
-#                    CUDA IPC against the host backend; SKIPPED with fewer than 2 GPUs)
+#                    CUDA IPC against the host backend; on one GPU two processes share it)
 #   EP_GPU_BENCH_ARGS  arguments of gpu_bench (see its main)
 #   EP_GPU_TEST_TIMEOUT, EP_GPU_LL_RANKS_TIMEOUT (gpu_ll_test --ranks, default 900),
 #   EP_GPU_SANITIZER_TIMEOUT, EP_GPU_BENCH_TIMEOUT: seconds
@@ -56,7 +56,11 @@ for n in ${EP_GPU_RANKS-4 8}; do
   fi
 done
 if [ "$MP" != 0 ]; then
-timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" 2>&1 | tee "$LOGS/gpu_mp_test.log"
+# A process per GPU; on one GPU two processes share it (slow without MPS, but
+# the same cross-process path).
+mp_args=()
+[ "$ngpu" -lt 2 ] && mp_args=(--ranks 2)
+timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" "${mp_args[@]}" 2>&1 | tee "$LOGS/gpu_mp_test.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test: FAILED"; status=1; }
 fi
 
