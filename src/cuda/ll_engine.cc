@@ -169,13 +169,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.err = static_cast<ErrorInfo*>(dp);
 
   slot_bytes_ = llAlign(offsetof(LLHandleDev, mask) + 2 * size_t(c.max_tokens_per_rank) + 1, 256);
-  for (int i = 0; i < 8; i++) {  // more when more handles are alive (acquireSlot)
-    LLHandleDev* s = nullptr;
-    CUDACHECK(cudaMalloc(&s, slot_bytes_));
-    CUDACHECK(cudaMemset(s, 0, slot_bytes_));
-    all_slots_.push_back(s);
-    free_slots_.push_back(s);
-  }
+  for (int i = 0; i < 8; i++) EPCHECK(addSlot());  // more when more handles are alive (acquireSlot)
   CUDACHECK(cudaDeviceSynchronize());
   EPCHECK(bootstrapBarrier(comm_->bootstrap));
   ipc_->table->connected(ipc_->ctx, own_mem_);
@@ -183,16 +177,24 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   return epSuccess;
 }
 
+// One more zeroed slot of handle state in the pool. Also during a call that is
+// being captured (a graph of many layers keeps a handle per layer), hence the
+// relaxed capture mode and the zeroing on a stream of its own.
+epResult_t LLEngine::addSlot() {
+  cuda::RelaxedCaptureScope relaxed;
+  LLHandleDev* s = nullptr;
+  CUDACHECK(cudaMalloc(&s, slot_bytes_));
+  const cudaError_t zeroing_handle_slot = cuda::zeroDeviceMemory(s, slot_bytes_);
+  if (zeroing_handle_slot != cudaSuccess) cudaFree(s);
+  CUDACHECK(zeroing_handle_slot);
+  all_slots_.push_back(s);
+  free_slots_.push_back(s);
+  return epSuccess;
+}
+
 epResult_t LLEngine::acquireSlot(LLHandleDev** out) {
   std::lock_guard<std::mutex> lock(slots_mu_);
-  if (free_slots_.empty()) {
-    // A graph of many layers keeps a handle per layer: under capture as well.
-    cuda::RelaxedCaptureScope relaxed;
-    LLHandleDev* s = nullptr;
-    CUDACHECK(cudaMalloc(&s, slot_bytes_));
-    all_slots_.push_back(s);
-    free_slots_.push_back(s);
-  }
+  if (free_slots_.empty()) EPCHECK(addSlot());
   *out = free_slots_.back();
   free_slots_.pop_back();
   return epSuccess;

@@ -36,6 +36,7 @@ class LLEngine {
   struct HandleState;
   epResult_t checkErrors(const char* fn, cudaStream_t stream);
   void logTimes();
+  epResult_t addSlot();  // callers hold slots_mu_ (or are init)
   epResult_t acquireSlot(LLHandleDev** out);
 
   epComm* comm_;
