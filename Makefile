@@ -57,7 +57,7 @@ ifeq ($(CUDA),1)
   LIB_SRCS := $(filter-out src/cuda_stub.cc,$(LIB_SRCS)) $(wildcard src/cuda/*.cc) \
               $(wildcard transports/cuda_ipc/*.cc)
   CU_SRCS := $(wildcard src/cuda/*.cu)
-  CPPFLAGS_BASE += -DEP_WITH_CUDA=1 -isystem $(CUDA_HOME)/include
+  CPPFLAGS_BASE += -DEP_WITH_CUDA=1 -isystem $(CUDA_HOME)/include '-DEP_CUDA_ARCHS="$(CUDA_ARCHS)"'
   LIBS += -L$(CUDA_HOME)/lib64 -lcudart_static
   NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
   NVCCFLAGS := -std=c++17 $(OPT) -lineinfo -Xcompiler -fPIC,-fvisibility=hidden \

@@ -24,6 +24,7 @@
 #include "../transport.h"
 #include "cuda_check.h"
 #include "cuda_common.h"
+#include "gpu_arch.h"
 #include "gpu_share.h"
 #include "host_notices.h"
 #include "ll_engine.h"
@@ -112,6 +113,7 @@ class CudaBackend : public Backend {
   }
 
  private:
+  epResult_t checkArch(const cudaDeviceProp& prop);
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
   epResult_t allocSlot(HandleSlot** out);
   CommView view() const;
@@ -183,6 +185,26 @@ CommView CudaBackend::view() const {
   return v;
 }
 
+// Kernels built for another architecture cannot load on this GPU: said here,
+// with the build that would run, rather than as CUDA's "no kernel image" at
+// the first kernel (gpu_arch.h). The build's list decides; loading one kernel
+// also catches a library whose objects were built for other architectures
+// than the list says (a rebuild that did not start clean).
+epResult_t CudaBackend::checkArch(const cudaDeviceProp& prop) {
+  const std::vector<int> archs = cuda::parseArchs(EP_CUDA_ARCHS);
+  const cudaError_t load = cudaError_t(cuda::preloadLayoutKernels());
+  const bool no_image = load == cudaErrorNoKernelImageForDevice || load == cudaErrorInvalidDeviceFunction;
+  if (no_image || !cuda::anyArchRunsOn(archs, prop.major, prop.minor)) {
+    cudaGetLastError();
+    return setError(comm_, epNotSupported, "%s%s%s%s",
+                    cuda::archRefusal(archs, dev_, prop.name, prop.major, prop.minor).c_str(),
+                    no_image ? " (loading a kernel: " : "", no_image ? cudaGetErrorString(load) : "",
+                    no_image ? ")" : "");
+  }
+  CUDACHECK(load);
+  return epSuccess;
+}
+
 epResult_t CudaBackend::init() {
   const Config& cfg = comm_->cfg;
   const int R = comm_->nranks, me = comm_->rank;
@@ -202,6 +224,7 @@ epResult_t CudaBackend::init() {
   logSetDevice(dev_);
   cudaDeviceProp prop;
   CUDACHECK(cudaGetDeviceProperties(&prop, dev_));
+  EPCHECK(checkArch(prop));
   channels_ = cfg.num_sms > 0 ? cfg.num_sms : 32;
   channels_ = std::min({channels_, kMaxChannels, prop.multiProcessorCount});
   if (dataTypeSize(cfg.dispatch_type) == 1) {

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Builds the GPU test programs (gpu_test, gpu_mp_test, gpu_bench, gpu_ll_test)
+# Builds the GPU test programs (gpu_test, gpu_arch_test, gpu_mp_test, gpu_bench, gpu_ll_test)
 # against $BUILD/lib/libmoeep.so, as tests/gpu/run.sh runs them.
 #   tests/gpu/build.sh [--no-mp] [--no-ll]
 # Needs nvcc and the CUDA headers, not a GPU: the CPU-only test suite runs it
@@ -23,6 +23,9 @@ fail() { echo "gpu-test: FAILED to build $1"; exit 1; }
 
 g++ -std=c++17 -O2 -g -Wall -Iinclude -isystem "$CUDA_HOME/include" tests/gpu/gpu_test.cc -o "$BUILD/tests/gpu_test" \
   -L"$BUILD/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread -Wl,-rpath,"$RPATH" || fail gpu_test
+g++ -std=c++17 -O2 -g -Wall -Iinclude -isystem "$CUDA_HOME/include" tests/gpu/gpu_arch_test.cc \
+  -o "$BUILD/tests/gpu_arch_test" -L"$BUILD/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -Wl,-rpath,"$RPATH" ||
+  fail gpu_arch_test
 if [ "$mp" != 0 ]; then
   g++ -std=c++17 -O2 -g -Wall -Iinclude -Itools -isystem "$CUDA_HOME/include" tests/gpu/gpu_mp_test.cc \
     tools/common/launch.cc -o "$BUILD/tests/gpu_mp_test" \

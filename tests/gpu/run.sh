@@ -9,6 +9,8 @@
 #   EP_GPU_RANKS="4 8"  the rank counts of gpu_test / gpu_ll_test --ranks (empty: none)
 #   EP_GPU_MP=0      skip the test with ranks as processes (gpu_mp_test: cross-process
 #                    CUDA IPC against the host backend; on one GPU two processes share it)
+#   EP_GPU_ARCH=0    skip the check that init refuses a library built for another
+#                    GPU architecture (gpu_arch_test: builds one into $BUILD/arch-smXY)
 #   EP_GPU_BENCH_ARGS  arguments of gpu_bench (see its main)
 #   EP_GPU_TEST_TIMEOUT, EP_GPU_LL_RANKS_TIMEOUT (gpu_ll_test --ranks, default 900),
 #   EP_GPU_SANITIZER_TIMEOUT, EP_GPU_BENCH_TIMEOUT: seconds
@@ -55,6 +57,24 @@ for n in ${EP_GPU_RANKS-4 8}; do
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --ranks $n: FAILED"; status=1; }
   fi
 done
+# A library built for another architecture than GPU 0's: init must refuse it
+# with the build that would run (gpu_arch_test.cc), and the normal build not.
+if [ "${EP_GPU_ARCH:-1}" != 0 ]; then
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
+  other=80
+  [ "${cap%%.*}" = 8 ] && other=90
+  if make -j16 CUDA=1 CUDA_ARCHS=$other BUILD="$BUILD/arch-sm$other" lib >"$LOGS/build_sm$other.log" 2>&1; then
+    timeout 60 "$BUILD/tests/gpu_arch_test" 2>&1 | tee "$LOGS/gpu_arch_test.log" | tail -1
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_arch_test: FAILED"; status=1; }
+    LD_LIBRARY_PATH="$PWD/$BUILD/arch-sm$other/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      timeout 60 "$BUILD/tests/gpu_arch_test" --expect-refused 2>&1 | tee -a "$LOGS/gpu_arch_test.log" | tail -2
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_arch_test --expect-refused (sm_$other library): FAILED"; status=1; }
+  else
+    tail -20 "$LOGS/build_sm$other.log"
+    echo "gpu_arch_test: FAILED to build the sm_$other library"
+    status=1
+  fi
+fi
 if [ "$MP" != 0 ]; then
 # A process per GPU; on one GPU two processes share it (slow without MPS, but
 # the same cross-process path).
