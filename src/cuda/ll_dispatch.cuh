@@ -22,6 +22,7 @@
 
 #include <cuda_fp8.h>
 
+#include "fp8_soft.h"
 #include "ll_device.cuh"
 
 namespace ep {
@@ -51,10 +52,17 @@ __device__ __forceinline__ float roundScalePow2(float s) {
   return __uint_as_float(bits);
 }
 
+// Four FP8 codes, a in the low byte: the conversion instruction from sm_89 on;
+// before, fp8_soft.h (CUDA's emulation of the instruction costs ~10 us per
+// 128-token send half, docs/BENCHMARKS.md).
 __device__ __forceinline__ uint32_t packFp8x4(float a, float b, float c, float d) {
+#if __CUDA_ARCH__ >= 890
   __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
   __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
   return uint32_t(lo) | (uint32_t(hi) << 16);
+#else
+  return fp8soft::packE4M3x4(a, b, c, d);
+#endif
 }
 
 constexpr int kHdrPerWarp = kTokGroup / kWarps;  // tokens (or records) a warp describes per group
