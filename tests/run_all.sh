@@ -102,6 +102,11 @@ else
   # so that a test source that stopped compiling shows here.
   if [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
     run "gpu test programs build (no GPU needed)" env BUILD="$BUILD" bash tests/gpu/build.sh
+    # The kernels for Ampere (CUDA_ARCHS="80 90" in the README): they must keep
+    # compiling for sm_80, which has no Hopper-only instruction. (On a GPU
+    # machine tests/gpu/run.sh builds them too, for gpu_arch_test.)
+    run "CUDA kernels build for sm_80 (no GPU needed)" bash -c \
+      "make -j2 CUDA=1 CUDA_ARCHS=80 BUILD='$BUILD/arch-sm80' lib >'$BUILD/arch-sm80.log' 2>&1 || { tail -30 '$BUILD/arch-sm80.log'; exit 1; }"
   else
     skip "gpu test programs build" "no nvcc at ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
   fi
