@@ -135,7 +135,7 @@ struct LLRecordHeader {
   uint32_t tag;
   int32_t token;
   uint32_t num_topk;  // K of the source's call
-  uint32_t pad;
+  uint32_t pad;       // receive slices that read the header (ll_dispatch_small.cu); 0 between calls
   // int32 ids[K]; float weights[K]; int32 slots[K]
 };
 
@@ -168,9 +168,11 @@ inline int llGrid(int sms) { return sms < 1 ? 1 : sms; }
 
 int launchLLDispatchSend(const LLDispatchParams& p, int sms, int slices, void* stream);  // slices: EP_CUDA_LL_SLICES
 int launchLLDispatch(const LLDispatchParams& p, int sms, int slices, void* stream);  // both halves, one kernel
-int launchLLDispatchRecv(const LLDispatchParams& p, int sms, void* stream);
-// The row-slice kernels of small calls (ll_dispatch_small.cu): the send half, or both halves.
+int launchLLDispatchRecv(const LLDispatchParams& p, int sms, int slices, void* stream);
+// The row-slice kernels of small calls (ll_dispatch_small.cu): the send half, or both halves;
+// the receive half of a split small call.
 int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only);
+int launchLLDispatchRecvSlices(const LLDispatchParams& p, int sms, void* stream);
 int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream);
 // tokens: this rank's tokens (the combine's output rows), to pick the receive's kernel.
 int launchLLCombine(const LLCombineParams& p, int sms, int tokens, void* stream);  // both halves, one kernel

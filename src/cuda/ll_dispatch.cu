@@ -58,7 +58,10 @@ int launchLLDispatch(const LLDispatchParams& p, int sms, int slices, void* strea
                             : llLaunch(llDispatchKernel<false>, p, kThreads, sms, stream);
 }
 
-int launchLLDispatchRecv(const LLDispatchParams& p, int sms, void* stream) {
+// The receive half of a call whose send took the row slices: the receive
+// slices where the records are few (decided in the kernel).
+int launchLLDispatchRecv(const LLDispatchParams& p, int sms, int slices, void* stream) {
+  if (useSlices(p, sms, slices)) return launchLLDispatchRecvSlices(p, sms, stream);
   return llLaunch(llDispatchRecvKernel, p, kThreads, sms, stream);
 }
 

@@ -144,6 +144,122 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
   if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
 }
 
+// ---- receive ----
+
+// Pieces (16 bytes) of a record row a receiving slice takes at least, and its
+// alignment: 8 pieces are one FP8 scale block of 128 values.
+constexpr int kRecvSliceStep = 32;
+constexpr int kRecvSliceAlign = 8;
+
+// The receive half of a small call (few records: at most half a grid): each
+// record's row cut into slices over several blocks (llSliceShare), a slice
+// of at most one piece per thread, which each of the block's threads stores
+// into every expert slot of the record, its scales beside. dispatchRecvPhase
+// gives a record to one block, which at one token copies its row 4-8 times
+// in rounds and then loads and copies the scales: a chain of latencies on
+// one SM where the other SMs wait. Larger calls (also a small call of this
+// rank that meets large calls of its peers) go to dispatchRecvPhase, which
+// waits and reads the counts again (passing at once).
+// Marks 4-7 of `kind` as dispatchRecvPhase's.
+__device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind) {
+  const LLView& v = p.v;
+  const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts, G = gridDim.x;
+  const int set = int(pair & 1u);
+  const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
+  const int lane = threadIdx.x & 31;
+  __shared__ int src_base[kMaxRanks + 1];
+  __shared__ int s_base[kStagedBases];
+  volatile uint64_t* ntok_word = &llCtrl(v, v.rank)->ntok[set][threadIdx.x < R ? threadIdx.x : 0];
+  uint64_t word = threadIdx.x < R ? *ntok_word : 0;
+  llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
+  int ntok = 0;
+  bool wrong_wire = false;
+  if (threadIdx.x < R) {
+    if (uint32_t(word >> 32) != tag) word = *ntok_word;
+    const uint32_t sent = uint32_t(word);
+    ntok = int(sent & ~kLLNtokFp8);
+    wrong_wire = ((sent & kLLNtokFp8) != 0) != (p.fp8 != 0);
+    if (wrong_wire) ntok = 0;
+  }
+  llPrefix(src_base, R, ntok);
+  const int N = src_base[R];
+  const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
+  const int pieces = int(row_bytes / 16), nb = (H + 127) / 128, cap = R * M;
+  const LLSlices cut = llSlicesOf(N, pieces, G, kRecvSliceStep, kRecvSliceAlign);
+  if (cut.S < 2 || cut.chunk > kThreads || R * L > kStagedBases) {
+    dispatchRecvPhase(p, pair, kind);
+    return;
+  }
+  if (wrong_wire && blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);
+  llMark(v, pair, kind, 4);
+  if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
+  // This block's slice [plo, plo + width) of record c, if any; the loads
+  // first (header: warp 0; piece plo + thread; scale block plo / 8 + thread).
+  const LLSliceShare sl = llSliceShare(N, pieces, blockIdx.x, G, kRecvSliceStep, kRecvSliceAlign);
+  const bool mine = sl.hi > sl.lo;
+  const int c = sl.lo;
+  const int src = mine ? llSourceOf(src_base, c) : 0, t = mine ? c - src_base[src] : 0;
+  char* rec = llRecord(v, v.rank, set, src, t);
+  const bool has_piece = mine && int(threadIdx.x) < sl.width;
+  const int b = sl.plo / kRecvSliceAlign + int(threadIdx.x);
+  const bool has_scale = p.fp8 && mine && int(threadIdx.x) < (sl.width + kRecvSliceAlign - 1) / kRecvSliceAlign && b < nb;
+  LLHeader h;
+  h.tag = 0;
+  int4 raw = make_int4(0, 0, 0, 0);
+  float scale = 0.0f;
+  if (mine && threadIdx.x < 32) llLoadHeader(v, rec, lane, h);
+  if (has_piece) raw = ldStaged(reinterpret_cast<const int4*>(rec + v.hdr_bytes) + sl.plo + threadIdx.x);
+  if (has_scale) scale = reinterpret_cast<const float*>(rec + v.hdr_bytes + size_t(H) * 2)[b];
+  stageBases(p, set, s_base);
+  __syncthreads();
+  llMark(v, pair, kind, 5);
+  __shared__ int s_n;
+  __shared__ int s_dst[32];  // local expert * cap + slot
+  int le = -1, slot = 0;     // warp 0: expert k = lane of the record, if local
+  uint32_t* readers = &reinterpret_cast<LLRecordHeader*>(rec)->pad;
+  uint32_t before = 0;
+  if (threadIdx.x < 32) {
+    if (mine && h.tag == tag && lane < h.k) {
+      le = h.id - v.first_expert;
+      if (le >= 0 && le < L) {
+        slot = h.slot + s_base[src * L + le];
+        if (sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = src * M + t;
+      } else {
+        le = -1;
+      }
+    }
+    const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
+    if (le >= 0) s_dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
+    if (lane == 0) s_n = __popc(local);
+    // The record's slots field holds the sender's numbers, which every slice
+    // reads; the combine reads the absolute slots there. So the slice that
+    // reads it last writes them: each slice counts itself in the header's pad
+    // word (zero between calls: the last one resets it). The count is a
+    // relaxed add: warp 0 (the only reader) has used every value it loaded
+    // (the ballot above), so its loads were performed before the add; and the
+    // last slice's writes wait for the add's result. (An acq_rel add fenced
+    // warp 0 here: +0.2 us at one token.) Its round trip runs while the
+    // block copies.
+    if (mine && lane == 0) before = atomicAdd(readers, 1u);
+  }
+  __syncthreads();
+  llMark(v, pair, kind, 6);
+  const int n = s_n;
+  if (has_piece)
+    for (int d = 0; d < n; d++)
+      reinterpret_cast<int4*>(p.recv_x + size_t(s_dst[d]) * row_bytes)[sl.plo + threadIdx.x] = raw;
+  if (has_scale)
+    for (int d = 0; d < n; d++) {
+      const int e = s_dst[d] / cap, sd = s_dst[d] - e * cap;
+      p.recv_scales[(size_t(e) * nb + b) * cap + sd] = scale;
+    }
+  if (threadIdx.x < 32 && __shfl_sync(0xffffffffu, before, 0) == uint32_t(cut.filled - 1) && mine) {
+    if (le >= 0) llSlots(v, rec)[lane] = slot;
+    if (lane == 0) *readers = 0;
+  }
+  llMark(v, pair, kind, 7);
+}
+
 template <bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
@@ -158,11 +274,23 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(LLDispatch
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   dispatchSendSlicesPhase<kSingles>(p, pair);
-  dispatchRecvPhase(p, pair, kLLKindDispatch);
+  dispatchRecvSlicesPhase(p, pair, kLLKindDispatch);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
+// The receive half of a split small call.
+__global__ void __launch_bounds__(kThreads, 1) llDispatchRecvSlicesKernel(LLDispatchParams p) {
+  const uint64_t pair = p.hd->pair;
+  llTimeStart(p.v, pair, kLLKindDispatchRecv);
+  dispatchRecvSlicesPhase(p, pair, kLLKindDispatchRecv);
+  llTimeEnd(p.v, pair, kLLKindDispatchRecv);
+}
+
 }  // namespace
+
+int launchLLDispatchRecvSlices(const LLDispatchParams& p, int sms, void* stream) {
+  return llLaunch(llDispatchRecvSlicesKernel, p, kThreads, sms, stream);
+}
 
 int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
   if (llUsesSingles(p.v))
@@ -174,7 +302,7 @@ int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, boo
 
 int preloadLLDispatchSlicesKernels() {
   return preloadKernels(llDispatchSlicesSendKernel<true>, llDispatchSlicesSendKernel<false>,
-                        llDispatchSlicesKernel<true>, llDispatchSlicesKernel<false>);
+                        llDispatchSlicesKernel<true>, llDispatchSlicesKernel<false>, llDispatchRecvSlicesKernel);
 }
 
 }  // namespace cuda

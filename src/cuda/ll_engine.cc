@@ -305,7 +305,7 @@ epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
   EPCHECK(checkErrors("epLowLatencyComplete", stream));
   auto* st = static_cast<HandleState*>(h->backend_state);
   int err = 0;
-  if (h->pending == epHandle::Pending::kDispatch) err = launchLLDispatchRecv(st->dispatch, sms_, stream);
+  if (h->pending == epHandle::Pending::kDispatch) err = launchLLDispatchRecv(st->dispatch, sms_, slices_, stream);
   else err = launchLLCombineRecv(st->combine, sms_, st->dispatch.num_tokens, stream);
   if (err != 0)
     return setError(comm_, epUnhandledCudaError, "epLowLatencyComplete: kernel launch failed: %s",

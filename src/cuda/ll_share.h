@@ -30,6 +30,22 @@ EP_LL_SHARE_FN void llShare(int n, unsigned i, unsigned parts, int& lo, int& hi)
 // per thread), each a multiple of `align` units (16 for FP8 rows: whole scale
 // blocks), so that a small call's items are handled by several blocks at
 // once.
+// How llSliceShare cuts: S slices per item (1: whole items), each `chunk`
+// units wide (the last one narrower), of which `filled` are not empty (the
+// blocks that take a part of each item). llSliceShare repeats the first two
+// lines rather than calling this: calling it changed the SASS of the send
+// and combine kernels that use llSliceShare (which were measured as they
+// are); tests/unit/test_ll_share.cc checks that the two agree.
+struct LLSlices {
+  int S, chunk, filled;
+};
+EP_LL_SHARE_FN LLSlices llSlicesOf(int n, int pieces, int G, int step, int align) {
+  const int S = (n == 0 || n >= G) ? 1 : llMin(G / n, (pieces + step - 1) / step);
+  if (S <= 1) return LLSlices{1, pieces, 1};
+  const int chunk = ((pieces + S - 1) / S + align - 1) / align * align;
+  return LLSlices{S, chunk, (pieces + chunk - 1) / chunk};
+}
+
 struct LLSliceShare {
   int lo, hi, plo, width;
 };

@@ -68,6 +68,19 @@ void checkSliceShares(int step, int align) {
         }
         for (int c : covered) assert_int_equal(c, 1);
         for (int c : firsts) assert_int_equal(c, 1);
+        // llSlicesOf says how many blocks hold a part of each item (the
+        // dispatch receive's slices count their readers against it).
+        const ep::cuda::LLSlices cut = ep::cuda::llSlicesOf(n, pieces, G, step, align);
+        std::vector<int> holders(size_t(n), 0);
+        for (int b = 0; b < G; b++) {
+          const ep::cuda::LLSliceShare r = ep::cuda::llSliceShare(n, pieces, b, G, step, align);
+          if (r.hi > r.lo && cut.S >= 2) {
+            holders[size_t(r.lo)]++;
+            assert_true(r.width <= cut.chunk);
+          }
+        }
+        if (cut.S >= 2)
+          for (int h : holders) assert_int_equal(h, cut.filled);
       }
     }
   }
@@ -77,6 +90,8 @@ void checkSliceShares(int step, int align) {
 // blocks) and the combine send's records (kUnits steps of the block).
 void dispatch_row_slices_store_every_piece_once(void**) { checkSliceShares(256, 16); }
 void combine_record_slices_sum_every_unit_once(void**) { checkSliceShares(512, 1); }
+// The dispatch receive's records (32-piece steps, whole 8-piece scale blocks).
+void dispatch_receive_slices_copy_every_piece_once(void**) { checkSliceShares(32, 8); }
 
 }  // namespace
 
@@ -86,6 +101,7 @@ int main() {
       cmocka_unit_test(large_counts_do_not_overflow),
       cmocka_unit_test(dispatch_row_slices_store_every_piece_once),
       cmocka_unit_test(combine_record_slices_sum_every_unit_once),
+      cmocka_unit_test(dispatch_receive_slices_copy_every_piece_once),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
