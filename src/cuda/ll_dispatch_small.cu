@@ -159,7 +159,9 @@ constexpr int kRecvSliceAlign = 8;
 // in rounds and then loads and copies the scales: a chain of latencies on
 // one SM where the other SMs wait. Larger calls (also a small call of this
 // rank that meets large calls of its peers) go to dispatchRecvPhase, which
-// waits and reads the counts again (passing at once).
+// waits and reads the counts again (passing at once). The wait and the
+// token counts are dispatchRecvPhase's lines repeated, like the send steps
+// above, so that the whole-row kernels keep the code that was measured.
 // Marks 4-7 of `kind` as dispatchRecvPhase's.
 __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind) {
   const LLView& v = p.v;
