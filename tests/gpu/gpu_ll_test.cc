@@ -274,6 +274,8 @@ int main(int argc, char** argv) {
         // blocks (the paths a small call takes: most blocks without work).
         {7168, 8, 288, 16, std::vector<int>(R, 3), true, false, false},
         {7168, 8, 288, 8, std::vector<int>(R, 1), false, false, true},
+        // FP8 and split: the receive kernel of small calls, records in slices.
+        {7168, 8, 288, 8, std::vector<int>(R, 2), true, false, true},
     };
     std::vector<int> zero(R, 40);
     zero[0] = 0;  // rank 0 sends nothing
