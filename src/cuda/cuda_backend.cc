@@ -187,19 +187,23 @@ CommView CudaBackend::view() const {
 
 // Kernels built for another architecture cannot load on this GPU: said here,
 // with the build that would run, rather than as CUDA's "no kernel image" at
-// the first kernel (gpu_arch.h). The build's list decides; loading one kernel
-// also catches a library whose objects were built for other architectures
-// than the list says (a rebuild that did not start clean).
+// the first kernel (gpu_arch.h). Loading one kernel decides (a build given
+// PTX through NVCC_GENCODE runs on later GPUs than its list says); the
+// build's list makes the advice.
 epResult_t CudaBackend::checkArch(const cudaDeviceProp& prop) {
-  const std::vector<int> archs = cuda::parseArchs(EP_CUDA_ARCHS);
   const cudaError_t load = cudaError_t(cuda::preloadLayoutKernels());
-  const bool no_image = load == cudaErrorNoKernelImageForDevice || load == cudaErrorInvalidDeviceFunction;
-  if (no_image || !cuda::anyArchRunsOn(archs, prop.major, prop.minor)) {
+  if (load == cudaErrorNoKernelImageForDevice || load == cudaErrorInvalidDeviceFunction) {
     cudaGetLastError();
-    return setError(comm_, epNotSupported, "%s%s%s%s",
+    const std::vector<int> archs = cuda::parseArchs(EP_CUDA_ARCHS);
+    if (cuda::anyArchRunsOn(archs, prop.major, prop.minor))  // the objects are not what the list says
+      return setError(comm_, epNotSupported,
+                      "libmoeep's CUDA kernels have no image for GPU %d (%s, compute capability %d.%d) although "
+                      "the build lists %s: objects of another CUDA_ARCHS remain; rebuild the library from clean (%s)",
+                      dev_, prop.name, prop.major, prop.minor, cuda::archNames(archs).c_str(),
+                      cudaGetErrorString(load));
+    return setError(comm_, epNotSupported, "%s (loading a kernel: %s)",
                     cuda::archRefusal(archs, dev_, prop.name, prop.major, prop.minor).c_str(),
-                    no_image ? " (loading a kernel: " : "", no_image ? cudaGetErrorString(load) : "",
-                    no_image ? ")" : "");
+                    cudaGetErrorString(load));
   }
   CUDACHECK(load);
   return epSuccess;
