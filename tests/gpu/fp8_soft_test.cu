@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include "cuda/fp8_soft.h"
 
@@ -89,9 +90,12 @@ int main() {
     printf("FAIL fp8_soft_test: %s\n", cudaGetErrorString(e));
     return 1;
   }
-  for (unsigned int i = 0; i < r->nfirst && i < 8; i++)
-    printf("  0x%08x (%g): instruction 0x%02x, soft 0x%02x\n", r->first[i], double(*(float*)&r->first[i]),
-           r->first_hw[i], r->first_soft[i]);
+  for (unsigned int i = 0; i < r->nfirst && i < 8; i++) {
+    float f;
+    memcpy(&f, &r->first[i], 4);
+    printf("  0x%08x (%g): instruction 0x%02x, soft 0x%02x\n", r->first[i], double(f), r->first_hw[i],
+           r->first_soft[i]);
+  }
   printf("fp8_soft_test: all 2^32 floats on %s: %llu non-NaN mismatches, %llu NaN inputs not NaN in both, "
          "%llu NaN codes with another sign\n",
          prop.name, r->bad, r->nan_bad, r->nan_sign);
