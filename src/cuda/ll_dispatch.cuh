@@ -5,7 +5,7 @@
 // Send, side by side in two groups of blocks (numberingBlocks; a grid of
 // fewer than 4 blocks does both in every block, one after the other):
 //   1. numbering blocks, a share of the experts each: warp per expert numbers
-//      the (token, k) pairs that chose it, in token order, from ids staged in
+//      the tokens that chose it (once each), in token order, from ids staged in
 //      shared memory, and writes the numbers into the records and the count
 //      into the expert's rank;
 //   2. row blocks, a share of the tokens each: warp per token reads the
@@ -216,8 +216,9 @@ __device__ __forceinline__ void loadIdRound(const LLDispatchParams& p, int t0, i
 }
 
 // Numbering block `nb` of `G`: for experts e = nb + b * G, numbers the
-// (token, k) pairs that chose e in (token, k) order — the receiver's slot
-// order within a source, as the host backend — and sends the count to e's
+// tokens that chose e in token order — the receiver's slot order within a
+// source, as the host backend; a token that lists e more than once has one
+// number, written into each of those entries — and sends the count to e's
 // rank. `first_ids` holds the first round's ids (loaded at kernel start).
 __device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, int nb, int G,
                                             const long long (&first_ids)[kIdRegs]) {
@@ -252,15 +253,17 @@ __device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, 
         int run = s_run[b];
         for (int c = 0; c < nt; c += 32) {
           const int tl = c + lane;
+          // One number per token, however often e is in its top-k (the
+          // receiver's expert has room for one row per (source, token)).
           int n = 0;
           if (tl < nt)
-            for (int k = 0; k < K; k++) n += s_ids[tl * K + k] == e;
+            for (int k = 0; k < K; k++) n |= s_ids[tl * K + k] == e;
           const int incl = warpInclusiveSum(n);
           if (n) {
-            int number = run + incl - n;
+            const int number = run + incl - 1;
             int32_t* slots = llSlots(v, llRecord(v, r, set, v.rank, t0 + tl));
             for (int k = 0; k < K; k++)
-              if (s_ids[tl * K + k] == e) slots[k] = number++;
+              if (s_ids[tl * K + k] == e) slots[k] = number;
           }
           run += __shfl_sync(0xffffffffu, incl, 31);
         }

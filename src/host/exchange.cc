@@ -21,6 +21,9 @@ const char* kindName(uint32_t kind) {
     case kChunkCounts: return "counts";
     case kChunkDispatch: return "dispatch";
     case kChunkCombine: return "combine";
+    case kChunkLLCounts: return "low-latency counts";
+    case kChunkLLDispatch: return "low-latency dispatch";
+    case kChunkLLCombine: return "low-latency combine";
     default: return "unknown";
   }
 }
@@ -201,7 +204,7 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
   return epSuccess;
 }
 
-epResult_t Exchanger::exchangeCounts(uint64_t call_seq, Routing* routing, const char* what) {
+epResult_t Exchanger::exchangeCounts(ChunkKind kind, uint64_t call_seq, Routing* routing, const char* what) {
   const int R = comm_->nranks;
   std::vector<int> recv_count(R, 0);
   std::vector<StreamSpec> sends(R), recvs(R);
@@ -218,7 +221,7 @@ epResult_t Exchanger::exchangeCounts(uint64_t call_seq, Routing* routing, const 
       recv_count[r] = int(n);
     };
   }
-  epResult_t res = run(kChunkCounts, call_seq, sends, recvs, what);
+  epResult_t res = run(kind, call_seq, sends, recvs, what);
   if (res == epSuccess) buildRecvSide(recv_count, routing);
   return res;
 }

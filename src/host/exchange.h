@@ -33,7 +33,7 @@ class Exchanger {
   // The count exchange of a dispatch: tells every rank how many tokens this
   // one sends it (r's send side), and fills r's receive side from what every
   // rank says it sends here.
-  epResult_t exchangeCounts(uint64_t call_seq, Routing* r, const char* what);
+  epResult_t exchangeCounts(ChunkKind kind, uint64_t call_seq, Routing* r, const char* what);
   // Marks this rank's rings closed, in its own segment and in its peers'
   // (the communicator is going away): peers waiting on it stop waiting.
   void announceClose();

@@ -225,7 +225,7 @@ epResult_t HostBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   Routing routing;
   buildSendSide(placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, &routing);
 
-  EPCHECK(exchanger_->exchangeCounts(++comm_->call_seq, &routing, "dispatch counts"));
+  EPCHECK(exchanger_->exchangeCounts(host::kChunkCounts, ++comm_->call_seq, &routing, "dispatch counts"));
   h->routing = std::move(routing);
   h->counts_known = true;
   return epSuccess;

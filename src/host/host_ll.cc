@@ -47,7 +47,7 @@ struct LLState {
   // Expert side: every (source, token) received, with its local experts.
   struct Arrival {
     int src, token;
-    std::vector<int> local_expert, slot;  // per selected local expert, k ascending
+    std::vector<int> local_expert, slot;  // per (k) entry on a local expert, k ascending; a repeat shares its slot
     std::vector<float> weight;
   };
   std::vector<Arrival> arrivals;  // by source rank, then source token
@@ -96,6 +96,15 @@ void expandDispatch(epComm* comm, LLState* st) {
   for (LLState::Arrival& arr : st->arrivals) {
     for (size_t i = 0; i < arr.local_expert.size(); i++) {
       const int e = arr.local_expert[i];
+      // An expert repeated in the token's top-k gets the token once (its
+      // first entry's slot): an expert holds at most R * M rows, one per
+      // (source, token), and the combine applies each entry's weight to it.
+      const size_t first = size_t(std::find(arr.local_expert.begin(), arr.local_expert.end(), e) -
+                                  arr.local_expert.begin());
+      if (first < i) {
+        arr.slot[i] = arr.slot[first];
+        continue;
+      }
       const int slot = count[e]++;
       arr.slot[i] = slot;
       memcpy(static_cast<uint8_t*>(a.recv_x) + (size_t(e) * cap + slot) * row_bytes, rec, row_bytes);
@@ -148,7 +157,7 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
 
   // Counts first (each rank learns how many tokens each source sends), then
   // the tokens, each once per destination rank.
-  EPCHECK(ex.exchangeCounts(++comm->call_seq, &st->routing, "low-latency dispatch counts"));
+  EPCHECK(ex.exchangeCounts(kChunkLLCounts, ++comm->call_seq, &st->routing, "low-latency dispatch counts"));
 
   // Each token is quantised once, whatever the number of destinations.
   std::vector<uint8_t> wire(size_t(a.num_tokens) * rec.tokenOffset());
@@ -205,7 +214,7 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
       }
     };
   }
-  EPCHECK(ex.run(kChunkDispatch, ++comm->call_seq, sends, recvs, "low-latency dispatch"));
+  EPCHECK(ex.run(kChunkLLDispatch, ++comm->call_seq, sends, recvs, "low-latency dispatch"));
   if (other_wire_from >= 0)
     return setError(comm, epInvalidUsage,
                     "epLowLatencyDispatch: rank %d sent %s rows and this rank asked for %s: wire_type must be "
@@ -258,7 +267,7 @@ epResult_t llCombine(epComm* comm, Exchanger& ex, const epLowLatencyCombineArgs_
       }
     };
   }
-  EPCHECK(ex.run(kChunkCombine, ++comm->call_seq, sends, recvs, "low-latency combine"));
+  EPCHECK(ex.run(kChunkLLCombine, ++comm->call_seq, sends, recvs, "low-latency combine"));
   st->combine_args = a;
   if (send_only) {
     h->pending = epHandle::Pending::kCombine;

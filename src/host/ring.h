@@ -35,7 +35,18 @@ struct alignas(64) RingCtrl {
 };
 static_assert(sizeof(RingCtrl) == 128, "RingCtrl layout");
 
-enum ChunkKind : uint32_t { kChunkCounts = 1, kChunkDispatch = 2, kChunkCombine = 3 };
+// The low-latency calls have kinds of their own, so that a rank in a
+// low-latency call and a peer in a high-throughput one (same call sequence
+// number) are told apart at the first chunk instead of reading each other's
+// records.
+enum ChunkKind : uint32_t {
+  kChunkCounts = 1,
+  kChunkDispatch = 2,
+  kChunkCombine = 3,
+  kChunkLLCounts = 4,
+  kChunkLLDispatch = 5,
+  kChunkLLCombine = 6,
+};
 
 struct alignas(64) ChunkHeader {
   uint64_t call_seq;  // which collective call of the source this chunk belongs to

@@ -511,6 +511,9 @@ struct Shape {
   int hidden, topk, experts, max_tokens;
   std::vector<int> tokens;  // per rank
   bool fp8, pow2, split;
+  // Repeated experts: every token lists expert 1 as its first two entries,
+  // every fourth token as all of them (expert 1 full at T = M: each token once).
+  bool repeats = false;
 };
 
 struct RankData {
@@ -549,6 +552,9 @@ inline void randomInputs(const Shape& s, int R, uint64_t seed, int r, RankData* 
   fillRandomRow(g, epBfloat16, d->x.data(), d->x.size());
   for (size_t i = 0; i < d->x.size(); i += 97) d->x[i] = toBf16Bits(float(int(g() % 2001) - 1000));  // outliers
   randomTopk(g, s.tokens[r], s.topk, s.experts, 0.05, &d->topk);
+  if (s.repeats)
+    for (int t = 0; t < s.tokens[r]; t++)
+      for (int k = 0; k < (t % 4 == 0 ? s.topk : std::min(2, s.topk)); k++) d->topk[size_t(t) * s.topk + k] = 1;
   d->w.resize(size_t(s.tokens[r]) * s.topk);
   std::uniform_real_distribution<float> u(0, 1);
   for (float& f : d->w) f = u(g);

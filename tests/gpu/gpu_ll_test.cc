@@ -3,7 +3,8 @@
 //
 //   gpu_ll_test            correctness: shapes x wire types, split halves with
 //                          other work between them, 10 layers captured in a graph
-//                          and replayed on new data, ranks sending 0 tokens
+//                          and replayed on new data, ranks sending 0 tokens,
+//                          experts repeated in a token's top-k
 //   gpu_ll_test --bench    latency per call (median / p99 over >= 100 calls,
 //                          inside a CUDA graph), EP = number of visible GPUs
 //   gpu_ll_test --bench-tokens N[,N...]
@@ -121,7 +122,8 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   }
   printf("%-6s R=%d H=%-5d K=%-2d E=%-3d M=%-4d T=[", graph ? "graph" : "eager", R, s.hidden, s.topk, s.experts, s.max_tokens);
   for (int r = 0; r < R; r++) printf("%s%d", r ? "," : "", s.tokens[r]);
-  printf("] %s%s%s: %s\n", s.fp8 ? "fp8" : "bf16", s.pow2 ? " pow2" : "", s.split ? " split" : "", bad ? "FAILED" : "OK");
+  printf("] %s%s%s%s: %s\n", s.fp8 ? "fp8" : "bf16", s.pow2 ? " pow2" : "", s.split ? " split" : "",
+         s.repeats ? " repeats" : "", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
 
@@ -276,6 +278,10 @@ int main(int argc, char** argv) {
         {7168, 8, 288, 8, std::vector<int>(R, 1), false, false, true},
         // FP8 and split: the receive kernel of small calls, records in slices.
         {7168, 8, 288, 8, std::vector<int>(R, 2), true, false, true},
+        // Experts repeated in a token's top-k (one row per token; expert 1
+        // full): whole rows, and the small split call's slices.
+        {7168, 8, 288, 128, std::vector<int>(R, 128), true, false, false, true},
+        {7168, 8, 288, 8, std::vector<int>(R, 2), true, false, true, true},
     };
     std::vector<int> zero(R, 40);
     zero[0] = 0;  // rank 0 sends nothing

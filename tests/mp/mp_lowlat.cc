@@ -18,6 +18,7 @@ struct LLShape {
   int tokens[16];
   int topk_of[16];  // each rank's num_topk (every fourth case: not all equal)
   bool fp8, pow2, split;
+  bool repeats;  // tokens that list an expert more than once
   uint64_t seed;
 };
 
@@ -39,6 +40,7 @@ LLShape makeShape(int nranks, uint64_t seed, int c) {
   s.fp8 = c % 2 == 0;
   s.pow2 = c % 4 == 2;
   s.split = c % 3 == 2;
+  s.repeats = c % 5 == 1;
   s.seed = seed * 7 + uint64_t(c);
   return s;
 }
@@ -69,6 +71,9 @@ Input makeInput(const LLShape& s, int rank) {
       in.topk[size_t(t) * K + k] = (rng.below(12) == 0) ? -1 : e;
       in.w[size_t(t) * K + k] = rng.uniform();
     }
+  if (s.repeats)  // every token's second entry repeats its first; every fourth token lists one expert K times
+    for (int t = 0; t < T && K > 1; t++)
+      for (int k = 1; k < (t % 4 == 0 ? K : 2); k++) in.topk[size_t(t) * K + k] = in.topk[size_t(t) * K];
   return in;
 }
 
@@ -125,7 +130,8 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally
   tally->check(epLowLatencyDispatch(comm, &a, &h, nullptr) == epSuccess, "ll dispatch", rank);
   if (s.split) tally->check(epLowLatencyComplete(comm, h, nullptr) == epSuccess, "ll dispatch receive half", rank);
 
-  // Expected rows per local expert: sources ascending, tokens ascending.
+  // Expected rows per local expert: sources ascending, tokens ascending, a token
+  // once however often it lists the expert.
   bool layout_ok = true, values_ok = true;
   for (int e = 0; e < L && layout_ok; e++) {
     int slot = 0;

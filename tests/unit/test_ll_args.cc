@@ -6,7 +6,7 @@
 // refused by the calls of the other; the communicator stays usable afterwards.
 //
 // With one rank every (token, expert) pair lands here, so a valid call has a
-// known answer: recv_count[e] = pairs that chose e, and with a BF16 wire and
+// known answer: recv_count[e] = tokens that chose e, and with a BF16 wire and
 // y = recv_x the combine gives sum_k w[t][k] * x[t].
 #include <cmath>
 #include <memory>
@@ -467,6 +467,68 @@ void ranks_with_different_topk_and_wire_types(void**) {
   for (epComm_t c : comms) assert_ok(epCommDestroy(c));
 }
 
+// An expert listed more than once in a token's top-k receives the token once
+// (an expert has room for one row per (source, token): counting each entry
+// would run past it); the combine applies every entry's weight to that row.
+void repeated_experts_reach_the_expert_once(void**) {
+  Call call(41, kMaxTokens, kMaxTopk);
+  for (int t = 0; t < call.T; t++)  // even tokens: expert 5 four times; odd: 5, 5, 2, none
+    for (int k = 0; k < call.K; k++)
+      call.idx[size_t(t) * call.K + k] = t % 2 == 0 ? 5 : k < 2 ? 5 : k == 2 ? 2 : -1;
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
+  epHandle_t h = nullptr;
+  assert_ok(epLowLatencyDispatch(g_comm, &a, &h, nullptr));
+  for (int e = 0; e < kExperts; e++)
+    assert_int_equal(call.recv_count[e], e == 5 ? kMaxTokens : e == 2 ? kMaxTokens / 2 : 0);
+  for (int t = 0; t < kMaxTokens; t++) assert_int_equal(call.recv_src[size_t(5) * kMaxTokens + t], t);
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  assert_ok(epLowLatencyCombine(g_comm, &c, h, nullptr));
+  checkWeightedSums(call);
+  assert_ok(epHandleDestroy(h));
+}
+
+// A rank in a low-latency call and a peer in a high-throughput one (the same
+// call number) are out of step: both are told so at the count exchange, and
+// neither reads the other's records as its own.
+void a_peer_in_the_other_mode_is_reported(void**) {
+  epComm_t comms[2] = {nullptr, nullptr};
+  epConfig_t cfg = llConfig(kHidden);
+  assert_ok(epCommInitAll(comms, 2, nullptr, &cfg));
+  Call ll(51, 4, 2), ht(52, 4, 2);
+  epResult_t res[2];
+  std::thread other([&] {
+    epLowLatencyDispatchArgs_t a = ll.dispatchArgs(epBfloat16);
+    epHandle_t h = nullptr;
+    res[0] = epLowLatencyDispatch(comms[0], &a, &h, nullptr);
+    if (h != nullptr) epHandleDestroy(h);
+  });
+  std::vector<int64_t> recv_idx(size_t(2) * kMaxTokens * ht.K);
+  epDispatchArgs_t d = EP_DISPATCH_ARGS_INITIALIZER;
+  d.x = ht.x.data();
+  d.x_type = epBfloat16;
+  d.topk_idx = ht.idx.data();
+  d.topk_idx_type = epInt64;
+  d.num_tokens = ht.T;
+  d.num_topk = ht.K;
+  d.recv_x = ht.recv_x.data();
+  d.recv_topk_idx = recv_idx.data();
+  d.recv_capacity = 2 * kMaxTokens;
+  d.flags = EP_DISPATCH_NO_HOST_SYNC;
+  int64_t num_recv = 0;
+  d.num_recv = &num_recv;
+  epHandle_t h = nullptr;
+  res[1] = epDispatch(comms[1], &d, &h, nullptr);
+  other.join();
+  if (h != nullptr) epHandleDestroy(h);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(res[r], epInvalidUsage);
+    assert_contains(epGetLastError(comms[r]), "ranks must issue the same collective calls in the same order");
+  }
+  assert_contains(epGetLastError(comms[0]), "sent counts data");
+  assert_contains(epGetLastError(comms[1]), "sent low-latency counts data");
+  for (epComm_t c : comms) epCommDestroy(c);
+}
+
 }  // namespace
 
 int main() {
@@ -482,6 +544,8 @@ int main() {
       cmocka_unit_test(handles_do_not_cross_modes),
       cmocka_unit_test(comm_stays_usable_after_argument_errors),
       cmocka_unit_test(ranks_with_different_topk_and_wire_types),
+      cmocka_unit_test(repeated_experts_reach_the_expert_once),
+      cmocka_unit_test(a_peer_in_the_other_mode_is_reported),
   };
   return cmocka_run_group_tests_name("low-latency arguments", tests, groupSetup, groupTeardown);
 }
