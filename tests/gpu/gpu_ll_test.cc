@@ -244,13 +244,15 @@ int main(int argc, char** argv) {
   int failed = 0, passed = 0;
   std::vector<int> rank_counts = {1};
   if (Rmax >= 2) rank_counts.push_back(2);
-  // --small: two small shapes, EP1 and EP2, for compute-sanitizer (tests/gpu/run.sh).
+  // --small: three small shapes (one with repeated experts), EP1 and EP2, for
+  // compute-sanitizer (tests/gpu/run.sh).
   if (argc > 1 && std::string(argv[1]) == "--small") {
     for (int R : rank_counts) {
       std::vector<int> zero(R, 40);
       zero[0] = 0;
       const Shape small[] = {{512, 4, 4 * R, 40, zero, true, false, true},
-                             {2048, 9, 16 * R, 64, std::vector<int>(R, 50), true, true, false}};
+                             {2048, 9, 16 * R, 64, std::vector<int>(R, 50), true, true, false},
+                             {512, 4, 4 * R, 40, std::vector<int>(R, 40), true, false, false, true}};
       for (const Shape& s : small) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
       // A graph of kGraphLayers layers (its pool grows under capture), small.
       ((runShape({512, 4, 4 * R, 16, std::vector<int>(R, 16), true, false, true}, R, 9, true) == 0) ? passed : failed)++;
