@@ -102,14 +102,25 @@ epResult_t checkHandle(epComm* comm, const char* fn, epHandle* h) {
   return epSuccess;
 }
 
-epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_t& a, bool new_routing) {
-  const Config& c = comm->cfg;
+// The fields of the routing and the counts: what epDispatchPrepare checks
+// (x, its type and the buffers come with the epDispatch that follows, which
+// checks them too).
+epResult_t checkRoutingArgs(epComm* comm, const char* fn, const epDispatchArgs_t& a, bool new_routing) {
   if (a.flags & ~EP_DISPATCH_NO_HOST_SYNC)
     return setError(comm, epInvalidArgument, "%s: args.flags = 0x%x has unknown bits", fn, a.flags);
   EPCHECK(checkNumTokens(comm, fn, a.num_tokens));
   // A cached re-dispatch given ids forwards them (recv_topk_idx): checked like a new routing's.
   if (new_routing || a.topk_idx != nullptr)
     EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
+  if (a.expert_alignment < 0 || a.expert_alignment > kMaxExpertAlignment)
+    return setError(comm, epInvalidArgument, "%s: expert_alignment = %d is outside 0..%d", fn,
+                    a.expert_alignment, kMaxExpertAlignment);
+  return epSuccess;
+}
+
+epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_t& a, bool new_routing) {
+  const Config& c = comm->cfg;
+  EPCHECK(checkRoutingArgs(comm, fn, a, new_routing));
   if (a.x_type != c.dispatch_type)
     return setError(comm, epInvalidArgument, "%s: x_type = %s but config.dispatch_type = %s", fn,
                     dataTypeName(a.x_type), dataTypeName(c.dispatch_type));
@@ -132,9 +143,6 @@ epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_
   if (a.recv_capacity > 0 && a.recv_x == nullptr)
     return setError(comm, epInvalidArgument, "%s: recv_x is NULL with recv_capacity = %lld", fn,
                     (long long)a.recv_capacity);
-  if (a.expert_alignment < 0 || a.expert_alignment > kMaxExpertAlignment)
-    return setError(comm, epInvalidArgument, "%s: expert_alignment = %d is outside 0..%d", fn,
-                    a.expert_alignment, kMaxExpertAlignment);
   return epSuccess;
 }
 
@@ -278,8 +286,7 @@ EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t* user,
   epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
   EPCHECK(readArgs(comm, user, EP_DISPATCH_ARGS_MAGIC, kDispatchV1, &a, fn, "epDispatchArgs_t"));
   if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
-  EPCHECK(checkNumTokens(comm, fn, a.num_tokens));
-  EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
+  EPCHECK(checkRoutingArgs(comm, fn, a, true));
   auto h = std::make_unique<epHandle>();
   h->comm = comm;
   EPCHECK(comm->backend->prepare(a, h.get(), stream));

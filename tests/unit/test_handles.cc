@@ -585,6 +585,15 @@ void dispatch_args_header_is_checked(void**) {
   assert_result(epDispatch(g_comm, &a, &h, nullptr), epInvalidArgument);
   assert_contains(epGetLastError(g_comm), "args.flags = 0x80");
   assert_null(h);
+  // A prepare refuses bad routing fields as the dispatch would (x and the
+  // buffers come with the dispatch).
+  assert_result(epDispatchPrepare(g_comm, &a, &h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "epDispatchPrepare: args.flags = 0x80");
+  a = dispatchArgs(tk, recv_x, kMaxTokens);
+  a.expert_alignment = -5;
+  assert_result(epDispatchPrepare(g_comm, &a, &h, nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(g_comm), "expert_alignment = -5");
+  assert_null(h);
 }
 
 void combine_and_layout_args_header_is_checked(void**) {
