@@ -145,6 +145,7 @@ struct Case {
   double neg = 0;
   bool idx32 = false, weights = true, bias = false, transposed_scales = false;
   int num_sms = 0;
+  bool repeats = false;  // every token lists its first expert again as its second entry, every fourth as all
 };
 
 struct RankIn {
@@ -211,6 +212,10 @@ inline void makeRankInput(const Case& c, uint64_t seed, int r, RankIn* rank_in) 
   std::uniform_real_distribution<float> u(0.001f, 4.0f);
   for (auto& s : in.scales) s = u(gen);
   randomTopk(gen, T, c.K, c.E, c.neg, &in.topk);
+  if (c.repeats)
+    for (int t = 0; t < T; t++)
+      for (int k = 1; k < (t % 4 == 0 ? c.K : std::min(2, c.K)); k++)
+        in.topk[size_t(t) * c.K + k] = in.topk[size_t(t) * c.K];
   in.topk32.assign(in.topk.begin(), in.topk.end());
   in.w.resize(std::max<size_t>(1, size_t(T) * c.K));
   for (auto& w : in.w) w = u(gen);

@@ -195,6 +195,13 @@ int main(int argc, char** argv) {
     c.transposed_scales = true;
     c.idx32 = true;
     add(c);
+    // Experts repeated in a token's top-k: one row per rank, every entry kept.
+    c = Case{ep + "bf16 h256 k6 repeats", R, 256, 6, 32, std::vector<int>(R, 200)};
+    c.repeats = true;
+    c.neg = 0.1;
+    c.bias = true;
+    c.align = 4;
+    add(c);
     if (small) continue;
     c = Case{ep + "bf16 h1000 k32", R, 1000, 32, 64, std::vector<int>(R, 300)};
     c.neg = 0.1;
