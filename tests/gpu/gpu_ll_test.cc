@@ -170,6 +170,77 @@ int runWireMismatch(int R) {
   return failed ? 1 : 0;
 }
 
+// Rank 0 in a low-latency dispatch, the other ranks in a high-throughput one
+// (calls out of step): every rank must get an error, within a few timeouts,
+// not hang and not report success.
+int runModeMismatch(int R) {
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
+  std::vector<RankData> in(R);
+  std::vector<GpuRank> g(R);
+  std::vector<epComm_t> comms(R);
+  epConfig_t cfg = configFor(s, epBackendCuda);
+  cfg.timeout_ms = 2000;
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+  randomInputs(s, R, 25, in);
+  std::vector<epResult_t> res(R, epSuccess);
+  std::vector<std::string> msg(R);
+  std::vector<double> secs(R, 0.0);
+  runRanks(R, [&](int r) {
+    g[r].comm = comms[r];
+    allocRank(s, R, r, g[r]);
+    upload(s, r, in[r], g[r]);
+    const auto t0 = std::chrono::steady_clock::now();
+    epHandle_t h = nullptr;
+    if (r == 0) {
+      epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);
+      res[r] = epLowLatencyDispatch(comms[r], &a, &h, g[r].stream);
+      if (res[r] == epSuccess) {  // a kernel's error surfaces at the next call
+        CK(cudaStreamSynchronize(g[r].stream));
+        epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+        c.y = g[r].y;
+        c.out = g[r].out;
+        res[r] = epLowLatencyCombine(comms[r], &c, h, g[r].stream);
+      }
+    } else {
+      epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;  // exact sizing: waits for the counts
+      a.x = g[r].x;
+      a.topk_idx = g[r].topk;
+      a.topk_idx_type = epInt64;
+      a.num_tokens = s.tokens[r];
+      a.num_topk = s.topk;
+      a.recv_x = g[r].recv_x;  // room for 4 * R * 40 BF16 rows
+      a.recv_capacity = int64_t(R) * s.max_tokens;
+      int64_t num_recv = 0;
+      a.num_recv = &num_recv;
+      res[r] = epDispatch(comms[r], &a, &h, g[r].stream);
+      if (res[r] == epSuccess) {
+        CK(cudaStreamSynchronize(g[r].stream));
+        epCombineArgs_t c = EP_COMBINE_ARGS_INITIALIZER;
+        c.y = g[r].recv_x;
+        c.out = g[r].out;
+        res[r] = epCombine(comms[r], &c, h, g[r].stream);
+      }
+    }
+    cudaStreamSynchronize(g[r].stream);
+    secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    msg[r] = epGetLastError(comms[r]);
+    if (h != nullptr) epHandleDestroy(h);
+  });
+  bool failed = false;
+  for (int r = 0; r < R; r++) {
+    printf("  rank %d (%s): %s after %.2f s: %s\n", r, r == 0 ? "low latency" : "high throughput",
+           epGetErrorString(res[r]), secs[r], msg[r].c_str());
+    failed |= res[r] == epSuccess || secs[r] > 4.0 * cfg.timeout_ms / 1000.0;
+  }
+  for (int r = 0; r < R; r++) {
+    CK(cudaSetDevice(gpuOf(r)));
+    freeRank(g[r]);
+    epCommDestroy(comms[r]);
+  }
+  printf("eager  R=%d rank 0 low latency, the others high throughput: %s\n", R, failed ? "FAILED" : "OK (reported)");
+  return failed ? 1 : 0;
+}
+
 // epCommAbort of a communicator whose kernel waits for a peer that never
 // comes (rank 1 makes no call): the abort makes the waits leave, so it returns
 // at once instead of after the kernel's timeout (60 s here).
@@ -295,6 +366,7 @@ int main(int argc, char** argv) {
     ((runShape(gs, R, 12, true) == 0) ? passed : failed)++;
     if (R >= 2) ((runWireMismatch(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
+    if (R >= 2) ((runModeMismatch(R) == 0) ? passed : failed)++;
   }
   printf("gpu_ll_test: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
