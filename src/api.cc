@@ -316,6 +316,15 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
     if (a.topk_idx != nullptr && a.num_topk != existing->routing.num_topk)
       return setError(comm, epInvalidArgument, "%s: num_topk = %d differs from the handle's %d", fn,
                       a.num_topk, existing->routing.num_topk);
+    // The ids travel with the rows: the receivers' recv_topk_idx and their
+    // per-expert counts come from them, so the first dispatch of a prepared
+    // handle needs them (only a re-dispatch may leave them out).
+    if (a.topk_idx == nullptr && !existing->dispatched)
+      return setError(comm, epInvalidArgument,
+                      "%s: topk_idx is NULL in the first dispatch of a prepared handle (the receivers' "
+                      "recv_topk_idx and recv_tokens_per_expert come from the ids sent with the rows; "
+                      "only a cached re-dispatch may leave them out)",
+                      fn);
     if (a.topk_idx == nullptr) a.num_topk = existing->routing.num_topk;  // without ids, the handle's K applies
     EPCHECK(checkDispatchArgs(comm, fn, a, false));
     EPCHECK(comm->backend->dispatch(a, existing, stream));

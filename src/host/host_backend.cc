@@ -44,8 +44,10 @@ DispatchRecord dispatchRecord(const Config& c) {
   return r;
 }
 
+// A combine record: the y row, the sender's recv_topk_weights row (max_topk
+// floats of room) and how many of them it sent (0: it passed none).
 size_t combineRecordBytes(const Config& c) {
-  return roundUp(size_t(c.hidden) * dataTypeSize(c.combine_type) + size_t(c.max_topk) * 4, 16);
+  return roundUp(size_t(c.hidden) * dataTypeSize(c.combine_type) + size_t(c.max_topk) * 4 + 4, 16);
 }
 
 // acc[j] += row[j] for a row of type t: one loop per type so that the
@@ -346,7 +348,9 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
   const size_t y_stride = a.y_stride ? a.y_stride : row_bytes;
   const int K = a.recv_topk_weights ? a.num_topk : 0;
   const size_t rec_bytes = combineRecordBytes(cfg);
+  const size_t k_offset = row_bytes + size_t(cfg.max_topk) * 4;  // the sender's weight count
   const int T = rt.num_tokens;
+  int unweighted_from = -1;  // a rank that sent rows without the weights this rank sums back
 
   // The float32 sums live in buffers kept across calls: a fresh allocation of
   // T x H floats every call costs more in page faults than the sums themselves.
@@ -362,6 +366,8 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
         int64_t row = rt.recv_offset[s] + first + i;
         memcpy(out, static_cast<const char*>(a.y) + size_t(row) * y_stride, row_bytes);
         if (K > 0) memcpy(out + row_bytes, a.recv_topk_weights + size_t(row) * K, size_t(K) * 4);
+        const int32_t sent_k = K;
+        memcpy(out + k_offset, &sent_k, 4);
       }
     };
   }
@@ -372,8 +378,11 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
         int t = rt.send_tokens[rt.send_offset[d] + first + i];
         addRowAsFloat(in, type, H, &acc[size_t(t) * H]);
         if (K > 0) {
+          int32_t sent_k = 0;
+          memcpy(&sent_k, in + k_offset, 4);
+          if (sent_k == 0 && unweighted_from < 0) unweighted_from = d;
           const float* w = reinterpret_cast<const float*>(in + row_bytes);
-          for (int k = 0; k < K; k++) acc_w[size_t(t) * K + k] += w[k];
+          for (int k = 0; k < std::min(K, int(sent_k)); k++) acc_w[size_t(t) * K + k] += w[k];
         }
       }
     };
@@ -384,6 +393,12 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
     if (a.bias) addRowAsFloat(static_cast<const char*>(a.bias) + size_t(t) * row_bytes, type, H, sum);
     storeRowFromFloat(sum, type, H, static_cast<char*>(a.out) + size_t(t) * row_bytes);
   }
+  if (unweighted_from >= 0 && a.out_topk_weights)
+    return setError(comm_, epInvalidUsage,
+                    "epCombine: rank %d passed no recv_topk_weights and this rank did: the weights are "
+                    "summed back only when every rank passes them (out is written, out_topk_weights "
+                    "is not)",
+                    unweighted_from);
   if (K > 0 && a.out_topk_weights && !acc_w.empty())
     memcpy(a.out_topk_weights, acc_w.data(), acc_w.size() * 4);
   return epSuccess;

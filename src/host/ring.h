@@ -63,7 +63,12 @@ struct RingGeometry {
   int slots = 0;
   size_t record_bytes = 0;  // largest record of any kind
   int chunk_records = 0;    // records per chunk
-  size_t slotBytes() const { return sizeof(ChunkHeader) + size_t(chunk_records) * record_bytes; }
+  // Whole cache lines, so that every slot's header (and, since RingCtrl is two
+  // lines, every ring's control block) lies on a 64-byte boundary, as their
+  // alignas(64) types require: records are only multiples of 16 bytes.
+  size_t slotBytes() const {
+    return (sizeof(ChunkHeader) + size_t(chunk_records) * record_bytes + 63) / 64 * 64;
+  }
   size_t ringBytes() const { return sizeof(RingCtrl) + size_t(slots) * slotBytes(); }
   size_t segmentBytes() const { return size_t(nranks) * ringBytes(); }
   // The ring that source rank `src` writes, inside the segment at base.

@@ -186,6 +186,99 @@ void wider_topk_of_a_peer_is_reported(void**) {
   assert_ok(epCommDestroy(comms[1]));
 }
 
+// Combine sums the weights back only when every rank passes its
+// recv_topk_weights: a rank that asks for out_topk_weights while a peer
+// passed none is told so (it read the peer's stale buffer before), its out
+// is still right, and the ranks stay in step.
+void combine_weights_from_a_peer_without_them_is_reported(void**) {
+  epComm_t comms[2] = {nullptr, nullptr};
+  initTwoRanks(comms);
+  Rank rank[2];
+  std::vector<float> w(size_t(kTokens) * kTopk, 0.5f);
+  std::vector<float> recv_w[2], out_w[2];
+  std::vector<uint16_t> out[2];
+  epHandle_t h[2] = {nullptr, nullptr};
+  epResult_t res[2];
+  auto both = [&](auto&& body) {
+    std::thread other([&] { body(1); });
+    body(0);
+    other.join();
+  };
+  for (int round = 0; round < 2; round++) {  // round 1: every rank passes the weights
+    both([&](int r) {
+      recv_w[r].assign(size_t(2 * kTokens) * kTopk, -1.0f);
+      out_w[r].assign(size_t(kTokens) * kTopk, -1.0f);
+      out[r].assign(size_t(kTokens) * kHidden, 0);
+      epDispatchArgs_t a = rank[r].args();
+      a.topk_weights = w.data();
+      a.recv_topk_weights = recv_w[r].data();
+      res[r] = epDispatch(comms[r], &a, &h[r], nullptr);
+      if (res[r] != epSuccess) return;
+      epCombineArgs_t c = EP_COMBINE_ARGS_INITIALIZER;
+      c.y = rank[r].recv_x.data();
+      c.out = out[r].data();
+      c.num_topk = kTopk;
+      if (r == 0 || round == 1) {
+        c.recv_topk_weights = recv_w[r].data();
+        c.out_topk_weights = out_w[r].data();
+      }
+      res[r] = epCombine(comms[r], &c, h[r], nullptr);
+    });
+    for (int r = 0; r < 2; r++) {
+      if (round == 0 && r == 0) {
+        assert_int_equal(res[0], epInvalidUsage);
+        assert_contains(epGetLastError(comms[0]), "rank 1 passed no recv_topk_weights");
+      } else {
+        assert_ok(res[r]);
+      }
+      for (size_t i = 0; i < out[r].size(); i++) assert_int_equal(out[r][i], 0x4000);  // 1.0 from each rank
+      for (float v : out_w[r]) assert_true(round == 0 ? v == -1.0f : v == 0.5f);
+      assert_ok(epHandleDestroy(h[r]));
+      h[r] = nullptr;
+    }
+  }
+  for (epComm_t c : comms) assert_ok(epCommDestroy(c));
+}
+
+// The first dispatch of a prepared handle sends the ids (the receivers'
+// recv_topk_idx and per-expert counts come from them): without them it is
+// refused before anything moves, and the handle can still be dispatched.
+void prepared_handle_needs_ids_in_its_first_dispatch(void**) {
+  epComm_t comms[2] = {nullptr, nullptr};
+  initTwoRanks(comms);
+  Rank rank[2];
+  epHandle_t h[2] = {nullptr, nullptr};
+  epResult_t res[2];
+  std::thread other([&] {
+    epDispatchArgs_t a = rank[1].args();
+    res[1] = epDispatchPrepare(comms[1], &a, &h[1], nullptr);
+  });
+  epDispatchArgs_t a = rank[0].args();
+  res[0] = epDispatchPrepare(comms[0], &a, &h[0], nullptr);
+  other.join();
+  assert_ok(res[0]);
+  assert_ok(res[1]);
+  a.topk_idx = nullptr;
+  assert_result(epDispatch(comms[0], &a, &h[0], nullptr), epInvalidArgument);
+  assert_contains(epGetLastError(comms[0]), "topk_idx is NULL in the first dispatch of a prepared handle");
+  std::vector<int> per_expert[2] = {std::vector<int>(2, -1), std::vector<int>(2, -1)};
+  std::thread other2([&] {
+    epDispatchArgs_t b = rank[1].args();
+    b.recv_tokens_per_expert = per_expert[1].data();
+    res[1] = epDispatch(comms[1], &b, &h[1], nullptr);
+  });
+  a = rank[0].args();
+  a.recv_tokens_per_expert = per_expert[0].data();
+  res[0] = epDispatch(comms[0], &a, &h[0], nullptr);
+  other2.join();
+  for (int r = 0; r < 2; r++) {
+    assert_ok(res[r]);
+    for (int e = 0; e < 2; e++) assert_int_equal(per_expert[r][e], (r == 0) == (e == 0) ? 2 * kTokens : 0);
+    assert_ok(epHandleDestroy(h[r]));
+  }
+  for (epComm_t c : comms) assert_ok(epCommDestroy(c));
+}
+
 }  // namespace
 
 int main() {
@@ -196,6 +289,8 @@ int main() {
       cmocka_unit_test(abort_unblocks_a_call_then_frees),
       cmocka_unit_test(peer_destroyed_fails_the_wait_at_once),
       cmocka_unit_test(wider_topk_of_a_peer_is_reported),
+      cmocka_unit_test(combine_weights_from_a_peer_without_them_is_reported),
+      cmocka_unit_test(prepared_handle_needs_ids_in_its_first_dispatch),
   };
   return cmocka_run_group_tests_name("communicator and threads", tests, nullptr, nullptr);
 }
