@@ -472,10 +472,10 @@ epResult_t startRoot(const SocketAddress& bind_addr, uint64_t nonce, SocketAddre
 
 }  // namespace
 
-epResult_t bootstrapGetUniqueId(epUniqueId* id) {
+epResult_t bootstrapGetUniqueId(epUniqueId* id, bool honour_comm_id) {
   if (id == nullptr) return setError(nullptr, epInvalidArgument, "bootstrap: unique id pointer is NULL");
   const int family = socketFamilyFromParam();
-  const char* comm_id = param::COMM_ID();
+  const char* comm_id = honour_comm_id ? param::COMM_ID() : nullptr;
   SocketAddress bind_addr;
   std::string error, ifname;
   IdLayout layout;

@@ -27,7 +27,10 @@ struct Bootstrap;
 // this process. Honours EP_COMM_ID (host:port to listen on), EP_SOCKET_IFNAME and
 // EP_SOCKET_FAMILY. The root thread exits by itself once every rank has been
 // served, or after its own timeout (EP_TIMEOUT_MS) if some never arrive.
-epResult_t bootstrapGetUniqueId(epUniqueId* id);
+// honour_comm_id = false ignores EP_COMM_ID: for the ranks of one process
+// (epCommInitAll), whose id never leaves it, so that they do not take the
+// job's address (which another process of the job may be serving).
+epResult_t bootstrapGetUniqueId(epUniqueId* id, bool honour_comm_id = true);
 
 // True when id looks like one made by bootstrapGetUniqueId (magic check).
 bool bootstrapIdValid(const epUniqueId& id);

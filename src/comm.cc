@@ -387,8 +387,8 @@ EP_API epResult_t epCommInitAll(epComm_t* comms, int nranks, const int* devices,
   Config probe;
   EPCHECK(configResolve(config, nranks, &probe, nullptr));
   for (int r = 0; r < nranks; r++) comms[r] = nullptr;
-  epUniqueId id;
-  EPCHECK(epGetUniqueId(&id));
+  epUniqueId id;  // private to this process: EP_COMM_ID names the job's address, not this one
+  EPCHECK(bootstrapGetUniqueId(&id, false));
   std::vector<epResult_t> results(nranks, epSuccess);
   std::vector<std::string> errors(nranks);
   std::vector<std::thread> threads;

@@ -242,6 +242,28 @@ int caseCommId() {
   return 0;
 }
 
+// epCommInitAll's ranks are threads of this process: EP_COMM_ID (the job's
+// address, here held by another listener) is not theirs to bind.
+int caseInitAllIgnoresCommId() {
+  ep::SocketAddress bound;
+  ep::Fd busy;
+  std::string err;
+  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &busy, &bound, &err), "%s", err.c_str());
+  setenv("EP_COMM_ID", bound.toString().c_str(), 1);
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = 2;
+  cfg.hidden = 8;
+  cfg.max_tokens_per_rank = 4;
+  cfg.max_topk = 1;
+  cfg.backend = epBackendHost;
+  epComm_t comms[2] = {nullptr, nullptr};
+  const epResult_t res = epCommInitAll(comms, 2, nullptr, &cfg);
+  CHECK(res == epSuccess, "epCommInitAll with EP_COMM_ID=%s busy: %d (%s)", bound.toString().c_str(), res,
+        epGetLastError(nullptr));
+  for (epComm_t c : comms) epCommDestroy(c);
+  return 0;
+}
+
 // EP_COMM_ID names a port where another program answers: the rank says so
 // (it used to report the program's bytes as an internal error of the library).
 int caseForeignRoot() {
@@ -492,6 +514,7 @@ int main() {
       {"3 ranks over IPv6", caseIpv6},
       {"2 ranks with EP_COMM_ID", caseCommId},
       {"another program on the EP_COMM_ID port", caseForeignRoot},
+      {"epCommInitAll does not bind EP_COMM_ID", caseInitAllIgnoresCommId},
       {"missing rank times out naming it", caseMissingRank},
       {"abort flag unblocks init", caseAbortInit},
       {"bad unique id rejected", caseBadId},
