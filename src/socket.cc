@@ -236,6 +236,14 @@ bool parseSocketAddress(const char* text, int family, SocketAddress* out, std::s
     *error = "\"" + s + "\" has no host";
     return false;
   }
+  // A scope (fe80::1%eth0) names an interface of one host and would be lost
+  // on the way to the other ranks, which dial the address from theirs.
+  if (host.find('%') != std::string::npos) {
+    *error = "\"" + s + "\" has an IPv6 scope (%" + host.substr(host.find('%') + 1) +
+             "): link-local addresses cannot be reached from other hosts; give a global or unique-local "
+             "address, or a host name";
+    return false;
+  }
   if (port_text.empty() || port_text.size() > 5 ||
       port_text.find_first_not_of("0123456789") != std::string::npos || std::stoi(port_text) > 65535) {
     *error = "\"" + s + "\" has no valid port (0..65535)";
