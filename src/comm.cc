@@ -97,6 +97,9 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
                     (long long)param::TIMEOUT_MS(), INT32_MAX);
   if (c.num_sms == 0 && (param::NUM_SMS() < 0 || param::NUM_SMS() > 1024))
     return setError(comm, epInvalidArgument, "EP_NUM_SMS = %lld must be in 0..1024", (long long)param::NUM_SMS());
+  if (param::NODE_SIZE() < 0 || param::NODE_SIZE() > nranks)
+    return setError(comm, epInvalidArgument, "EP_NODE_SIZE = %lld is outside 0..%d (the ranks; 0: by host)",
+                    (long long)param::NODE_SIZE(), nranks);
   r.buffer_bytes_cap = c.buffer_bytes_cap ? c.buffer_bytes_cap : size_t(param::BUFFER_BYTES_CAP());
   r.timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : int(param::TIMEOUT_MS());
   r.num_sms = c.num_sms > 0 ? c.num_sms : int(param::NUM_SMS());
@@ -213,6 +216,7 @@ struct ConfigDigest {
   // so they must lay them out alike.
   int host_chunk_tokens, host_ring_slots;
   unsigned long long buffer_bytes_cap;
+  int node_size;  // EP_NODE_SIZE: the ranks must agree on which of them share a node
 };
 
 struct RankInfo {
@@ -243,6 +247,10 @@ epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
       EP_CHECK_FIELD(host_chunk_tokens)
       EP_CHECK_FIELD(host_ring_slots)
     }
+    if (d.node_size != mine.node_size)
+      return setError(comm, epInvalidArgument,
+                      "EP_NODE_SIZE differs across ranks: rank %d has %d, rank %d has %d (0: unset)", r,
+                      d.node_size, comm->rank, mine.node_size);
 #undef EP_CHECK_FIELD
     if (d.buffer_bytes_cap != mine.buffer_bytes_cap)
       return setError(comm, epInvalidArgument,
@@ -297,7 +305,7 @@ epResult_t commInit(epComm* comm, const epUniqueId& id) {
                comm->cfg.max_topk, int(comm->cfg.dispatch_type), int(comm->cfg.combine_type),
                int(kind), comm->nranks, comm->cfg.low_latency,
                int(param::HOST_CHUNK_TOKENS()), int(param::HOST_RING_SLOTS()),
-               (unsigned long long)comm->cfg.buffer_bytes_cap};
+               (unsigned long long)comm->cfg.buffer_bytes_cap, int(param::NODE_SIZE())};
   EPCHECK(bootstrapAllGather(comm->bootstrap, infos.data(), sizeof(RankInfo)));
   EPCHECK(checkDigests(comm, infos));
   comm->peers.resize(comm->nranks);

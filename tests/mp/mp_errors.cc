@@ -99,6 +99,20 @@ int ringMismatch(const LaunchInfo& li, Tally* t) {
   return 0;
 }
 
+// EP_NODE_SIZE on one rank only would give the ranks different node maps
+// (and forwarding plans): init refuses, naming it.
+int nodeSizeMismatch(const LaunchInfo& li, Tally* t) {
+  if (li.rank == 1) setenv("EP_NODE_SIZE", "1", 1);  // read first by this init
+  epConfig_t cfg = smallConfig();
+  epComm_t comm = nullptr;
+  epResult_t res = epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg);
+  t->check(res == epInvalidArgument, "EP_NODE_SIZE mismatch gives epInvalidArgument", li.rank);
+  t->check(contains(epGetLastError(nullptr), "EP_NODE_SIZE differs across ranks"), "message names EP_NODE_SIZE",
+           li.rank);
+  t->check(comm == nullptr, "no communicator on failure", li.rank);
+  return 0;
+}
+
 int missingRank(const LaunchInfo& li, Tally* t) {
   if (li.rank == 2) _exit(0);  // never arrives
   epConfig_t cfg = smallConfig();
@@ -277,7 +291,7 @@ const Scenario kScenarios[] = {
     {"config-mismatch", 2, configMismatch}, {"missing-rank", 3, missingRank},
     {"rank-exits", 2, rankExits},           {"abort", 2, abortUnblocks},
     {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
-    {"ring-mismatch", 3, ringMismatch},
+    {"ring-mismatch", 3, ringMismatch},     {"node-size-mismatch", 2, nodeSizeMismatch},
 };
 
 }  // namespace

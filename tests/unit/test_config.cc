@@ -206,6 +206,9 @@ int childInitFails(const char* needle) {
 // wrap: slots 0 hung the exchange, chunk tokens crashed it).
 int childEnvHostRingOutOfRange() { return childInitFails("EP_HOST_RING_SLOTS = 4294967296 is outside 2..1024"); }
 int childEnvHostChunkOutOfRange() { return childInitFails("EP_HOST_CHUNK_TOKENS = 1099511627776"); }
+// 2^32 + 2 would be 2 as an int; a negative size was ignored.
+int childEnvNodeSizeHuge() { return childInitFails("EP_NODE_SIZE = 4294967298 is outside 0..1"); }
+int childEnvNodeSizeNegative() { return childInitFails("EP_NODE_SIZE = -2 is outside 0..1"); }
 
 // EP_SHM_DIR problems are named with their cause.
 int childShmDirProc() { return childInitFails("cannot create /proc/moeep-"); }
@@ -247,6 +250,8 @@ const std::vector<ChildCase>& childCases() {
       {"shm_dir_file", {{"EP_SHM_DIR", "/dev/null"}}, childShmDirFile},
       {"env_host_ring_out_of_range", {{"EP_HOST_RING_SLOTS", "4294967296"}}, childEnvHostRingOutOfRange},
       {"env_host_chunk_out_of_range", {{"EP_HOST_CHUNK_TOKENS", "1099511627776"}}, childEnvHostChunkOutOfRange},
+      {"env_node_size_huge", {{"EP_NODE_SIZE", "4294967298"}}, childEnvNodeSizeHuge},
+      {"env_node_size_negative", {{"EP_NODE_SIZE", "-2"}}, childEnvNodeSizeNegative},
       {"env_fills_zero_fields",
        {{"EP_TIMEOUT_MS", "2500"}, {"EP_NUM_SMS", "0x10"}, {"EP_BUFFER_BYTES_CAP", "1048576"}},
        childEnvFillsZeroFields},
@@ -287,6 +292,8 @@ void shm_dir_problems_name_their_cause(void**) {
 void env_host_ring_sizes_out_of_range_are_rejected(void**) {
   runInFreshProcess("env_host_ring_out_of_range");
   runInFreshProcess("env_host_chunk_out_of_range");
+  runInFreshProcess("env_node_size_huge");
+  runInFreshProcess("env_node_size_negative");
 }
 void env_negative_timeout_rejected_naming_variable(void**) {
   runInFreshProcess("env_negative_timeout");
