@@ -319,7 +319,7 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
     // The ids travel with the rows: the receivers' recv_topk_idx and their
     // per-expert counts come from them, so the first dispatch of a prepared
     // handle needs them (only a re-dispatch may leave them out).
-    if (a.topk_idx == nullptr && !existing->dispatched)
+    if (a.topk_idx == nullptr && a.num_tokens > 0 && !existing->dispatched)
       return setError(comm, epInvalidArgument,
                       "%s: topk_idx is NULL in the first dispatch of a prepared handle (the receivers' "
                       "recv_topk_idx and recv_tokens_per_expert come from the ids sent with the rows; "

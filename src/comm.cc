@@ -56,6 +56,15 @@ void commStoreError(epComm* comm, const char* msg) {
   comm->last_error = msg;
 }
 
+// An enum field of a caller's struct, as the int it holds.
+template <typename E>
+int rawEnum(const E& field) {
+  static_assert(sizeof(E) == sizeof(int), "the C ABI's enums are ints");
+  int v;
+  memcpy(&v, &field, sizeof(v));
+  return v;
+}
+
 epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm* comm) {
   if (user == nullptr) return setError(comm, epInvalidArgument, "config is NULL");
   if (nranks < 1 || nranks > kMaxCommRanks)
@@ -80,9 +89,22 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
   r.hidden = c.hidden;
   r.max_tokens_per_rank = c.max_tokens_per_rank;
   r.max_topk = c.max_topk;
-  r.dispatch_type = c.dispatch_type;
-  r.combine_type = c.combine_type;
-  r.backend = c.backend;
+  // The enum fields come from C callers as any int: checked as ints before
+  // they are held as enums (an enum holding a value outside its range is
+  // undefined behaviour in C++).
+  const int dispatch_type = rawEnum(c.dispatch_type), combine_type = rawEnum(c.combine_type),
+            backend = rawEnum(c.backend);
+  if (dispatch_type != epBfloat16 && dispatch_type != epFloat16 && dispatch_type != epFloat32 &&
+      dispatch_type != epFloat8E4M3)
+    return setError(comm, epInvalidArgument, "config.dispatch_type = %d is not bf16, fp16, fp32 or fp8e4m3",
+                    dispatch_type);
+  if (combine_type != epBfloat16 && combine_type != epFloat16 && combine_type != epFloat32)
+    return setError(comm, epInvalidArgument, "config.combine_type = %d is not bf16, fp16 or fp32", combine_type);
+  if (backend != epBackendAuto && backend != epBackendHost && backend != epBackendCuda)
+    return setError(comm, epInvalidArgument, "config.backend = %d is unknown", backend);
+  r.dispatch_type = epDataType_t(dispatch_type);
+  r.combine_type = epDataType_t(combine_type);
+  r.backend = epBackend_t(backend);
   r.device = c.device;
   // 0 means "not set here": the EP_* variable, else the default. Negative
   // values are errors, named after where they came from.
@@ -121,20 +143,11 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
                     r.max_tokens_per_rank, kMaxTokensPerRank);
   if (r.max_topk < 1 || r.max_topk > 32)
     return setError(comm, epInvalidArgument, "config.max_topk = %d is outside 1..32", r.max_topk);
-  if (r.dispatch_type != epBfloat16 && r.dispatch_type != epFloat16 && r.dispatch_type != epFloat32 &&
-      r.dispatch_type != epFloat8E4M3)
-    return setError(comm, epInvalidArgument, "config.dispatch_type = %d is not bf16, fp16, fp32 or fp8e4m3",
-                    int(r.dispatch_type));
-  if (r.combine_type != epBfloat16 && r.combine_type != epFloat16 && r.combine_type != epFloat32)
-    return setError(comm, epInvalidArgument, "config.combine_type = %d is not bf16, fp16 or fp32",
-                    int(r.combine_type));
   for (epDataType_t t : {r.dispatch_type, r.combine_type})
     if ((size_t(r.hidden) * dataTypeSize(t)) % 16 != 0)
       return setError(comm, epInvalidArgument,
                       "config.hidden = %d: a %s row is %zu bytes, not a multiple of 16", r.hidden,
                       dataTypeName(t), size_t(r.hidden) * dataTypeSize(t));
-  if (r.backend != epBackendAuto && r.backend != epBackendHost && r.backend != epBackendCuda)
-    return setError(comm, epInvalidArgument, "config.backend = %d is unknown", int(r.backend));
   if (r.low_latency != 0 && r.low_latency != 1)
     return setError(comm, epInvalidArgument, "config.low_latency = %d must be 0 or 1", r.low_latency);
   if (r.max_nodes_per_token < 0)
