@@ -35,20 +35,31 @@ const struct {
                     {"PARAMS", kSubsysParams},       {"CUDA", kSubsysCuda},
                     {"ALL", kSubsysAll}};
 
+// Unknown names are said on stderr (the log itself is being set up) and
+// ignored; a list of unknown names only logs every subsystem rather than none.
 unsigned parseSubsys(const char* text) {
   bool invert = text[0] == '^';
   if (invert) text++;
   unsigned mask = 0;
+  bool known = false;
   std::string s(text);
   size_t pos = 0;
   while (pos <= s.size()) {
     size_t comma = s.find(',', pos);
     if (comma == std::string::npos) comma = s.size();
     std::string item = s.substr(pos, comma - pos);
+    bool found = item.empty();
     for (auto& n : kSubsysNames)
-      if (strcasecmp(item.c_str(), n.name) == 0) mask |= n.bit;
+      if (strcasecmp(item.c_str(), n.name) == 0) {
+        mask |= n.bit;
+        found = known = true;
+      }
+    if (!found)
+      fprintf(stderr, "EP WARN EP_DEBUG_SUBSYS: unknown subsystem \"%s\" ignored (known: INIT, BOOTSTRAP, TOPO, "
+              "TRANSPORT, DISPATCH, COMBINE, PARAMS, CUDA, ALL)\n", item.c_str());
     pos = comma + 1;
   }
+  if (!known && !invert) return kSubsysAll;
   return invert ? ~mask : mask;
 }
 
@@ -60,6 +71,8 @@ LogState& state() {
     if (strcasecmp(lvl, "WARN") == 0) st.level = kLogWarn;
     else if (strcasecmp(lvl, "INFO") == 0) st.level = kLogInfo;
     else if (strcasecmp(lvl, "TRACE") == 0) st.level = kLogTrace;
+    else if (*lvl != '\0')
+      fprintf(stderr, "EP WARN EP_DEBUG=\"%s\" is not WARN, INFO or TRACE: logging stays off\n", lvl);
     st.subsys = parseSubsys(param::DEBUG_SUBSYS());
     gethostname(st.host, sizeof(st.host) - 1);
     char* dot = strchr(st.host, '.');

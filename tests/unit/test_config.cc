@@ -210,6 +210,19 @@ int childEnvHostChunkOutOfRange() { return childInitFails("EP_HOST_CHUNK_TOKENS 
 int childEnvNodeSizeHuge() { return childInitFails("EP_NODE_SIZE = 4294967298 is outside 0..1"); }
 int childEnvNodeSizeNegative() { return childInitFails("EP_NODE_SIZE = -2 is outside 0..1"); }
 
+// An unknown EP_DEBUG_SUBSYS name is ignored, not taken as "no subsystem"
+// (which silenced even the warnings); a known name alongside still selects.
+int childDebugSubsysUnknown() {
+  if (!ep::logEnabled(ep::kLogWarn, ep::kSubsysInit)) return 1;
+  if (!ep::logEnabled(ep::kLogWarn, ep::kSubsysCuda)) return 2;
+  return 0;
+}
+int childDebugSubsysUnknownAndKnown() {
+  if (!ep::logEnabled(ep::kLogWarn, ep::kSubsysCuda)) return 1;
+  if (ep::logEnabled(ep::kLogWarn, ep::kSubsysInit)) return 2;
+  return 0;
+}
+
 // EP_SHM_DIR problems are named with their cause.
 int childShmDirProc() { return childInitFails("cannot create /proc/moeep-"); }
 int childShmDirFile() { return childInitFails("/dev/null is not a directory"); }
@@ -251,6 +264,10 @@ const std::vector<ChildCase>& childCases() {
       {"env_host_ring_out_of_range", {{"EP_HOST_RING_SLOTS", "4294967296"}}, childEnvHostRingOutOfRange},
       {"env_host_chunk_out_of_range", {{"EP_HOST_CHUNK_TOKENS", "1099511627776"}}, childEnvHostChunkOutOfRange},
       {"env_node_size_huge", {{"EP_NODE_SIZE", "4294967298"}}, childEnvNodeSizeHuge},
+      {"debug_subsys_unknown", {{"EP_DEBUG", "WARN"}, {"EP_DEBUG_SUBSYS", "FOO"}}, childDebugSubsysUnknown},
+      {"debug_subsys_unknown_and_known",
+       {{"EP_DEBUG", "WARN"}, {"EP_DEBUG_SUBSYS", "FOO,cuda"}},
+       childDebugSubsysUnknownAndKnown},
       {"env_node_size_negative", {{"EP_NODE_SIZE", "-2"}}, childEnvNodeSizeNegative},
       {"env_fills_zero_fields",
        {{"EP_TIMEOUT_MS", "2500"}, {"EP_NUM_SMS", "0x10"}, {"EP_BUFFER_BYTES_CAP", "1048576"}},
@@ -294,6 +311,10 @@ void env_host_ring_sizes_out_of_range_are_rejected(void**) {
   runInFreshProcess("env_host_chunk_out_of_range");
   runInFreshProcess("env_node_size_huge");
   runInFreshProcess("env_node_size_negative");
+}
+void unknown_debug_subsystems_are_ignored(void**) {
+  runInFreshProcess("debug_subsys_unknown");
+  runInFreshProcess("debug_subsys_unknown_and_known");
 }
 void env_negative_timeout_rejected_naming_variable(void**) {
   runInFreshProcess("env_negative_timeout");
@@ -663,6 +684,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(resolve_rejects_negative_counts),
       cmocka_unit_test(resolve_rejects_sizes_past_the_limits),
       cmocka_unit_test(env_host_ring_sizes_out_of_range_are_rejected),
+      cmocka_unit_test(unknown_debug_subsystems_are_ignored),
       cmocka_unit_test(shm_dir_problems_name_their_cause),
       cmocka_unit_test(stale_segments_of_dead_processes_are_removed),
       cmocka_unit_test(resolve_rejects_negative_timeout),
