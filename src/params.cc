@@ -79,8 +79,10 @@ namespace param {
           EP_INFO(kSubsysParams, "EP_%s set by environment to %lld", #NAME, (long long)v); \
         else {                                                                         \
           v = DEFAULT;                                                                 \
-          EP_WARN(kSubsysParams, "EP_%s=\"%s\" is not an integer, using %lld", #NAME,  \
-                  text, (long long)v);                                                 \
+          EP_WARN(kSubsysParams,                                                       \
+                  "EP_%s=\"%s\" is not a 64-bit integer (decimal, or hex with 0x), "       \
+                  "using %lld",                                                        \
+                  #NAME, text, (long long)v);                                          \
         }                                                                              \
       }                                                                                \
       return v;                                                                        \

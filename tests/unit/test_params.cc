@@ -296,7 +296,8 @@ void int_accessor_malformed_warns_and_keeps_default(void**) {
   assert_int_equal(ep::param::HOST_RING_SLOTS(), 4);
   unsetenv("EP_HOST_RING_SLOTS");
   std::string log = readLog();
-  assert_contains(log.c_str(), "EP_HOST_RING_SLOTS=\"four\" is not an integer, using 4");
+  assert_contains(log.c_str(),
+                  "EP_HOST_RING_SLOTS=\"four\" is not a 64-bit integer (decimal, or hex with 0x), using 4");
   assert_contains(log.c_str(), "EP WARN");
 }
 
