@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -283,7 +284,8 @@ class Root {
     if (h.magic != kRootHelloMagic) return reject(p, epInvalidArgument, "not a moeep bootstrap hello");
     if (h.nonce != nonce_)
       return reject(p, epInvalidArgument,
-                    "the unique id does not belong to this root (stale id from another run?)");
+                    "the unique id does not belong to this root (a stale id from another run, or another "
+                    "launcher job on the same EP_COMM_ID?)");
     if (h.nranks < 1)
       return reject(p, epInvalidArgument, "nranks " + std::to_string(h.nranks) + " is not positive");
     if (nranks_ > 0 && h.nranks != nranks_)
@@ -425,10 +427,24 @@ struct Bootstrap {
 
 namespace {
 
-// The same nonce on every rank that reads the same EP_COMM_ID.
+// The same nonce on every rank that reads the same EP_COMM_ID in the same
+// launcher job: the job id the launcher gives its ranks (Open MPI, PMIx,
+// Slurm) is mixed in, so that the ranks of another job started on the same
+// address by mistake are refused by the root instead of joining this job.
 uint64_t nonceOfCommId(const char* comm_id) {
   uint64_t h = 1469598103934665603ull;
-  for (const char* c = comm_id; *c; c++) h = (h ^ uint8_t(*c)) * 1099511628211ull;
+  const auto mix = [&h](const char* text) {
+    for (const char* c = text; *c; c++) h = (h ^ uint8_t(*c)) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;  // separator
+  };
+  mix(comm_id);
+  for (const char* var : {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"}) {
+    const char* job = getenv(var);
+    if (job != nullptr && *job != '\0') {
+      mix(var);
+      mix(job);
+    }
+  }
   return h != 0 ? h : 1;
 }
 

@@ -244,6 +244,40 @@ int caseCommId() {
   return 0;
 }
 
+// Two launcher jobs on one EP_COMM_ID by mistake: a rank of the second is
+// refused by the first job's root, naming the likely cause, instead of
+// joining the first job (its ids differ by the job id the launcher sets).
+int caseCommIdOtherJob() {
+  ep::SocketAddress bound;
+  ep::Fd probe;
+  std::string err;
+  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &probe, &bound, &err), "%s", err.c_str());
+  probe.reset();
+  setenv("EP_COMM_ID", bound.toString().c_str(), 1);
+  auto rankOfJob = [](const char* job, int rank) {
+    setenv("OMPI_MCA_ess_base_jobid", job, 1);
+    epUniqueId id;
+    CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+    ep::Bootstrap* b = nullptr;
+    const epResult_t res = ep::bootstrapInit(id, rank, 2, 1500, nullptr, nullptr, &b);
+    if (rank == 0) {  // job A's rank 0 serves the root; its rank 1 never comes
+      CHECK(res == epTimeout, "job A rank 0: %d (%s)", res, ep::threadLastError());
+      return 0;
+    }
+    CHECK(res == epInvalidArgument, "job B rank 1 joined job A's root: %d (%s)", res, ep::threadLastError());
+    CHECK(contains(ep::threadLastError(), "another launcher job on the same EP_COMM_ID"), "message \"%s\"",
+          ep::threadLastError());
+    return 0;
+  };
+  auto codes = runForked({[&] { return rankOfJob("1001", 0); },
+                          [&] {
+                            usleep(200 * 1000);  // after job A's root listens
+                            return rankOfJob("2002", 1);
+                          }});
+  CHECK(allZero(codes), "job A rank 0 exit %d, job B rank 1 exit %d", codes[0], codes[1]);
+  return 0;
+}
+
 // epCommInitAll's ranks are threads of this process: EP_COMM_ID (the job's
 // address, here held by another listener) is not theirs to bind.
 int caseInitAllIgnoresCommId() {
@@ -517,6 +551,7 @@ int main() {
       {"2 ranks with EP_COMM_ID", caseCommId},
       {"another program on the EP_COMM_ID port", caseForeignRoot},
       {"epCommInitAll does not bind EP_COMM_ID", caseInitAllIgnoresCommId},
+      {"another job on the EP_COMM_ID is refused", caseCommIdOtherJob},
       {"missing rank times out naming it", caseMissingRank},
       {"abort flag unblocks init", caseAbortInit},
       {"bad unique id rejected", caseBadId},
