@@ -741,8 +741,14 @@ epResult_t ringFailure(Bootstrap* b, const IoResult& r, bool send_side, uint32_t
     case IoStatus::kAborted:
       return setError(b->comm, epAborted, "bootstrap: rank %d: %s aborted", b->rank, op);
     case IoStatus::kClosed:
-      return setError(b->comm, epRemoteError, "bootstrap: rank %d left during the %s of rank %d (%s)",
-                      peer, op, b->rank, r.describe().c_str());
+      // A rank that fails leaves the ring, and so do its neighbours in turn:
+      // with three or more ranks the neighbour named may not be the first.
+      return setError(b->comm, epRemoteError,
+                      "bootstrap: rank %d left during the %s of rank %d (%s)%s", peer, op, b->rank,
+                      r.describe().c_str(),
+                      b->nranks > 2 ? "; it, or a rank before it on the ring, failed or exited (each rank "
+                                      "leaves the ring when its neighbour does): see the first error of the job"
+                                    : "");
     case IoStatus::kError:
       return setError(b->comm, epSystemError, "bootstrap: rank %d: %s with rank %d failed: %s", b->rank,
                       op, peer, r.describe().c_str());
