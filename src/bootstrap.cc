@@ -746,8 +746,9 @@ epResult_t ringFailure(Bootstrap* b, const IoResult& r, bool send_side, uint32_t
       return setError(b->comm, epRemoteError,
                       "bootstrap: rank %d left during the %s of rank %d (%s)%s", peer, op, b->rank,
                       r.describe().c_str(),
-                      b->nranks > 2 ? "; it, or a rank before it on the ring, failed or exited (each rank "
-                                      "leaves the ring when its neighbour does): see the first error of the job"
+                      b->nranks > 2 ? "; it, or a rank before it on the ring, failed or exited (each "
+                                      "rank leaves the ring when its neighbour does): see the first "
+                                      "error of the job"
                                     : "");
     case IoStatus::kError:
       return setError(b->comm, epSystemError, "bootstrap: rank %d: %s with rank %d failed: %s", b->rank,

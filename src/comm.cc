@@ -99,7 +99,8 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
     return setError(comm, epInvalidArgument, "config.dispatch_type = %d is not bf16, fp16, fp32 or fp8e4m3",
                     dispatch_type);
   if (combine_type != epBfloat16 && combine_type != epFloat16 && combine_type != epFloat32)
-    return setError(comm, epInvalidArgument, "config.combine_type = %d is not bf16, fp16 or fp32", combine_type);
+    return setError(comm, epInvalidArgument, "config.combine_type = %d is not bf16, fp16 or fp32",
+                    combine_type);
   if (backend != epBackendAuto && backend != epBackendHost && backend != epBackendCuda)
     return setError(comm, epInvalidArgument, "config.backend = %d is unknown", backend);
   r.dispatch_type = epDataType_t(dispatch_type);

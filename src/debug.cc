@@ -55,8 +55,10 @@ unsigned parseSubsys(const char* text) {
         found = known = true;
       }
     if (!found)
-      fprintf(stderr, "EP WARN EP_DEBUG_SUBSYS: unknown subsystem \"%s\" ignored (known: INIT, BOOTSTRAP, TOPO, "
-              "TRANSPORT, DISPATCH, COMBINE, PARAMS, CUDA, ALL)\n", item.c_str());
+      fprintf(stderr,
+              "EP WARN EP_DEBUG_SUBSYS: unknown subsystem \"%s\" ignored (known: INIT, BOOTSTRAP, "
+              "TOPO, TRANSPORT, DISPATCH, COMBINE, PARAMS, CUDA, ALL)\n",
+              item.c_str());
     pos = comma + 1;
   }
   if (!known && !invert) return kSubsysAll;

@@ -47,7 +47,9 @@ struct LLState {
   // Expert side: every (source, token) received, with its local experts.
   struct Arrival {
     int src, token;
-    std::vector<int> local_expert, slot;  // per (k) entry on a local expert, k ascending; a repeat shares its slot
+    // Per (k) entry on a local expert, k ascending; a repeated expert's
+    // entries share one slot.
+    std::vector<int> local_expert, slot;
     std::vector<float> weight;
   };
   std::vector<Arrival> arrivals;  // by source rank, then source token

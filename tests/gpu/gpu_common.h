@@ -559,7 +559,8 @@ inline void randomInputs(const Shape& s, int R, uint64_t seed, int r, RankData* 
   randomTopk(g, s.tokens[r], s.topk, s.experts, 0.05, &d->topk);
   if (s.repeats)
     for (int t = 0; t < s.tokens[r]; t++)
-      for (int k = 0; k < (t % 4 == 0 ? s.topk : std::min(2, s.topk)); k++) d->topk[size_t(t) * s.topk + k] = 1;
+      for (int k = 0; k < (t % 4 == 0 ? s.topk : std::min(2, s.topk)); k++)
+        d->topk[size_t(t) * s.topk + k] = 1;
   d->w.resize(size_t(s.tokens[r]) * s.topk);
   std::uniform_real_distribution<float> u(0, 1);
   for (float& f : d->w) f = u(g);

@@ -237,7 +237,8 @@ int runModeMismatch(int R) {
     freeRank(g[r]);
     epCommDestroy(comms[r]);
   }
-  printf("eager  R=%d rank 0 low latency, the others high throughput: %s\n", R, failed ? "FAILED" : "OK (reported)");
+  printf("eager  R=%d rank 0 low latency, the others high throughput: %s\n", R,
+         failed ? "FAILED" : "OK (reported)");
   return failed ? 1 : 0;
 }
 

@@ -107,8 +107,8 @@ int nodeSizeMismatch(const LaunchInfo& li, Tally* t) {
   epComm_t comm = nullptr;
   epResult_t res = epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg);
   t->check(res == epInvalidArgument, "EP_NODE_SIZE mismatch gives epInvalidArgument", li.rank);
-  t->check(contains(epGetLastError(nullptr), "EP_NODE_SIZE differs across ranks"), "message names EP_NODE_SIZE",
-           li.rank);
+  t->check(contains(epGetLastError(nullptr), "EP_NODE_SIZE differs across ranks"),
+           "message names EP_NODE_SIZE", li.rank);
   t->check(comm == nullptr, "no communicator on failure", li.rank);
   return 0;
 }

@@ -173,7 +173,8 @@ int caseParsing() {
   CHECK(!ep::parseSocketAddress("127.0.0.1:http", AF_UNSPEC, &a, &err), "named port");
   CHECK(!ep::parseSocketAddress("[::1]", AF_UNSPEC, &a, &err), "v6 without port");
   CHECK(!ep::parseSocketAddress("[::1]:80", AF_INET, &a, &err), "v6 literal with AF_INET forced");
-  CHECK(!ep::parseSocketAddress("[fe80::1%lo]:80", AF_UNSPEC, &a, &err) && contains(err.c_str(), "scope (%lo)"),
+  CHECK(!ep::parseSocketAddress("[fe80::1%lo]:80", AF_UNSPEC, &a, &err) &&
+            contains(err.c_str(), "scope (%lo)"),
         "%s", err.c_str());
 
   ep::PackedAddress packed;
