@@ -74,6 +74,9 @@ case $? in
 esac
 rm -f /tmp/moeep-pidns-$$.log
 
+# --- ranks started by hand with launcher variables: the id file of a run that ended is not taken
+run "ep_bench started by hand twice in a row (id file)" bash tests/mp/launch_by_hand.sh "$BUILD"
+
 # --- multi-process under Open MPI (id shared through a file, and through EP_COMM_ID)
 if command -v mpirun >/dev/null 2>&1; then
   MPIRUN=(mpirun --oversubscribe -n)

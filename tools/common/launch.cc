@@ -8,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -56,7 +58,8 @@ int shareIdByFile(LaunchInfo* info) {
     }
     std::string tmp = path + ".tmp";
     FILE* f = fopen(tmp.c_str(), "wb");
-    if (f == nullptr || fwrite(&info->id, sizeof(info->id), 1, f) != 1) {
+    const int32_t writer = int32_t(getpid());  // readers take the id only while its writer lives
+    if (f == nullptr || fwrite(&info->id, sizeof(info->id), 1, f) != 1 || fwrite(&writer, 4, 1, f) != 1) {
       fprintf(stderr, "launch: cannot write %s\n", tmp.c_str());
       if (f) fclose(f);
       return 1;
@@ -67,15 +70,19 @@ int shareIdByFile(LaunchInfo* info) {
   }
   // A file left by an earlier job with the same job id is older than this
   // process: only a file written after this rank started (give or take the
-  // launch skew) is this job's.
+  // launch skew) is this job's. Within that skew (runs without a job id, one
+  // right after another) the earlier job's file names a rank 0 that exited:
+  // its id is not taken either.
   const time_t started = time(nullptr) - 10;
   for (int i = 0; i < 6000; i++) {  // up to 60 s
     struct stat st;
     FILE* f = (stat(path.c_str(), &st) == 0 && st.st_mtime >= started) ? fopen(path.c_str(), "rb") : nullptr;
     if (f != nullptr) {
+      int32_t writer = 0;
       size_t n = fread(&info->id, sizeof(info->id), 1, f);
+      if (n == 1) n = fread(&writer, 4, 1, f);
       fclose(f);
-      if (n == 1) return 0;
+      if (n == 1 && writer > 0 && (kill(pid_t(writer), 0) == 0 || errno != ESRCH)) return 0;
     }
     struct timespec nap = {0, 10 * 1000 * 1000};
     nanosleep(&nap, nullptr);
