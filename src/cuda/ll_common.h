@@ -17,9 +17,9 @@
 // Who writes what, and what orders it:
 //   dispatch send (rank s)   writes token t's record (header: ids, weights; row)
 //                            into landing[s][t] of every destination; numbers,
-//                            for every expert e, the (token, k) pairs that chose
-//                            it in token order and writes each number into the
-//                            record's slot field, and the count into
+//                            for every expert e, the tokens that chose it (once
+//                            each) in token order and writes each number into the
+//                            record's slot fields, and the count into
 //                            counts[s][local e] of e's rank; block 0 writes
 //                            ntok[set][s] = T_s; then dsig[set][s] += 1 per block
 //   dispatch recv (rank d)   waits dsig of all sources; per record and local
