@@ -178,7 +178,7 @@ typedef enum {
   epPathNvlink = 1,       /* same node, GPU peer access */
   epPathHostStaged = 2,   /* same node, through host memory */
   epPathRail = 3,         /* other node: RDMA straight to the peer (this rank's rail peer there) */
-  epPathRailForward = 4   /* other node: RDMA to the rail peer there, which forwards over NVLink */
+  epPathRailForward = 4   /* other node: RDMA to the rail peer there, which forwards inside its node */
 } epPathKind_t;
 
 /* Text reports fill buf (NUL-terminated) when *bytes is large enough; with

@@ -87,7 +87,7 @@ EP_API epResult_t epCommPeerPath(epComm_t comm, int peer, epPathKind_t* kind, in
     return setError(comm, epInternalError, "epCommPeerPath: the communicator has no plan");
   const PeerPath& p = comm->plan.peers[peer];
   *kind = epPathKind_t(int(p.kind));
-  if (via_rank) *via_rank = p.via;
+  if (via_rank) *via_rank = p.kind == PathKind::kRailForward ? p.via : -1;  // the header: -1 when direct
   return epSuccess;
 } catch (...) {
   return apiException("epCommPeerPath", nullptr);

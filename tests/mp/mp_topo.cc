@@ -114,6 +114,18 @@ void run(const LaunchInfo& li, const std::string& log_dir, Tally* t) {
   if (plan != want)
     fprintf(stderr, "  rank %d plan: \"%s\"\n  expected:     \"%s\"\n", me, plan.c_str(), want.c_str());
   if (!from_xml) printf("rank %d: NIC not checked (no XML topology: built without hwloc?)\n", me);
+  // The same through epCommPeerPath: via_rank is the forwarding rank, -1 on a direct path.
+  bool paths_ok = true;
+  for (int q = 0; q < kRanks; q++) {
+    epPathKind_t kind = epPathSelf;
+    int via = -7;
+    const bool far = q / 2 != me / 2, rail = far && q % 2 == local;
+    const epPathKind_t want_kind =
+        q == me ? epPathSelf : !far ? epPathHostStaged : rail ? epPathRail : epPathRailForward;
+    const int want_via = far && !rail ? (q / 2) * 2 + local : -1;
+    paths_ok &= epCommPeerPath(comm, q, &kind, &via) == epSuccess && kind == want_kind && via == want_via;
+  }
+  t->check(paths_ok, "epCommPeerPath kinds and via ranks (-1 when direct)", me);
 
   // Per-node counts against the reference.
   std::vector<int64_t> topk = tokensOf(me);

@@ -223,6 +223,36 @@ int childDebugSubsysUnknownAndKnown() {
   return 0;
 }
 
+// config.max_nodes_per_token binds the low-latency dispatch as it does the
+// high-throughput calls: a token on experts of two nodes (EP_NODE_SIZE = 1:
+// every rank a node) is refused before anything is sent.
+int childLowLatencyNodeLimit() {
+  epConfig_t c = validConfig();
+  c.low_latency = 1;
+  c.max_nodes_per_token = 1;
+  epComm_t comms[2] = {nullptr, nullptr};
+  if (epCommInitAll(comms, 2, nullptr, &c) != epSuccess) return 1;
+  std::vector<uint16_t> x(size_t(2) * c.hidden, 0), recv_x(size_t(8) * 2 * 64 * c.hidden);
+  std::vector<int64_t> topk = {0, 8, 1, -1};  // token 0: experts of ranks 0 and 1; token 1: rank 0 only
+  std::vector<int> recv_count(8);
+  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+  a.x = x.data();
+  a.topk_idx = topk.data();
+  a.num_tokens = 2;
+  a.num_topk = 2;
+  a.wire_type = epBfloat16;
+  a.recv_x = recv_x.data();
+  a.recv_count = recv_count.data();
+  epHandle_t h = nullptr;
+  const epResult_t res = epLowLatencyDispatch(comms[0], &a, &h, nullptr);
+  int rc = 0;
+  if (res != epInvalidArgument || h != nullptr) rc = 2;
+  else if (strstr(epGetLastError(comms[0]), "token 0 selects experts on 2 nodes") == nullptr) rc = 3;
+  if (rc == 3) fprintf(stderr, "message: %s\n", epGetLastError(comms[0]));
+  for (epComm_t comm : comms) epCommDestroy(comm);
+  return rc;
+}
+
 // EP_SHM_DIR problems are named with their cause.
 int childShmDirProc() { return childInitFails("cannot create /proc/moeep-"); }
 int childShmDirFile() { return childInitFails("/dev/null is not a directory"); }
@@ -264,6 +294,7 @@ const std::vector<ChildCase>& childCases() {
       {"env_host_ring_out_of_range", {{"EP_HOST_RING_SLOTS", "4294967296"}}, childEnvHostRingOutOfRange},
       {"env_host_chunk_out_of_range", {{"EP_HOST_CHUNK_TOKENS", "1099511627776"}}, childEnvHostChunkOutOfRange},
       {"env_node_size_huge", {{"EP_NODE_SIZE", "4294967298"}}, childEnvNodeSizeHuge},
+      {"ll_node_limit", {{"EP_NODE_SIZE", "1"}}, childLowLatencyNodeLimit},
       {"debug_subsys_unknown", {{"EP_DEBUG", "WARN"}, {"EP_DEBUG_SUBSYS", "FOO"}}, childDebugSubsysUnknown},
       {"debug_subsys_unknown_and_known",
        {{"EP_DEBUG", "WARN"}, {"EP_DEBUG_SUBSYS", "FOO,cuda"}},
@@ -312,6 +343,7 @@ void env_host_ring_sizes_out_of_range_are_rejected(void**) {
   runInFreshProcess("env_node_size_huge");
   runInFreshProcess("env_node_size_negative");
 }
+void low_latency_dispatch_keeps_the_node_limit(void**) { runInFreshProcess("ll_node_limit"); }
 void unknown_debug_subsystems_are_ignored(void**) {
   runInFreshProcess("debug_subsys_unknown");
   runInFreshProcess("debug_subsys_unknown_and_known");
@@ -685,6 +717,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(resolve_rejects_sizes_past_the_limits),
       cmocka_unit_test(env_host_ring_sizes_out_of_range_are_rejected),
       cmocka_unit_test(unknown_debug_subsystems_are_ignored),
+      cmocka_unit_test(low_latency_dispatch_keeps_the_node_limit),
       cmocka_unit_test(shm_dir_problems_name_their_cause),
       cmocka_unit_test(stale_segments_of_dead_processes_are_removed),
       cmocka_unit_test(resolve_rejects_negative_timeout),
