@@ -73,6 +73,12 @@ int bridgesBetween(hwloc_obj_t dev, hwloc_obj_t anc) {
 }
 
 PciDist classify(hwloc_topology_t t, hwloc_obj_t a, hwloc_obj_t b) {
+  // Functions of one card (same domain, bus and device): hwloc makes them
+  // siblings, not parent and child, so the ancestor rule below misses them.
+  if (a->type == HWLOC_OBJ_PCI_DEVICE && b->type == HWLOC_OBJ_PCI_DEVICE &&
+      a->attr->pcidev.domain == b->attr->pcidev.domain && a->attr->pcidev.bus == b->attr->pcidev.bus &&
+      a->attr->pcidev.dev == b->attr->pcidev.dev)
+    return PciDist::kPix;
   hwloc_obj_t anc = commonAncestor(a, b);
   if (anc == nullptr) return PciDist::kSys;
   if (anc->type == HWLOC_OBJ_PCI_DEVICE) return PciDist::kPix;  // functions of one card

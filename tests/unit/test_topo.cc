@@ -99,6 +99,19 @@ void pcie_box_one_nic_shared_by_all(void**) {
   assert_int_equal(t.gpus[2].numa, 1);
 }
 
+// ---- A GPU and a NIC as two functions of one card --------------------------------------
+
+void functions_of_one_card_are_pix(void**) {
+  Topology t;
+  loadFixture("multifunction.xml", &t);
+  assert_int_equal(t.gpus.size(), 1);
+  assert_int_equal(t.nics.size(), 2);
+  assert_string_equal(t.nics[1].name.c_str(), "mlx5_1");
+  assert_int_equal(int(t.dist[0][0]), int(PciDist::kPhb));  // the other card, same host bridge
+  assert_int_equal(int(t.dist[0][1]), int(PciDist::kPix));  // its own card
+  assert_int_equal(t.nic_of_gpu[0], 1);
+}
+
 // ---- VM with a flat PCI tree: everything on one host bridge ---------------------------
 
 void vm_flat_spreads_gpus_over_equal_nics(void**) {
@@ -259,6 +272,7 @@ int main() {
       cmocka_unit_test(dgx_distance_classes),
       cmocka_unit_test(dgx_each_gpu_gets_its_own_switch_nic),
       cmocka_unit_test(pcie_box_one_nic_shared_by_all),
+      cmocka_unit_test(functions_of_one_card_are_pix),
       cmocka_unit_test(vm_flat_spreads_gpus_over_equal_nics),
       cmocka_unit_test(choice_avoids_needless_sharing),
       cmocka_unit_test(choice_shares_least_loaded_when_it_must),
