@@ -77,6 +77,13 @@ rm -f /tmp/moeep-pidns-$$.log
 # --- ranks started by hand with launcher variables: the id file of a run that ended is not taken
 run "ep_bench started by hand twice in a row (id file)" bash tests/mp/launch_by_hand.sh "$BUILD"
 
+# --- moeep_info: a dry-run plan from a fixture; options without their section are refused
+info="$BUILD/bin/moeep_info" flat=tests/data/vm_flat.xml
+run "moeep_info --plan from an XML topology" bash -c \
+  "$info --topo-xml $flat --plan --ranks-per-node 4 --nodes 2 | grep -q 'rail+fwd via rank 4'"
+run "moeep_info refuses --nodes without --plan, --topo-xml with --comm" bash -c \
+  "! $info --nodes 2 2>/dev/null && ! $info --comm --topo-xml $flat 2>/dev/null"
+
 # --- multi-process under Open MPI (id shared through a file, and through EP_COMM_ID)
 if command -v mpirun >/dev/null 2>&1; then
   MPIRUN=(mpirun --oversubscribe -n)

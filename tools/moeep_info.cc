@@ -422,6 +422,16 @@ int main(int argc, char** argv) {
     fprintf(stderr, "moeep_info: --plan needs --ranks-per-node N and --nodes M (both >= 1)\n");
     return 2;
   }
+  // Options that only shape another section: refused without it rather than ignored.
+  if (!plan && (ranks_per_node > 0 || nodes > 0)) {
+    fprintf(stderr, "moeep_info: --ranks-per-node and --nodes go with --plan\n");
+    return 2;
+  }
+  if (topo_xml != nullptr && !topo && !plan) {
+    fprintf(stderr, "moeep_info: --topo-xml FILE goes with --topo or --plan (a communicator, --comm, "
+                    "reads its topology from EP_TOPO_XML)\n");
+    return 2;
+  }
   const int launcher_rank = tools::launcherRank();
   // --comm under mpirun: the running job's communicator, every rank takes part.
   if (comm_plan && launcher_rank >= 0) return jobPlan();
