@@ -21,15 +21,6 @@ EP_LL_SHARE_FN void llShare(int n, unsigned i, unsigned parts, int& lo, int& hi)
   hi = int((long long)n * (i + 1) / parts);
 }
 
-// The items a block b of G takes when each of n items has `pieces` units (a
-// dispatch-sending row block: tokens of 16-byte pieces; a combine-sending
-// block: records of its units): a contiguous share [lo, hi) of the items,
-// all units [0, pieces) of each. With fewer items than blocks, one slice
-// [plo, plo + width) of one item's units instead: S slices per item, as many
-// as the blocks allow but none smaller than one step (`step` units, e.g. one
-// per thread), each a multiple of `align` units (16 for FP8 rows: whole scale
-// blocks), so that a small call's items are handled by several blocks at
-// once.
 // How llSliceShare cuts: S slices per item (1: whole items), each `chunk`
 // units wide (the last one narrower), of which `filled` are not empty (the
 // blocks that take a part of each item). llSliceShare repeats the first two
@@ -46,6 +37,15 @@ EP_LL_SHARE_FN LLSlices llSlicesOf(int n, int pieces, int G, int step, int align
   return LLSlices{S, chunk, (pieces + chunk - 1) / chunk};
 }
 
+// The items a block b of G takes when each of n items has `pieces` units (a
+// dispatch-sending row block: tokens of 16-byte pieces; a combine-sending
+// block: records of its units): a contiguous share [lo, hi) of the items,
+// all units [0, pieces) of each. With fewer items than blocks, one slice
+// [plo, plo + width) of one item's units instead: S slices per item, as many
+// as the blocks allow but none smaller than one step (`step` units, e.g. one
+// per thread), each a multiple of `align` units (16 for FP8 rows: whole scale
+// blocks), so that a small call's items are handled by several blocks at
+// once.
 struct LLSliceShare {
   int lo, hi, plo, width;
 };
