@@ -60,26 +60,7 @@ epResult_t checkTopk(epComm* comm, const char* fn, const void* topk_idx, epDataT
     return setError(comm, epInvalidArgument, "%s: topk_idx_type must be epInt64 or epInt32", fn);
   if (num_tokens > 0 && topk_idx == nullptr)
     return setError(comm, epInvalidArgument, "%s: topk_idx is NULL with num_tokens = %d", fn, num_tokens);
-  // Host memory can be read here; device memory is checked by the kernels.
-  if (comm->backend && comm->backend->hostMemory() && num_tokens > 0) {
-    size_t bad = 0;
-    if (!topkValid(topk_idx, type, num_tokens, num_topk, comm->cfg.num_experts, &bad))
-      return setError(comm, epInvalidArgument,
-                      "%s: topk_idx[%zu][%zu] = %lld is not -1 or an expert id in [0, %d)", fn,
-                      bad / num_topk, bad % num_topk, (long long)topkAt(topk_idx, type, bad),
-                      comm->cfg.num_experts);
-    if (comm->cfg.max_nodes_per_token > 0) {
-      int worst_token = -1;
-      int worst = maxNodesPerToken(placementOf(comm), topk_idx, type, num_tokens, num_topk,
-                                   comm->nodes.node_of_rank.data(), comm->nodes.num_nodes, &worst_token);
-      if (worst > comm->cfg.max_nodes_per_token)
-        return setError(comm, epInvalidArgument,
-                        "%s: token %d selects experts on %d nodes, more than "
-                        "config.max_nodes_per_token = %d",
-                        fn, worst_token, worst, comm->cfg.max_nodes_per_token);
-    }
-  }
-  return epSuccess;
+  return checkTopkValues(comm, fn, topk_idx, type, num_tokens, num_topk);
 }
 
 epResult_t checkNumTokens(epComm* comm, const char* fn, int num_tokens) {
@@ -147,6 +128,27 @@ epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_
 }
 
 }  // namespace
+
+epResult_t ep::checkTopkValues(epComm* comm, const char* fn, const void* topk_idx, epDataType_t type,
+                               int num_tokens, int num_topk) {
+  // Host memory can be read here; device memory is checked by the kernels.
+  if (comm->backend == nullptr || !comm->backend->hostMemory() || num_tokens <= 0) return epSuccess;
+  size_t bad = 0;
+  if (!topkValid(topk_idx, type, num_tokens, num_topk, comm->cfg.num_experts, &bad))
+    return setError(comm, epInvalidArgument, "%s: topk_idx[%zu][%zu] = %lld is not -1 or an expert id in [0, %d)",
+                    fn, bad / num_topk, bad % num_topk, (long long)topkAt(topk_idx, type, bad),
+                    comm->cfg.num_experts);
+  if (comm->cfg.max_nodes_per_token > 0) {
+    int worst_token = -1;
+    int worst = maxNodesPerToken(placementOf(comm), topk_idx, type, num_tokens, num_topk,
+                                 comm->nodes.node_of_rank.data(), comm->nodes.num_nodes, &worst_token);
+    if (worst > comm->cfg.max_nodes_per_token)
+      return setError(comm, epInvalidArgument,
+                      "%s: token %d selects experts on %d nodes, more than config.max_nodes_per_token = %d", fn,
+                      worst_token, worst, comm->cfg.max_nodes_per_token);
+  }
+  return epSuccess;
+}
 
 epResult_t ep::apiException(const char* fn, epComm* comm) noexcept {
   epResult_t code = epInternalError;

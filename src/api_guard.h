@@ -17,6 +17,14 @@ namespace ep {
 // may have left its peers mid-exchange, so its communicator is marked failed.
 epResult_t apiException(const char* fn, epComm* comm) noexcept;
 
+// The expert ids of a data call where the backend reads host memory: each -1
+// or an expert, each token within config.max_nodes_per_token nodes
+// (epInvalidArgument naming the position or the token). Elsewhere the kernels
+// check them. epLayout and epDispatch (through their checks) and
+// epLowLatencyDispatch.
+epResult_t checkTopkValues(epComm* comm, const char* fn, const void* topk_idx, epDataType_t type,
+                           int num_tokens, int num_topk);
+
 class CallGuard {
  public:
   explicit CallGuard(epComm* comm) : comm_(comm) {}

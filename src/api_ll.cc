@@ -8,7 +8,6 @@
 #include "checks.h"
 #include "comm.h"
 #include "ll_layout.h"
-#include "routing.h"
 
 using namespace ep;
 
@@ -89,25 +88,7 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
     return setError(comm, epInvalidArgument, "%s: recv_scales is NULL with an FP8 wire", fn);
   if (misaligned(a.x) || misaligned(a.recv_x))
     return setError(comm, epInvalidArgument, "%s: x and recv_x must be 16-byte aligned", fn);
-  if (comm->backend->hostMemory() && a.num_tokens > 0) {
-    size_t bad = 0;
-    if (!topkValid(a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, c.num_experts, &bad))
-      return setError(comm, epInvalidArgument, "%s: topk_idx[%zu][%zu] is not -1 or an expert id in [0, %d)", fn,
-                      bad / a.num_topk, bad % a.num_topk, c.num_experts);
-    if (c.max_nodes_per_token > 0) {  // the node-limited routing the config declares, as in epDispatch
-      Placement pl;
-      pl.num_experts = c.num_experts;
-      pl.nranks = comm->nranks;
-      pl.experts_per_rank = comm->num_local_experts;
-      int worst_token = -1;
-      const int worst = maxNodesPerToken(pl, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk,
-                                         comm->nodes.node_of_rank.data(), comm->nodes.num_nodes, &worst_token);
-      if (worst > c.max_nodes_per_token)
-        return setError(comm, epInvalidArgument,
-                        "%s: token %d selects experts on %d nodes, more than config.max_nodes_per_token = %d",
-                        fn, worst_token, worst, c.max_nodes_per_token);
-    }
-  }
+  EPCHECK(checkTopkValues(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
   if (comm->ll_uncombined.load() >= 2)
     return setError(comm, epInvalidUsage,
                     "%s: two low-latency dispatches of this communicator are not combined yet; combine one "
