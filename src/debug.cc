@@ -54,11 +54,12 @@ unsigned parseSubsys(const char* text) {
         mask |= n.bit;
         found = known = true;
       }
-    if (!found)
-      fprintf(stderr,
-              "EP WARN EP_DEBUG_SUBSYS: unknown subsystem \"%s\" ignored (known: INIT, BOOTSTRAP, "
-              "TOPO, TRANSPORT, DISPATCH, COMBINE, PARAMS, CUDA, ALL)\n",
-              item.c_str());
+    if (!found) {
+      std::string names;
+      for (auto& n : kSubsysNames) names += std::string(names.empty() ? "" : ", ") + n.name;
+      fprintf(stderr, "EP WARN EP_DEBUG_SUBSYS: unknown subsystem \"%s\" ignored (known: %s)\n", item.c_str(),
+              names.c_str());
+    }
     pos = comma + 1;
   }
   if (!known && !invert) return kSubsysAll;
