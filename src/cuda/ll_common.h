@@ -135,7 +135,7 @@ struct LLRecordHeader {
   uint32_t tag;
   int32_t token;
   uint32_t num_topk;  // K of the source's call
-  uint32_t pad;       // receive slices that read the header (ll_dispatch_small.cu); 0 between calls
+  uint32_t slice_readers;  // receive slices that read the header (ll_dispatch_small.cu); 0 between calls
   // int32 ids[K]; float weights[K]; int32 slots[K]
 };
 

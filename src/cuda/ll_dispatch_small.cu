@@ -218,7 +218,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
   __shared__ int s_n;
   __shared__ int s_dst[32];  // local expert * cap + slot
   int le = -1, slot = 0;     // warp 0: expert k = lane of the record, if local
-  uint32_t* readers = &reinterpret_cast<LLRecordHeader*>(rec)->pad;
+  uint32_t* readers = &reinterpret_cast<LLRecordHeader*>(rec)->slice_readers;
   uint32_t before = 0;
   if (threadIdx.x < 32) {
     if (mine && h.tag == tag && lane < h.k) {
@@ -235,7 +235,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
     if (lane == 0) s_n = __popc(local);
     // The record's slots field holds the sender's numbers, which every slice
     // reads; the combine reads the absolute slots there. So the slice that
-    // reads it last writes them: each slice counts itself in the header's pad
+    // reads it last writes them: each slice counts itself in the header's slice_readers
     // word (zero between calls: the last one resets it). The count is a
     // relaxed add: warp 0 (the only reader) has used every value it loaded
     // (the ballot above), so its loads were performed before the add; and the
