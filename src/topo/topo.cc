@@ -162,9 +162,14 @@ void topoPrint(FILE* out, const Topology& t) {
   for (const TopoNuma& n : t.numa)
     fprintf(out, "  NUMA %d: CPUs %s, %.1f GiB\n", n.os_index, n.cpus.c_str(), double(n.bytes) / (1u << 30));
   fprintf(out, "GPUs (%zu):\n", t.gpus.size());
-  for (size_t g = 0; g < t.gpus.size(); g++)
-    fprintf(out, "  GPU %zu  %s  %04x:%04x  NUMA %d  CPUs %s\n", g, t.gpus[g].bus_id.c_str(),
-            t.gpus[g].vendor, t.gpus[g].device, t.gpus[g].numa, t.gpus[g].cpus.c_str());
+  for (size_t g = 0; g < t.gpus.size(); g++) {
+    fprintf(out, "  GPU %zu  %s  %04x:%04x  NUMA %d  CPUs %s", g, t.gpus[g].bus_id.c_str(), t.gpus[g].vendor,
+            t.gpus[g].device, t.gpus[g].numa, t.gpus[g].cpus.c_str());
+    // Ranks find their GPU by bus id, so a second GPU with the same id is never used.
+    const int first = topoFindGpu(t, t.gpus[g].bus_id.c_str());
+    if (first != int(g)) fprintf(out, "  (bus id of GPU %d again: unused)", first);
+    fprintf(out, "\n");
+  }
   fprintf(out, "RDMA NICs (%zu):\n", t.nics.size());
   for (const TopoNic& n : t.nics)
     fprintf(out, "  %-8s  %s  NUMA %d  CPUs %s\n", n.name.c_str(),

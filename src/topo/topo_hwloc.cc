@@ -95,6 +95,17 @@ PciDist classify(hwloc_topology_t t, hwloc_obj_t a, hwloc_obj_t b) {
   return same_node ? PciDist::kNode : PciDist::kSys;
 }
 
+// hwloc reports a file it cannot parse (truncated, not hwloc's format) as
+// EINVAL, which strerror turns into a misleading "Invalid argument".
+epResult_t xmlRefused(const char* xml_path, int err) {
+  if (err == EINVAL)
+    return setError(nullptr, epInvalidArgument,
+                    "topology file %s is not a valid hwloc XML file (truncated, or not written by "
+                    "hwloc's XML export; HWLOC_XML_VERBOSE=1 prints the parser's reason)",
+                    xml_path);
+  return setError(nullptr, epInvalidArgument, "topology file %s cannot be read: %s", xml_path, strerror(err));
+}
+
 void readTopology(hwloc_topology_t t, Topology* out) {
   out->packages = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PACKAGE);
   for (hwloc_obj_t n = nullptr; (n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, n)) != nullptr;) {
@@ -148,15 +159,12 @@ epResult_t topoLoad(const char* xml_path, Topology* out) {
   if (from_xml && hwloc_topology_set_xml(t, xml_path) != 0) {
     int err = errno;
     hwloc_topology_destroy(t);
-    return setError(nullptr, epInvalidArgument, "topology file %s cannot be read: %s", xml_path,
-                    strerror(err));
+    return xmlRefused(xml_path, err);
   }
   if (hwloc_topology_load(t) != 0) {
     int err = errno;
     hwloc_topology_destroy(t);
-    if (from_xml)
-      return setError(nullptr, epInvalidArgument, "topology file %s is not a valid hwloc XML file: %s",
-                      xml_path, strerror(err));
+    if (from_xml) return xmlRefused(xml_path, err);
     topo.why_unavailable = std::string("hwloc cannot read this machine: ") + strerror(err);
     *out = std::move(topo);
     return epSuccess;
@@ -201,6 +209,10 @@ epResult_t topoLocal(std::shared_ptr<const Topology>* out) {
       EP_WARN(kSubsysTopo, "EP_TOPO_XML=%s ignored: %s", param::TOPO_XML(), topo->why_unavailable.c_str());
     else
       EP_INFO(kSubsysTopo, "no topology: %s", topo->why_unavailable.c_str());
+    for (size_t g = 0; g < topo->gpus.size(); g++)
+      if (topoFindGpu(*topo, topo->gpus[g].bus_id.c_str()) != int(g))
+        EP_WARN(kSubsysTopo, "topology (%s) lists GPU %s more than once; a rank on it uses the first",
+                topo->source.c_str(), topo->gpus[g].bus_id.c_str());
     for (size_t g = 0; g < topo->gpus.size(); g++)
       EP_INFO(kSubsysTopo, "GPU %zu (%s) uses NIC %s: %s", g, topo->gpus[g].bus_id.c_str(),
               topo->nic_of_gpu[g] >= 0 ? topo->nics[topo->nic_of_gpu[g]].name.c_str() : "none",

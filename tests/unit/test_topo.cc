@@ -6,6 +6,8 @@
 // Without hwloc in the build the fixture cases print SKIPPED.
 #include <unistd.h>
 
+#include <cstring>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -196,6 +198,7 @@ void unreadable_xml_is_invalid_argument(void**) {
   close(fd);
   assert_result(ep::topoLoad(path, &t), epInvalidArgument);
   assert_contains(ep::threadLastError(), path);
+  assert_contains(ep::threadLastError(), "not a valid hwloc XML file");  // not "Invalid argument"
   unlink(path);
   assert_int_equal(t.packages, -99);
 }
@@ -232,6 +235,18 @@ void ep_topo_xml_replaces_the_machine(void**) {
 ep::PeerAccess fakeAccess(const char* a, const char* b) {
   // GPUs on one package see each other over NVLink, across packages only over PCIe.
   return (a[5] < '8') == (b[5] < '8') ? ep::PeerAccess::kNvlink : ep::PeerAccess::kP2P;
+}
+
+// Ranks find their GPU by bus id; a second GPU listed with the same id (a
+// hand-edited XML) can never be found, and the report says so.
+void report_marks_a_repeated_bus_id(void**) {
+  Topology t;
+  loadFixture("dgx_h100.xml", &t);
+  assert_null(strstr(printed([&](FILE* f) { ep::topoPrint(f, t); }).c_str(), "again"));
+  t.gpus[3].bus_id = "0000:43:00.0";  // GPU 1's
+  std::string text = printed([&](FILE* f) { ep::topoPrint(f, t); });
+  assert_contains(text.c_str(), "GPU 3  0000:43:00.0  10de:2330  NUMA 0  CPUs 0-3  (bus id of GPU 1 again: unused)");
+  assert_null(strstr(text.c_str(), "GPU 1  0000:43:00.0  10de:2330  NUMA 0  CPUs 0-3  ("));
 }
 
 void report_names_nics_classes_and_peer_access(void**) {
@@ -281,6 +296,7 @@ int main() {
       cmocka_unit_test(this_machine_loads),
       cmocka_unit_test(ep_topo_xml_replaces_the_machine),
       cmocka_unit_test(report_names_nics_classes_and_peer_access),
+      cmocka_unit_test(report_marks_a_repeated_bus_id),
   };
   return cmocka_run_group_tests_name("topo", tests, groupSetup, nullptr);
 }
