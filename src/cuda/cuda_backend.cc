@@ -374,7 +374,7 @@ epResult_t CudaBackend::init() {
   tok_pos_off_ = roundUp(sizeof(HState), 256);
   chan_off_ = tok_pos_off_ + roundUp(size_t(cfg.max_tokens_per_rank + 1) * R * sizeof(int), 256);
   expert_off_ = chan_off_ + roundUp(size_t(2) * R * channels_ * sizeof(int), 256);
-  slot_bytes_ = expert_off_ + roundUp(size_t(2) * EL * sizeof(int), 256);
+  slot_bytes_ = expert_off_ + roundUp((size_t(2) * EL + 1) * sizeof(int), 256);
   // A few up front, so that most calls allocate nothing (more come when more
   // handles are alive, under stream capture too: allocSlot).
   for (int i = 0; i < 4; i++) {
@@ -433,6 +433,7 @@ epResult_t CudaBackend::allocSlot(HandleSlot** out) {
   s->hv.chan_count = s->hv.chan_start + R * channels_;
   s->hv.expert_acc = reinterpret_cast<int*>(base + expert_off_);
   s->hv.expert_saved = s->hv.expert_acc + EL;
+  s->hv.rows_without_ids = s->hv.expert_saved + EL;
   all_slots_.push_back(s);
   *out = s;
   return epSuccess;
@@ -494,6 +495,12 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
                     "%s: an earlier dispatch received %lld rows but recv_capacity was %lld; no row was "
                     "written",
                     fn, a, b);
+  if (what == cuda::kWhatWiderTopk)
+    return setError(comm_, epInvalidUsage,
+                    "%s: in an earlier dispatch rank %d passed num_topk = %lld, more than this rank's %lld (the "
+                    "columns of recv_topk_idx): a rank may pass fewer top-k columns than its peers, not more; "
+                    "that dispatch's recv_topk_idx / weights and recv_tokens_per_expert are not valid",
+                    fn, peer, a, b);
   return setError(comm_, epResult_t(code), "%s: an earlier kernel failed (what %d)", fn, what);
 }
 
@@ -597,6 +604,7 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
   p.topk_w = a.topk_weights;
   p.num_tokens = h->routing.num_tokens;
   p.num_topk = a.topk_idx ? a.num_topk : h->routing.num_topk;
+  p.max_topk = cfg.max_topk;
   p.recv_x = static_cast<char*>(a.recv_x);
   p.recv_scales = a.recv_scales;
   p.recv_idx = reinterpret_cast<long long*>(a.recv_topk_idx);

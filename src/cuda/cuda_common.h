@@ -73,8 +73,13 @@ enum ErrWhat {
   kWhatDispatchData = 4,
   kWhatCombineData = 5,
   kWhatBadTopk = 6,
-  kWhatCapacity = 7
+  kWhatCapacity = 7,
+  kWhatWiderTopk = 8  // a source passed more top-k columns than this rank (a: its count, b: this rank's)
 };
+
+// Dispatch meta: the id column codes besides a local expert id and -1.
+constexpr int kIdPastTopk = -2;  // past the sender's num_topk
+constexpr int kIdNoIds = -3;     // the sender passed no topk_idx (a cached re-dispatch)
 
 // Routing of one handle, on the device.
 struct HState {
@@ -96,6 +101,7 @@ struct HandleView {
   int* chan_count;  // [R][channels]
   int* expert_acc;  // [local experts]: per-expert counts being summed
   int* expert_saved;  // [local experts]: counts of the last dispatch with topk ids
+  int* rows_without_ids;  // dispatch: nonzero once a row without ids arrived (reset by its last block)
 };
 
 struct CommView {
@@ -129,6 +135,7 @@ struct DispatchParams {
   int idx64;
   const float* topk_w;
   int num_tokens, num_topk;
+  int max_topk;  // id columns of the meta (config.max_topk, the same on every rank)
   char* recv_x;
   float* recv_scales;
   long long* recv_idx;

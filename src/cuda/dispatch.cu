@@ -5,7 +5,10 @@
 //  - sender warps of rank s, channel c read x (local) and store each row once
 //    per destination: to recv_x directly for s itself, else over NVLink into the
 //    destination's staging slot dst_base[d] + position (final place, so the
-//    receiver never reorders). Local expert ids and weights are computed here.
+//    receiver never reorders). Local expert ids and weights are computed here,
+//    in the meta's config.max_topk columns: ranks may pass different num_topk
+//    or no ids at all, so the columns past the sender's say so (kIdPastTopk,
+//    kIdNoIds) and the receiver decodes them with its own num_topk.
 //    After every chunk of tokens the sender warps meet at a named barrier and
 //    one lane per destination publishes the rows done with st.release.sys of
 //    Ctrl::dprog[s][c] at the destination (the barrier orders the other warps'
@@ -56,6 +59,30 @@ __device__ __forceinline__ void copyRow(const int4* src, int4* my_dst, unsigned 
   }
 }
 
+// A received row's id column `lane` (code from the sender's meta, w its
+// weight) into recv_topk_idx / weights and the per-expert counts, with this
+// rank's num_topk: columns past the sender's read -1 / 0. A sender with more
+// columns than this rank cannot fit its rows: reported (the host backend
+// refuses the call the same way).
+__device__ __forceinline__ void decodeIds(const DispatchParams& p, int src, long long row, int code, float w, int lane,
+                                          int* hist, int& rows_without_ids) {
+  const int K = p.num_topk, MK = p.max_topk;
+  const int first = __shfl_sync(0xffffffffu, code, 0);
+  if (first == kIdNoIds) {
+    if (lane == 0) rows_without_ids = 1;
+  } else {
+    const unsigned cols = __ballot_sync(0xffffffffu, lane < MK && code != kIdPastTopk);
+    if (K < 32 && (cols >> K) != 0 && lane == 0)
+      reportError(p.cv, 5 /* epInvalidUsage */, kWhatWiderTopk, src, __popc(cols), K);
+  }
+  if (lane < K) {
+    const int local = code >= 0 && code < p.cv.experts_per_rank ? code : -1;
+    if (p.recv_idx) p.recv_idx[row * K + lane] = local;
+    if (p.recv_w) p.recv_w[row * K + lane] = local >= 0 ? w : 0.0f;
+    if (local >= 0) atomicAdd(&hist[local], 1);
+  }
+}
+
 // kU: 16-byte loads per lane in flight per row pass: 14 for rows of up to
 // 7168 bytes (an FP8 row of 7168 in one pass; 16 spills), else 8 (a BF16 row
 // of 7168 in four).
@@ -68,11 +95,13 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   const uint32_t epoch = cv.local->epoch + 1;
   const HState* hs = p.hv.hs;
   const int* tp = p.hv.tok_pos;
-  const int T = p.num_tokens, K = p.num_topk;
+  const int T = p.num_tokens, K = p.num_topk, MK = p.max_topk;
   const bool with_topk = p.topk != nullptr;
   __shared__ int claimed[kMaxRanks];  // [source]: rows of it claimed by a warp
+  __shared__ int rows_without_ids;    // a row of a sender that passed no ids came to this block
   for (int i = threadIdx.x; i < EL; i += blockDim.x) hist[i] = 0;
   if (threadIdx.x < kMaxRanks) claimed[threadIdx.x] = 0;
+  if (threadIdx.x == 0) rows_without_ids = 0;
   peersFinishedPrevious(cv, epoch);
 
   const long long num_recv = hs->num_recv;
@@ -129,6 +158,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
         }
         unsigned mask = __ballot_sync(0xffffffffu, v < 0);
         if (drop) mask &= ~(1u << me);
+        if (!with_topk && (mask >> me & 1u) && lane == 0) rows_without_ids = 1;
         long long slot = lane == me ? own_base + (v & 0x7fffffff) : dst_first + (v & 0x7fffffff);
         int4* my_dst = nullptr;
         char* my_meta = nullptr;
@@ -152,17 +182,20 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
           if (lane < nb) sdst[lane] = s0;
           if (lane + 32 < nb) sdst[lane + 32] = s1;
           for (int q = lane + 64; q < nb; q += 32) sdst[q] = p.x_scales[size_t(t) * p.s_tok + size_t(q) * p.s_blk];
-          if (with_topk && lane < K) {
-            bool mine = e >= 0 && e < cv.num_experts && int(e / EL) == d;
-            int local = mine ? int(e - (long long)d * EL) : -1;
-            float wv = mine ? w : 0.0f;
+          if (lane < MK) {  // column `lane`: a local id, -1, or why there is none
+            const bool mine = e >= 0 && e < cv.num_experts && int(e / EL) == d;
+            const int code = mine ? int(e - (long long)d * EL) : !with_topk ? kIdNoIds : lane < K ? -1 : kIdPastTopk;
+            const float wv = mine ? w : 0.0f;
             if (d == me) {
-              if (p.recv_idx) p.recv_idx[row * K + lane] = local;
-              if (p.recv_w) p.recv_w[row * K + lane] = wv;
-              if (local >= 0) atomicAdd(&hist[local], 1);
+              if (lane < K) {
+                const int local = code >= 0 ? code : -1;
+                if (p.recv_idx) p.recv_idx[row * K + lane] = local;
+                if (p.recv_w) p.recv_w[row * K + lane] = wv;
+                if (local >= 0) atomicAdd(&hist[local], 1);
+              }
             } else {
-              reinterpret_cast<int*>(meta + scale_bytes)[lane] = local;
-              reinterpret_cast<float*>(meta + scale_bytes + size_t(K) * 4)[lane] = wv;
+              reinterpret_cast<int*>(meta + scale_bytes)[lane] = code;
+              reinterpret_cast<float*>(meta + scale_bytes + size_t(MK) * 4)[lane] = wv;
             }
           }
         }
@@ -218,34 +251,28 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
         float s0 = 0.0f, s1 = 0.0f;
         if (lane < nb) s0 = reinterpret_cast<const float*>(meta)[lane];
         if (lane + 32 < nb) s1 = reinterpret_cast<const float*>(meta)[lane + 32];
-        int local = -1;
+        int code = kIdPastTopk;
         float w = 0.0f;
-        if (with_topk && lane < K) {
-          local = reinterpret_cast<const int*>(meta + scale_bytes)[lane];
-          w = reinterpret_cast<const float*>(meta + scale_bytes + size_t(K) * 4)[lane];
-        }
+        if (lane < MK) code = reinterpret_cast<const int*>(meta + scale_bytes)[lane];
+        if (lane < K) w = reinterpret_cast<const float*>(meta + scale_bytes + size_t(MK) * 4)[lane];
         copyRow<true, kU>(reinterpret_cast<const int4*>(rows + row * cv.row_stride),
                           reinterpret_cast<int4*>(p.recv_x + row * p.row_bytes), 1u, n16, lane);
         float* sdst = p.recv_scales + row * nb;
         if (lane < nb) sdst[lane] = s0;
         if (lane + 32 < nb) sdst[lane + 32] = s1;
         for (int q = lane + 64; q < nb; q += 32) sdst[q] = reinterpret_cast<const float*>(meta)[q];
-        if (with_topk && lane < K) {
-          if (p.recv_idx) p.recv_idx[row * K + lane] = local;
-          if (p.recv_w) p.recv_w[row * K + lane] = w;
-          if (local >= 0) atomicAdd(&hist[local], 1);
-        }
+        decodeIds(p, s, row, code, w, lane, hist, rows_without_ids);
       }
       if (failed) break;
     }
   }
   __syncthreads();
-  if (with_topk)
-    for (int i = threadIdx.x; i < EL; i += blockDim.x)
-      if (hist[i]) atomicAdd(&p.hv.expert_acc[i], hist[i]);
-  // Capacity sizing: rows past num_recv are marked unused. (num_recv read
+  for (int i = threadIdx.x; i < EL; i += blockDim.x)
+    if (hist[i]) atomicAdd(&p.hv.expert_acc[i], hist[i]);
+  if (threadIdx.x == 0 && rows_without_ids) atomicOr(p.hv.rows_without_ids, 1);
+  // Rows past num_recv are marked unused, with either sizing. (num_recv read
   // again: a register less across the row loops.)
-  if (p.capacity_mode && !drop && p.recv_idx) {
+  if (!drop && p.recv_idx) {
     const long long num_recv = *reinterpret_cast<const volatile long long*>(&hs->num_recv);
     const long long n = (p.capacity - num_recv) * K;
     for (long long i = (long long)c * blockDim.x + threadIdx.x; i < n; i += (long long)C * blockDim.x)
@@ -253,10 +280,17 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   }
   if (!lastBlockDone(cv.local)) return;
   publishFinished(cv, epoch);
+  // Counts from this call's ids only when every row came with them (a cached
+  // re-dispatch without ids, on any rank, keeps the first dispatch's counts).
+  __shared__ int ids_complete;
+  if (threadIdx.x == 0) {
+    ids_complete = *reinterpret_cast<volatile int*>(p.hv.rows_without_ids) == 0;
+    *p.hv.rows_without_ids = 0;
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < EL; i += blockDim.x) {
-    int v;
-    if (with_topk) {
-      v = atomicExch(&p.hv.expert_acc[i], 0);
+    int v = atomicExch(&p.hv.expert_acc[i], 0);
+    if (ids_complete) {
       if (!drop) p.hv.expert_saved[i] = v;
     } else {
       v = p.hv.expert_saved[i];

@@ -68,7 +68,7 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
     ca.y = d[r].y;
     ca.y_type = c.ct;
     ca.recv_topk_weights = c.weights ? d[r].recv_w : nullptr;
-    ca.num_topk = c.K;
+    ca.num_topk = c.kOf(r);
     ca.bias = c.bias ? d[r].bias : nullptr;
     ca.out = d[r].out;
     ca.out_topk_weights = c.weights ? d[r].out_w : nullptr;
@@ -97,11 +97,11 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
       RankOut& o = got[r];
       o.num_recv = download<int64_t>(d[r].num_recv, 1)[0];
       o.recv_x = download<uint8_t>(d[r].recv_x, size_t(g.cap) * g.drow);
-      o.idx = download<int64_t>(d[r].recv_idx, size_t(g.cap) * c.K);
-      o.w = download<float>(d[r].recv_w, size_t(g.cap) * c.K);
+      o.idx = download<int64_t>(d[r].recv_idx, size_t(g.cap) * c.kOf(r));
+      o.w = download<float>(d[r].recv_w, size_t(g.cap) * c.kOf(r));
       o.tpe = download<int>(d[r].tpe, g.EL);
       o.out = download<uint8_t>(d[r].out, size_t(c.T[r]) * g.crow);
-      o.out_w = download<float>(d[r].out_w, size_t(c.T[r]) * c.K);
+      o.out_w = download<float>(d[r].out_w, size_t(c.T[r]) * c.kOf(r));
     });
     int before = g_failures;
     for (int r = 0; r < c.R; r++) {
@@ -115,13 +115,13 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
       }
       const size_t n = size_t(e.num_recv);
       same("recv_x", cname, r, o.recv_x.data(), e.recv_x.data(), n * g.drow, 2);
-      same("recv_topk_idx", cname, r, o.idx.data(), e.idx.data(), n * c.K * 8, 8);
-      std::vector<int64_t> minus(size_t(g.cap - n) * c.K, -1);
-      same("unused rows", cname, r, o.idx.data() + n * c.K, minus.data(), minus.size() * 8, 8);
-      if (c.weights) same("recv_topk_weights", cname, r, o.w.data(), e.w.data(), n * c.K * 4, 4);
+      same("recv_topk_idx", cname, r, o.idx.data(), e.idx.data(), n * c.kOf(r) * 8, 8);
+      std::vector<int64_t> minus(size_t(g.cap - n) * c.kOf(r), -1);
+      same("unused rows", cname, r, o.idx.data() + n * c.kOf(r), minus.data(), minus.size() * 8, 8);
+      if (c.weights) same("recv_topk_weights", cname, r, o.w.data(), e.w.data(), n * c.kOf(r) * 4, 4);
       same("recv_tokens_per_expert", cname, r, o.tpe.data(), e.tpe.data(), g.EL * 4, 4);
       same("combine out", cname, r, o.out.data(), e.out.data(), c.T[r] * g.crow, 2);
-      if (c.weights) same("out_topk_weights", cname, r, o.out_w.data(), e.out_w.data(), size_t(c.T[r]) * c.K * 4, 4);
+      if (c.weights) same("out_topk_weights", cname, r, o.out_w.data(), e.out_w.data(), size_t(c.T[r]) * c.kOf(r) * 4, 4);
     }
     printf("%s %s replay %d\n", g_failures == before ? "PASS" : "FAIL", cname.c_str(), rep);
     fflush(stdout);
@@ -133,6 +133,59 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
     freeDev(&d[r]);
     CK(cudaStreamDestroy(streams[r]));
   });
+}
+
+// Rank 0 passes num_topk 8 and sends to rank 1, which passes 4: rank 1's rows
+// from rank 0 do not fit its recv_topk_idx. Its next call reports it
+// (epInvalidUsage naming rank 0); rank 0's does not.
+void runWiderTopk(int max_ranks) {
+  Case c{"EP2 bf16 h256 k8 into k4", 2, 256, 8, 16, std::vector<int>(2, 64)};
+  c.Kr = {8, 4};
+  if (c.R > max_ranks) {
+    printf("SKIPPED %s: needs %d GPUs, %d visible\n", c.name.c_str(), c.R, max_ranks);
+    return;
+  }
+  std::vector<epComm_t> comms(c.R);
+  epConfig_t cfg = configOf(c, epBackendCuda);
+  EK(nullptr, epCommInitAll(comms.data(), c.R, gpusOf(c.R).data(), &cfg));
+  std::vector<RankIn> ins;
+  makeInputs(c, 5, &ins);
+  int before = g_failures;
+  runRanks(c.R, [&](int r) {
+    CK(cudaSetDevice(gpuOf(r)));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    DevBufs d;
+    allocDev(c, ins[r], r, &d);
+    uploadInputs(c, ins[r], &d, s);
+    epDispatchArgs_t a = dispatchArgs(c, ins[r], r, d.x, d.scales, d.topk, d.w);
+    a.flags = EP_DISPATCH_NO_HOST_SYNC;
+    a.recv_x = d.recv_x;
+    a.recv_topk_idx = d.recv_idx;
+    a.recv_topk_weights = d.recv_w;
+    a.num_recv = d.num_recv;
+    epHandle_t h = nullptr;
+    EK(comms[r], epDispatch(comms[r], &a, &h, s));
+    CK(cudaStreamSynchronize(s));
+    epLayoutArgs_t la = layoutArgs(c, r, d);
+    const epResult_t res = epLayout(comms[r], &la, s);
+    const std::string msg = epGetLastError(comms[r]);
+    const bool ok = r == 0 ? res == epSuccess
+                           : res == epInvalidUsage && msg.find("rank 0 passed num_topk = 8, more than this rank's 4") !=
+                                                          std::string::npos;
+    if (!ok) {
+      printf("  FAIL %s rank %d: the next call gave %s (%s)\n", c.name.c_str(), r, epGetErrorString(res),
+             msg.c_str());
+      g_failures++;
+    }
+    CK(cudaStreamSynchronize(s));
+    epHandleDestroy(h);
+    freeDev(&d);
+    CK(cudaStreamDestroy(s));
+  });
+  for (int r = 0; r < c.R; r++) epCommDestroy(comms[r]);
+  printf("%s %s: rank 1 reports it\n", g_failures == before ? "PASS" : "FAIL", c.name.c_str());
+  fflush(stdout);
 }
 
 // max_ranks: the most ranks the visible GPUs take (more with --ranks).
@@ -202,6 +255,22 @@ int main(int argc, char** argv) {
     c.bias = true;
     c.align = 4;
     add(c);
+    // Ranks with different num_topk (rank 0 wider, sending only to itself);
+    // a rank without tokens that passes no ids; a cached re-dispatch where
+    // rank 0 passes no ids: the receivers decode the senders' columns.
+    c = Case{ep + "bf16 h512 k8/4 mixed topk", R, 512, 8, 32, std::vector<int>(R, 150)};
+    c.Kr.assign(R, 4);
+    c.Kr[0] = 8;
+    c.own_experts_rank = 0;
+    c.neg = 0.1;
+    c.bias = true;
+    add(c);
+    c = Case{ep + "bf16 h256 k6 no ids: empty rank, cached on rank 0", R, 256, 6, 24, std::vector<int>(R, 120)};
+    if (R > 1) c.T[R - 1] = 0;
+    c.null_topk_if_empty = true;
+    c.cached_without_ids = 0;
+    c.align = 4;
+    add(c);
     if (small) continue;
     c = Case{ep + "bf16 h1000 k32", R, 1000, 32, 64, std::vector<int>(R, 300)};
     c.neg = 0.1;
@@ -227,6 +296,7 @@ int main(int argc, char** argv) {
     add(c);
   }
   for (const Case& c : cases) runCase(c, max_ranks, false);
+  if (!ranks || ranks == 2) runWiderTopk(max_ranks);
   // Graph capture, EP2 (or EP1 on one GPU; EP N with --ranks).
   {
     int R = ranks ? ranks : std::min(ndev, 2);
