@@ -232,8 +232,8 @@ typedef struct {
   const void *x;               /* [num_tokens, H] of x_type, rows x_stride bytes apart */
   epDataType_t x_type;         /* must equal the config's dispatch_type */
   size_t x_stride;             /* bytes between rows, 0: H * sizeof(type) */
-  const float *x_scales;       /* FP8 only: [num_tokens, H/128] */
-  size_t scales_token_stride;  /* elements between tokens' scales, 0: H/128 */
+  const float *x_scales;       /* FP8 only: [num_tokens, ceil(H/128)] */
+  size_t scales_token_stride;  /* elements between tokens' scales, 0: ceil(H/128) */
   size_t scales_block_stride;  /* elements between one token's scales, 0: 1 */
   const void *topk_idx;        /* [num_tokens, num_topk]; a cached re-dispatch only forwards it
                                   to recv_topk_idx (NULL there: -1 rows; the routing is the handle's) */
@@ -244,7 +244,7 @@ typedef struct {
   int expert_alignment;        /* round recv_tokens_per_expert up to this, 0 or 1: none */
   /* output: rows received from all ranks, by source rank then source token */
   void *recv_x;                /* [recv_capacity, H] of x_type */
-  float *recv_scales;          /* FP8 only: [recv_capacity, H/128] */
+  float *recv_scales;          /* FP8 only: [recv_capacity, ceil(H/128)] */
   int64_t *recv_topk_idx;      /* [recv_capacity, K] local expert ids, -1 elsewhere; optional */
   float *recv_topk_weights;    /* [recv_capacity, K]; optional */
   int64_t recv_capacity;       /* rows the recv_* buffers hold */

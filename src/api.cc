@@ -23,6 +23,18 @@ using namespace ep;
 
 namespace {
 
+// The epDataType_t fields of each argument struct (checkDataTypeField).
+epResult_t checkEnums(epComm* comm, const char* fn, const epLayoutArgs_t& a) {
+  return checkDataTypeField(comm, fn, "topk_idx_type", a.topk_idx_type);
+}
+epResult_t checkEnums(epComm* comm, const char* fn, const epDispatchArgs_t& a) {
+  EPCHECK(checkDataTypeField(comm, fn, "x_type", a.x_type));
+  return checkDataTypeField(comm, fn, "topk_idx_type", a.topk_idx_type);
+}
+epResult_t checkEnums(epComm* comm, const char* fn, const epCombineArgs_t& a) {
+  return checkDataTypeField(comm, fn, "y_type", a.y_type);
+}
+
 // Copies a caller's versioned struct of any known size into a full one.
 template <typename T>
 epResult_t readArgs(epComm* comm, const T* user, unsigned magic, size_t v1_size, T* out,
@@ -36,7 +48,7 @@ epResult_t readArgs(epComm* comm, const T* user, unsigned magic, size_t v1_size,
     return setError(comm, epInvalidArgument, "%s: args.size = %zu is smaller than any known %s", fn,
                     user->size, type_name);
   memcpy(out, user, std::min(user->size, sizeof(T)));
-  return epSuccess;
+  return checkEnums(comm, fn, *out);
 }
 
 constexpr size_t kLayoutV1 = offsetof(epLayoutArgs_t, is_token_in_rank) + sizeof(void*);
@@ -136,6 +148,13 @@ epResult_t prepareRouting(epComm* comm, const epDispatchArgs_t& a, epHandle* h, 
 }
 
 }  // namespace
+
+epResult_t ep::checkDataTypeField(epComm* comm, const char* fn, const char* name, const epDataType_t& field) {
+  const int v = rawEnum(field);
+  if (v < epBfloat16 || v > epInt64)
+    return setError(comm, epInvalidArgument, "%s: %s = %d is not an epDataType_t value", fn, name, v);
+  return epSuccess;
+}
 
 epResult_t ep::checkTopkValues(epComm* comm, const char* fn, const void* topk_idx, epDataType_t type,
                                int num_tokens, int num_topk) {

@@ -1,10 +1,13 @@
 // The entry guard of every public call on a communicator: refuses dead,
-// aborted, failed or closing communicators and counts the call in flight, so
+// aborted or closing communicators (and failed ones, for collective calls)
+// and counts the call in flight, so
 // that epCommAbort can wait for calls in other threads to leave and
 // epCommDestroy can refuse to free a communicator in use. Collective calls
 // (the data calls) also claim the communicator: two at once, from two
 // threads, would share its exchange state, so the second is refused.
 #pragma once
+
+#include <cstring>
 
 #include "comm.h"
 #include "debug.h"
@@ -24,6 +27,21 @@ epResult_t apiException(const char* fn, epComm* comm) noexcept;
 // epLowLatencyDispatch.
 epResult_t checkTopkValues(epComm* comm, const char* fn, const void* topk_idx, epDataType_t type,
                            int num_tokens, int num_topk);
+
+// An enum field of a caller's struct, as the int it holds: a value outside
+// the enum must not be loaded as the enum type (undefined behaviour).
+template <typename E>
+int rawEnum(const E& field) {
+  static_assert(sizeof(E) == sizeof(int), "the C ABI's enums are ints");
+  int v;
+  memcpy(&v, &field, sizeof(v));
+  return v;
+}
+
+// A caller's epDataType_t field (by reference: not loaded as the enum before
+// it is known to be one): epInvalidArgument naming it unless it is a value of
+// the enum. The checks after it compare it with the types they accept.
+epResult_t checkDataTypeField(epComm* comm, const char* fn, const char* name, const epDataType_t& field);
 
 class CallGuard {
  public:
@@ -45,19 +63,21 @@ class CallGuard {
     if (comm_->abort_flag.load()) return setError(comm_, epAborted, "%s: communicator was aborted", fn);
     if (comm_->closing.load())
       return setError(comm_, epInvalidUsage, "%s: the communicator is being destroyed in another thread", fn);
+    return epSuccess;
+  }
+
+  // enter() for a collective call (layout, dispatch, combine, low latency).
+  // A communicator that failed refuses these only: its queries (rank, size,
+  // buffer bytes, paths) still answer, for the caller's error handling.
+  epResult_t enterCollective(const char* fn) {
+    epResult_t res = enter(fn);
+    if (res != epSuccess) return res;
     int broken = comm_->broken.load();
     if (broken != epSuccess)
       return setError(comm_, epRemoteError,
                       "%s: the communicator failed in an earlier call (%s) and cannot be used; "
                       "destroy it and create a new one",
                       fn, epGetErrorString(epResult_t(broken)));
-    return epSuccess;
-  }
-
-  // enter() for a collective call (layout, dispatch, combine, low latency).
-  epResult_t enterCollective(const char* fn) {
-    epResult_t res = enter(fn);
-    if (res != epSuccess) return res;
     if (comm_->collective_busy.exchange(1) != 0)
       return setError(comm_, epInvalidUsage,
                       "%s: another call on this communicator is in progress in another thread; the data "

@@ -62,6 +62,8 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
                     "%s: args.magic / args.size are wrong: initialise with EP_LL_DISPATCH_ARGS_INITIALIZER", fn);
   epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
   memcpy(&a, user, std::min(user->size, sizeof(a)));
+  EPCHECK(checkDataTypeField(comm, fn, "topk_idx_type", a.topk_idx_type));
+  EPCHECK(checkDataTypeField(comm, fn, "wire_type", a.wire_type));
   if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
   const Config& c = comm->cfg;
   if (a.flags & ~(EP_LL_SEND_ONLY | EP_LL_ROUND_SCALE_POW2))

@@ -56,15 +56,6 @@ void commStoreError(epComm* comm, const char* msg) {
   comm->last_error = msg;
 }
 
-// An enum field of a caller's struct, as the int it holds.
-template <typename E>
-int rawEnum(const E& field) {
-  static_assert(sizeof(E) == sizeof(int), "the C ABI's enums are ints");
-  int v;
-  memcpy(&v, &field, sizeof(v));
-  return v;
-}
-
 epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm* comm) {
   if (user == nullptr) return setError(comm, epInvalidArgument, "config is NULL");
   if (nranks < 1 || nranks > kMaxCommRanks)

@@ -733,6 +733,9 @@ void recv_capacity_too_small_keeps_comm_usable(void**) {
   assert_ok(epHandleDestroy(h));
 }
 
+// An enum field set to an int that is no value of the enum (as a C caller can).
+void setRaw(epDataType_t* field, int v) { memcpy(field, &v, sizeof(v)); }
+
 void dispatch_field_checks_name_the_field(void**) {
   Tokens tk = makeTokens(16, 8, 2);
   Buf<uint16_t> recv_x(size_t(kMaxTokens) * kHidden);
@@ -747,6 +750,10 @@ void dispatch_field_checks_name_the_field(void**) {
       {"num_topk = 5", [](epDispatchArgs_t& a) { a.num_topk = kMaxTopk + 1; }},
       {"topk_idx is NULL", [](epDispatchArgs_t& a) { a.topk_idx = nullptr; }},
       {"topk_idx_type", [](epDispatchArgs_t& a) { a.topk_idx_type = epFloat32; }},
+      // Not values of the enum: refused before they are read as one.
+      {"x_type = 1000 is not an epDataType_t value", [](epDispatchArgs_t& a) { setRaw(&a.x_type, 1000); }},
+      {"topk_idx_type = -7 is not an epDataType_t value",
+       [](epDispatchArgs_t& a) { setRaw(&a.topk_idx_type, -7); }},
       {"x is NULL", [](epDispatchArgs_t& a) { a.x = nullptr; }},
       {"x_stride = 8", [](epDispatchArgs_t& a) { a.x_stride = 8; }},
       {"x_stride = 136", [](epDispatchArgs_t& a) { a.x_stride = kRowBytes + 8; }},
@@ -793,6 +800,7 @@ void combine_field_checks_name_the_field(void**) {
   };
   const Bad cases[] = {
       {"y_type = fp16", [](epCombineArgs_t& c, const Ctx&) { c.y_type = epFloat16; }},
+      {"y_type = 6 is not an epDataType_t value", [](epCombineArgs_t& c, const Ctx&) { setRaw(&c.y_type, 6); }},
       {"y_stride = 64", [](epCombineArgs_t& c, const Ctx&) { c.y_stride = 64; }},
       {"y is NULL", [](epCombineArgs_t& c, const Ctx&) { c.y = nullptr; }},
       {"out is NULL", [](epCombineArgs_t& c, const Ctx&) { c.out = nullptr; }},

@@ -188,6 +188,8 @@ void dispatch_field_checks_name_the_field(void**) {
       {"x or topk_idx is NULL", [](epLowLatencyDispatchArgs_t& a, Call&) { a.x = nullptr; }},
       {"x or topk_idx is NULL", [](epLowLatencyDispatchArgs_t& a, Call&) { a.topk_idx = nullptr; }},
       {"wire_type", [](epLowLatencyDispatchArgs_t& a, Call&) { a.wire_type = epFloat16; }},
+      {"wire_type = 99 is not an epDataType_t value",
+       [](epLowLatencyDispatchArgs_t& a, Call&) { const int v = 99; memcpy(&a.wire_type, &v, sizeof(v)); }},
       {"recv_x and recv_count are required", [](epLowLatencyDispatchArgs_t& a, Call&) { a.recv_x = nullptr; }},
       {"recv_x and recv_count are required",
        [](epLowLatencyDispatchArgs_t& a, Call&) { a.recv_count = nullptr; }},

@@ -60,6 +60,14 @@ void dispatch_out_of_memory_is_a_result(void**) {
   assert_null(h);
   // It may have stopped mid-exchange: the communicator refuses further data calls.
   assert_result(epDispatch(comm, &a, &h, nullptr), epRemoteError);
+  // Its queries still answer (an error handler wants the rank and size).
+  int rank = -1, size = -1, local = -1;
+  assert_ok(epCommRank(comm, &rank));
+  assert_ok(epCommSize(comm, &size));
+  int first = -1;
+  assert_ok(epCommLocalExperts(comm, &first, &local));
+  assert_int_equal(rank, 0);
+  assert_int_equal(size, 1);
   assert_ok(epCommDestroy(comm));
 }
 
