@@ -114,6 +114,7 @@ class CudaBackend : public Backend {
 
  private:
   epResult_t checkArch(const cudaDeviceProp& prop);
+  epResult_t checkExpertCounters(const cudaDeviceProp& prop);
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
   epResult_t allocSlot(HandleSlot** out);
   CommView view() const;
@@ -229,6 +230,7 @@ epResult_t CudaBackend::init() {
   cudaDeviceProp prop;
   CUDACHECK(cudaGetDeviceProperties(&prop, dev_));
   EPCHECK(checkArch(prop));
+  EPCHECK(checkExpertCounters(prop));
   channels_ = cfg.num_sms > 0 ? cfg.num_sms : 32;
   channels_ = std::min({channels_, kMaxChannels, prop.multiProcessorCount});
   if (dataTypeSize(cfg.dispatch_type) == 1) {
@@ -449,6 +451,22 @@ void CudaBackend::releaseHandle(epHandle* h) {
   std::lock_guard<std::mutex> lock(slots_mu_);
   free_slots_.push_back(s);
   h->backend_state = nullptr;
+}
+
+// The layout kernel counts every expert (and rank and node) in shared memory,
+// the dispatch kernel every local expert: more than a block can hold fails at
+// the first such launch, after the peers started waiting. Refused here instead.
+epResult_t CudaBackend::checkExpertCounters(const cudaDeviceProp& prop) {
+  const Config& cfg = comm_->cfg;
+  const size_t limit = prop.sharedMemPerBlockOptin > 1024 ? prop.sharedMemPerBlockOptin - 1024 : 0;  // static smem
+  const size_t need = size_t(cfg.num_experts + 2 * comm_->nranks) * sizeof(int);
+  if (need <= limit) return epSuccess;
+  return setError(comm_, epNotSupported,
+                  "config.num_experts = %d: the CUDA backend counts experts in shared memory, %zu bytes per "
+                  "block, and GPU %d (%s) allows %zu; at most %zu experts with %d ranks (the host backend "
+                  "has no such limit)",
+                  cfg.num_experts, need, dev_, prop.name, limit, limit / sizeof(int) - 2 * comm_->nranks,
+                  comm_->nranks);
 }
 
 const char* whatName(int what) {

@@ -188,6 +188,24 @@ void runWiderTopk(int max_ranks) {
   fflush(stdout);
 }
 
+// More experts than the kernels' shared-memory counters hold: init refuses
+// the config (epNotSupported saying so) instead of a later launch failing.
+void runTooManyExperts() {
+  Case c{"EP1 2^20 experts", 1, 128, 8, 1 << 20, std::vector<int>(1, 4)};
+  epConfig_t cfg = configOf(c, epBackendCuda);
+  epComm_t comm = nullptr;
+  const int dev = 0;
+  const epResult_t res = epCommInitAll(&comm, 1, &dev, &cfg);
+  const std::string msg = epGetLastError(nullptr);
+  const bool ok = res == epNotSupported && msg.find("counts experts in shared memory") != std::string::npos;
+  if (!ok) {
+    printf("  FAIL %s: init gave %s (%s)\n", c.name.c_str(), epGetErrorString(res), msg.c_str());
+    g_failures++;
+  }
+  if (comm) epCommDestroy(comm);
+  printf("%s %s: init refuses it\n", ok ? "PASS" : "FAIL", c.name.c_str());
+}
+
 // max_ranks: the most ranks the visible GPUs take (more with --ranks).
 void runCase(const Case& c, int max_ranks, bool graph) {
   if (c.R > max_ranks) {
@@ -297,6 +315,7 @@ int main(int argc, char** argv) {
   }
   for (const Case& c : cases) runCase(c, max_ranks, false);
   if (!ranks || ranks == 2) runWiderTopk(max_ranks);
+  if (!ranks) runTooManyExperts();
   // Graph capture, EP2 (or EP1 on one GPU; EP N with --ranks).
   {
     int R = ranks ? ranks : std::min(ndev, 2);
