@@ -20,6 +20,7 @@
 #include "../backend.h"
 #include "../bootstrap.h"
 #include "../checks.h"
+#include "../ll_layout.h"
 #include "../params.h"
 #include "../transport.h"
 #include "cuda_check.h"
@@ -395,6 +396,14 @@ epResult_t CudaBackend::init() {
   }
   CUDACHECK(cudaDeviceSynchronize());
   if (cfg.low_latency) {  // collective, like everything above
+    // The cap bounds what epCommBufferBytes reports: both buffers together.
+    const size_t ll_bytes =
+        llBufferBytes(R, cfg.max_tokens_per_rank, cfg.hidden, cfg.max_topk, cfg.num_experts);
+    if (cfg.buffer_bytes_cap > 0 && buffer_bytes_ + ll_bytes > cfg.buffer_bytes_cap)
+      return setError(comm_, epInvalidArgument,
+                      "config.buffer_bytes_cap = %zu is too small: the CUDA backend needs %zu bytes for the "
+                      "high-throughput buffer and %zu for the low-latency buffers",
+                      cfg.buffer_bytes_cap, buffer_bytes_, ll_bytes);
     // Ranks sharing a GPU split its SMs, as for the high-throughput kernels:
     // every block of every rank's fused kernel must be resident at once.
     const long long want = param::CUDA_LL_SMS();

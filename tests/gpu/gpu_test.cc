@@ -206,6 +206,37 @@ void runTooManyExperts() {
   printf("%s %s: init refuses it\n", ok ? "PASS" : "FAIL", c.name.c_str());
 }
 
+// config.buffer_bytes_cap bounds both buffers together (what
+// epCommBufferBytes reports): one byte less than their sum is refused.
+void runBufferCapCoversBoth() {
+  Case c{"EP1 buffer_bytes_cap", 1, 1024, 8, 64, std::vector<int>(1, 128)};
+  epConfig_t cfg = configOf(c, epBackendCuda);
+  epComm_t comm = nullptr;
+  const int dev = 0;
+  size_t ht = 0, ll = 0, both = 0;
+  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
+  EK(comm, epCommBufferBytes(comm, &ht));
+  epCommDestroy(comm);
+  cfg.low_latency = 1;
+  EK(nullptr, epLowLatencyBufferBytes(&cfg, 1, &ll));
+  cfg.buffer_bytes_cap = ht + ll;
+  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
+  EK(comm, epCommBufferBytes(comm, &both));
+  epCommDestroy(comm);
+  comm = nullptr;
+  cfg.buffer_bytes_cap = ht + ll - 1;
+  const epResult_t res = epCommInitAll(&comm, 1, &dev, &cfg);
+  const std::string msg = epGetLastError(nullptr);
+  const bool ok = both == ht + ll && res == epInvalidArgument && msg.find("low-latency buffers") != std::string::npos;
+  if (!ok) {
+    printf("  FAIL %s: %zu + %zu bytes reported %zu; a cap one byte short gave %s (%s)\n", c.name.c_str(), ht, ll,
+           both, epGetErrorString(res), msg.c_str());
+    g_failures++;
+  }
+  if (comm) epCommDestroy(comm);
+  printf("%s %s: covers both buffers\n", ok ? "PASS" : "FAIL", c.name.c_str());
+}
+
 // max_ranks: the most ranks the visible GPUs take (more with --ranks).
 void runCase(const Case& c, int max_ranks, bool graph) {
   if (c.R > max_ranks) {
@@ -316,6 +347,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) runCase(c, max_ranks, false);
   if (!ranks || ranks == 2) runWiderTopk(max_ranks);
   if (!ranks) runTooManyExperts();
+  if (!ranks) runBufferCapCoversBoth();
   // Graph capture, EP2 (or EP1 on one GPU; EP N with --ranks).
   {
     int R = ranks ? ranks : std::min(ndev, 2);
