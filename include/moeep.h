@@ -99,7 +99,8 @@ typedef struct {
   epDataType_t combine_type;   /* type of combine rows: epBfloat16 / epFloat16 / epFloat32 */
   epBackend_t backend;         /* epBackendAuto: GPU if present */
   int device;                  /* CUDA device, -1: the current one */
-  size_t buffer_bytes_cap;     /* upper bound on the communication buffers together (epCommBufferBytes), 0: no cap */
+  size_t buffer_bytes_cap;     /* upper bound on the communication buffers together
+                                  (what epCommBufferBytes reports), 0: no cap */
   int timeout_ms;              /* how long to wait for a peer before epTimeout, 0: EP_TIMEOUT_MS */
   int num_sms;                 /* SM budget of the high-throughput kernels, 0: library default */
   int max_nodes_per_token;     /* node-limited routing bound M, 0: not declared */
