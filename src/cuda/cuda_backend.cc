@@ -504,8 +504,9 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
   if (code == epTimeout) {
     comm_->broken.store(epTimeout);
     return setError(comm_, epTimeout,
-                    "%s: rank %d (GPU %d) waited more than %d ms for rank %d in %s (channel %d); the "
-                    "communicator cannot be used any more",
+                    "%s: rank %d (GPU %d) waited more than %d ms for rank %d in %s (channel %d): that rank "
+                    "stopped, or is in another call (calls out of order, or a low-latency call against a "
+                    "high-throughput one); the communicator cannot be used any more",
                     fn, comm_->rank, dev_, comm_->cfg.timeout_ms, peer, whatName(what), err_host_->channel);
   }
   // Argument errors found by a kernel: report once, then the communicator goes on.

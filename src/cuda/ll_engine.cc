@@ -248,8 +248,11 @@ epResult_t LLEngine::checkErrors(const char* fn, cudaStream_t stream) {
   if (what == kLLWhatBadTopk)
     return setError(comm_, epInvalidArgument, "%s: an earlier low-latency dispatch had topk_idx of token %lld = %lld: %s",
                     fn, a, b, llWhatName(what));
+  const char* hint = code == epTimeout ? ": that rank stopped, or is in another call (calls out of order, or a "
+                                         "high-throughput call against this low-latency one)"
+                                       : "";
   return setError(comm_, epResult_t(code), "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) "
-                  "within %d ms", fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms);
+                  "within %d ms%s", fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms, hint);
 }
 
 epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {
