@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "../backend.h"
@@ -115,7 +116,8 @@ class CudaBackend : public Backend {
 
  private:
   epResult_t checkArch(const cudaDeviceProp& prop);
-  epResult_t checkExpertCounters(const cudaDeviceProp& prop);
+  void limitExpertCounters(const cudaDeviceProp& prop);
+  epResult_t checkExpertCounters(const char* fn) const;
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
   epResult_t allocSlot(HandleSlot** out);
   CommView view() const;
@@ -127,6 +129,7 @@ class CudaBackend : public Backend {
   // the dispatch split depends on the row size (set in init).
   int send_warps_ = 6, recv_warps_ = 10, push_warps_ = 4, reduce_warps_ = 12;
   int chunk_tokens_ = 16;
+  std::string counters_too_small_;  // why epLayout / epDispatch cannot run here (limitExpertCounters)
   size_t row_stride_ = 0, meta_stride_ = 0, rows_off_ = 0, meta_off_ = 0, buffer_bytes_ = 0;
   size_t slot_bytes_ = 0, tok_pos_off_ = 0, chan_off_ = 0, expert_off_ = 0;
   const TransportEntry* ipc_ = nullptr;
@@ -231,7 +234,7 @@ epResult_t CudaBackend::init() {
   cudaDeviceProp prop;
   CUDACHECK(cudaGetDeviceProperties(&prop, dev_));
   EPCHECK(checkArch(prop));
-  EPCHECK(checkExpertCounters(prop));
+  limitExpertCounters(prop);
   channels_ = cfg.num_sms > 0 ? cfg.num_sms : 32;
   channels_ = std::min({channels_, kMaxChannels, prop.multiProcessorCount});
   if (dataTypeSize(cfg.dispatch_type) == 1) {
@@ -463,19 +466,26 @@ void CudaBackend::releaseHandle(epHandle* h) {
 }
 
 // The layout kernel counts every expert (and rank and node) in shared memory,
-// the dispatch kernel every local expert: more than a block can hold fails at
-// the first such launch, after the peers started waiting. Refused here instead.
-epResult_t CudaBackend::checkExpertCounters(const cudaDeviceProp& prop) {
+// the dispatch kernel every local expert: more than a block holds would fail
+// at launch, after the peers started waiting. Those calls are refused instead,
+// on every rank alike (the config is the same); low latency has no such limit.
+void CudaBackend::limitExpertCounters(const cudaDeviceProp& prop) {
   const Config& cfg = comm_->cfg;
   const size_t limit = prop.sharedMemPerBlockOptin > 1024 ? prop.sharedMemPerBlockOptin - 1024 : 0;  // static smem
   const size_t need = size_t(cfg.num_experts + 2 * comm_->nranks) * sizeof(int);
-  if (need <= limit) return epSuccess;
-  return setError(comm_, epNotSupported,
-                  "config.num_experts = %d: the CUDA backend counts experts in shared memory, %zu bytes per "
-                  "block, and GPU %d (%s) allows %zu; at most %zu experts with %d ranks (the host backend "
-                  "has no such limit)",
-                  cfg.num_experts, need, dev_, prop.name, limit, limit / sizeof(int) - 2 * comm_->nranks,
-                  comm_->nranks);
+  if (need <= limit) return;
+  char msg[512];
+  snprintf(msg, sizeof(msg),
+           "config.num_experts = %d: the CUDA backend's layout and dispatch count experts in shared memory, "
+           "%zu bytes per block, and GPU %d (%s) allows %zu: at most %zu experts with %d ranks (the "
+           "low-latency calls and the host backend have no such limit)",
+           cfg.num_experts, need, dev_, prop.name, limit, limit / sizeof(int) - 2 * comm_->nranks, comm_->nranks);
+  counters_too_small_ = msg;
+}
+
+epResult_t CudaBackend::checkExpertCounters(const char* fn) const {
+  if (counters_too_small_.empty()) return epSuccess;
+  return setError(comm_, epNotSupported, "%s: %s", fn, counters_too_small_.c_str());
 }
 
 const char* whatName(int what) {
@@ -536,6 +546,7 @@ epResult_t CudaBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   EPCHECK(checkKernelErrors("epLayout", s));
+  EPCHECK(checkExpertCounters("epLayout"));
   cuda::LayoutParams p{};
   p.topk = a.topk_idx;
   p.idx64 = a.topk_idx_type == epInt64;
@@ -561,6 +572,7 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   EPCHECK(checkKernelErrors("epDispatch", s));
+  EPCHECK(checkExpertCounters("epDispatch"));
   const bool sync = !(a.flags & EP_DISPATCH_NO_HOST_SYNC);
   if (sync) {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

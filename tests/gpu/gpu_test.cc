@@ -188,22 +188,41 @@ void runWiderTopk(int max_ranks) {
   fflush(stdout);
 }
 
-// More experts than the kernels' shared-memory counters hold: init refuses
-// the config (epNotSupported saying so) instead of a later launch failing.
+// More experts than the kernels' shared-memory counters hold: epLayout and
+// epDispatch refuse (epNotSupported saying so) instead of failing at launch;
+// the communicator itself is made (its low-latency calls have no such limit).
 void runTooManyExperts() {
   Case c{"EP1 2^20 experts", 1, 128, 8, 1 << 20, std::vector<int>(1, 4)};
   epConfig_t cfg = configOf(c, epBackendCuda);
   epComm_t comm = nullptr;
   const int dev = 0;
-  const epResult_t res = epCommInitAll(&comm, 1, &dev, &cfg);
-  const std::string msg = epGetLastError(nullptr);
-  const bool ok = res == epNotSupported && msg.find("counts experts in shared memory") != std::string::npos;
+  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
+  std::vector<RankIn> ins;
+  makeInputs(c, 3, &ins);
+  DevBufs d;
+  allocDev(c, ins[0], 0, &d);
+  uploadInputs(c, ins[0], &d, nullptr);
+  epLayoutArgs_t la = layoutArgs(c, 0, d);
+  const epResult_t lres = epLayout(comm, &la, nullptr);
+  const std::string lmsg = epGetLastError(comm);
+  epDispatchArgs_t a = dispatchArgs(c, ins[0], 0, d.x, d.scales, d.topk, d.w);
+  a.recv_x = d.recv_x;
+  epHandle_t h = nullptr;
+  int64_t num_recv = 0;
+  a.num_recv = &num_recv;
+  const epResult_t dres = epDispatch(comm, &a, &h, nullptr);
+  const std::string dmsg = epGetLastError(comm);
+  const char* want = "count experts in shared memory";
+  const bool ok = lres == epNotSupported && lmsg.find(want) != std::string::npos && dres == epNotSupported &&
+                  dmsg.find(want) != std::string::npos && h == nullptr;
   if (!ok) {
-    printf("  FAIL %s: init gave %s (%s)\n", c.name.c_str(), epGetErrorString(res), msg.c_str());
+    printf("  FAIL %s: epLayout gave %s (%s), epDispatch %s (%s)\n", c.name.c_str(), epGetErrorString(lres),
+           lmsg.c_str(), epGetErrorString(dres), dmsg.c_str());
     g_failures++;
   }
-  if (comm) epCommDestroy(comm);
-  printf("%s %s: init refuses it\n", ok ? "PASS" : "FAIL", c.name.c_str());
+  freeDev(&d);
+  epCommDestroy(comm);
+  printf("%s %s: layout and dispatch refuse it\n", ok ? "PASS" : "FAIL", c.name.c_str());
 }
 
 // config.buffer_bytes_cap bounds both buffers together (what
