@@ -474,7 +474,7 @@ void CudaBackend::limitExpertCounters(const cudaDeviceProp& prop) {
   const size_t limit = prop.sharedMemPerBlockOptin > 1024 ? prop.sharedMemPerBlockOptin - 1024 : 0;  // static smem
   const size_t need = size_t(cfg.num_experts + 2 * comm_->nranks) * sizeof(int);
   if (need <= limit) return;
-  char msg[512];
+  char msg[1024];
   snprintf(msg, sizeof(msg),
            "config.num_experts = %d: the CUDA backend's layout and dispatch count experts in shared memory, "
            "%zu bytes per block, and GPU %d (%s) allows %zu: at most %zu experts with %d ranks (the "
