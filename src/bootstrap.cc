@@ -143,11 +143,15 @@ class Root {
                                          : Clock::time_point::max();
     if (ready != nullptr) ready->store(1, std::memory_order_release);
     for (;;) {
+      // The listener is closed before any rank hears the outcome: a rank may
+      // retry with the same EP_COMM_ID at once, and its bind needs the port.
       if (nranks_ > 0 && arrived_ == nranks_) {
+        listen_fd_.reset();
         replySuccess();
         return;
       }
       if (Clock::now() >= deadline()) {
+        listen_fd_.reset();
         replyTimeout();
         return;
       }

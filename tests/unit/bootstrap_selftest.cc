@@ -245,6 +245,29 @@ int caseCommId() {
   return 0;
 }
 
+// A rank told the outcome (success or timeout) retries with the same
+// EP_COMM_ID at once: the root's port is free by then (the root closed its
+// listener after the reply, and the retry's bind found it taken).
+int caseCommIdRetryAtOnce() {
+  ep::SocketAddress bound;
+  ep::Fd probe;
+  std::string err;
+  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &probe, &bound, &err), "%s", err.c_str());
+  probe.reset();
+  setenv("EP_COMM_ID", bound.toString().c_str(), 1);
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  for (int i = 0; i < 60; i++) {
+    const int nranks = i % 2 == 0 ? 1 : 2;  // 1: served at once; 2: rank 1 never comes, a timeout
+    ep::Bootstrap* b = nullptr;
+    const epResult_t res = ep::bootstrapInit(id, 0, nranks, 30, nullptr, nullptr, &b);
+    CHECK(res == (nranks == 1 ? epSuccess : epTimeout), "attempt %d with %d ranks: %d (%s)", i, nranks, res,
+          ep::threadLastError());
+    ep::bootstrapClose(b);
+  }
+  return 0;
+}
+
 // Two launcher jobs on one EP_COMM_ID by mistake: a rank of the second is
 // refused by the first job's root, naming the likely cause, instead of
 // joining the first job (its ids differ by the job id the launcher sets).
@@ -553,6 +576,7 @@ int main() {
       {"another program on the EP_COMM_ID port", caseForeignRoot},
       {"epCommInitAll does not bind EP_COMM_ID", caseInitAllIgnoresCommId},
       {"another job on the EP_COMM_ID is refused", caseCommIdOtherJob},
+      {"EP_COMM_ID reused at once after init", caseCommIdRetryAtOnce},
       {"missing rank times out naming it", caseMissingRank},
       {"abort flag unblocks init", caseAbortInit},
       {"bad unique id rejected", caseBadId},
