@@ -289,7 +289,8 @@ class Root {
     if (h.nonce != nonce_)
       return reject(p, epInvalidArgument,
                     "the unique id does not belong to this root (a stale id from another run, or another "
-                    "launcher job on the same EP_COMM_ID?)");
+                    "launcher job on the same EP_COMM_ID? every rank must spell EP_COMM_ID identically: a "
+                    "host name and its address count as different)");
     if (h.nranks < 1)
       return reject(p, epInvalidArgument, "nranks " + std::to_string(h.nranks) + " is not positive");
     if (nranks_ > 0 && h.nranks != nranks_)
@@ -435,13 +436,18 @@ namespace {
 // launcher job: the job id the launcher gives its ranks (Open MPI, PMIx,
 // Slurm) is mixed in, so that the ranks of another job started on the same
 // address by mistake are refused by the root instead of joining this job.
+// The text is hashed without the blanks around it, which parseSocketAddress
+// ignores too; names are not resolved (a name may resolve differently on
+// another host), so every rank must write the address the same way.
 uint64_t nonceOfCommId(const char* comm_id) {
   uint64_t h = 1469598103934665603ull;
-  const auto mix = [&h](const char* text) {
-    for (const char* c = text; *c; c++) h = (h ^ uint8_t(*c)) * 1099511628211ull;
+  const auto mix = [&h](const std::string& text) {
+    for (char c : text) h = (h ^ uint8_t(c)) * 1099511628211ull;
     h = (h ^ 0xffu) * 1099511628211ull;  // separator
   };
-  mix(comm_id);
+  std::string id = comm_id;
+  const size_t first = id.find_first_not_of(" \t"), last = id.find_last_not_of(" \t");
+  mix(first == std::string::npos ? "" : id.substr(first, last - first + 1));
   for (const char* var : {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"}) {
     const char* job = getenv(var);
     if (job != nullptr && *job != '\0') {

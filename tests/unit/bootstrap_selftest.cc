@@ -302,6 +302,43 @@ int caseCommIdOtherJob() {
   return 0;
 }
 
+// Blanks around EP_COMM_ID do not split a job (the address parser ignores
+// them, the id's nonce did not); a host name where another rank wrote the
+// address does, and the refusal says that every rank must spell it alike.
+int caseCommIdSpelling() {
+  ep::SocketAddress bound;
+  ep::Fd probe;
+  std::string err;
+  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &probe, &bound, &err), "%s", err.c_str());
+  probe.reset();
+  const std::string addr = bound.toString(), port = std::to_string(bound.port());
+  auto rankWith = [](const std::string& comm_id, int rank, int timeout_ms, epResult_t want,
+                     const char* text) {
+    setenv("EP_COMM_ID", comm_id.c_str(), 1);
+    setenv("EP_SOCKET_FAMILY", "AF_INET", 1);  // "localhost" is 127.0.0.1, not ::1
+    epUniqueId id;
+    CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+    ep::Bootstrap* b = nullptr;
+    const epResult_t res = ep::bootstrapInit(id, rank, 2, timeout_ms, nullptr, nullptr, &b);
+    CHECK(res == want, "rank %d with EP_COMM_ID=\"%s\": %d (%s)", rank, comm_id.c_str(), res,
+          ep::threadLastError());
+    CHECK(text == nullptr || contains(ep::threadLastError(), text), "message \"%s\"", ep::threadLastError());
+    ep::bootstrapClose(b);
+    return 0;
+  };
+  auto codes = runForked({[&] { return rankWith(addr, 0, 5000, epSuccess, nullptr); },
+                          [&] { return rankWith(" " + addr + "\t ", 1, 5000, epSuccess, nullptr); }});
+  CHECK(allZero(codes), "blanks around EP_COMM_ID: rank exits %d %d", codes[0], codes[1]);
+  codes = runForked({[&] { return rankWith(addr, 0, 800, epTimeout, nullptr); },
+                     [&] {
+                       usleep(100 * 1000);  // after rank 0's root listens
+                       return rankWith("localhost:" + port, 1, 800, epInvalidArgument,
+                                       "every rank must spell EP_COMM_ID identically");
+                     }});
+  CHECK(allZero(codes), "a host name for the address: rank exits %d %d", codes[0], codes[1]);
+  return 0;
+}
+
 // epCommInitAll's ranks are threads of this process: EP_COMM_ID (the job's
 // address, here held by another listener) is not theirs to bind.
 int caseInitAllIgnoresCommId() {
@@ -577,6 +614,7 @@ int main() {
       {"epCommInitAll does not bind EP_COMM_ID", caseInitAllIgnoresCommId},
       {"another job on the EP_COMM_ID is refused", caseCommIdOtherJob},
       {"EP_COMM_ID reused at once after init", caseCommIdRetryAtOnce},
+      {"EP_COMM_ID spelt differently across ranks", caseCommIdSpelling},
       {"missing rank times out naming it", caseMissingRank},
       {"abort flag unblocks init", caseAbortInit},
       {"bad unique id rejected", caseBadId},
