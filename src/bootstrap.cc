@@ -11,6 +11,7 @@
 #include "checks.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include <new>
 #include <string>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -127,11 +129,100 @@ std::string rankList(const std::vector<int>& ranks) {
   return s;
 }
 
+// ---- Root descriptors across fork ------------------------------------------
+//
+// A child forked after epGetUniqueId (a launcher's rank) inherits the root's
+// sockets: close-on-exec covers exec only, and the root thread does not exist
+// in the child. Its copy of the listener would keep the port open after the
+// root exited, and a late rank would wait there for an answer that never
+// comes. A pthread_atfork handler closes them in the child. Every root
+// descriptor is opened and closed under the registry's mutex, which the fork
+// handlers hold across fork(): the child sees exactly the open ones, and never
+// closes a number that another thread got back from the kernel meanwhile.
+
+struct RootFdRegistry {
+  std::mutex mu;
+  std::vector<int> fds;
+};
+
+void lockRootFds();
+void unlockRootFds();
+void closeRootFdsInChild();
+
+// Never destroyed: a detached root thread may still close its sockets while
+// the process runs its static destructors.
+RootFdRegistry& rootFds() {
+  static RootFdRegistry* registry = [] {
+    auto* r = new RootFdRegistry;
+    pthread_atfork(lockRootFds, unlockRootFds, closeRootFdsInChild);
+    return r;
+  }();
+  return *registry;
+}
+
+void lockRootFds() { rootFds().mu.lock(); }
+void unlockRootFds() { rootFds().mu.unlock(); }
+void closeRootFdsInChild() {
+  RootFdRegistry& r = rootFds();
+  for (int fd : r.fds) ::close(fd);
+  r.fds.clear();
+  r.mu.unlock();
+}
+
+// One descriptor of the root, registered while it is open. Move-only.
+class RootFd {
+ public:
+  RootFd() = default;
+  RootFd(RootFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  RootFd& operator=(RootFd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = other.fd_;
+      other.fd_ = -1;
+    }
+    return *this;
+  }
+  RootFd(const RootFd&) = delete;
+  RootFd& operator=(const RootFd&) = delete;
+  ~RootFd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void reset() {
+    if (fd_ < 0) return;
+    RootFdRegistry& r = rootFds();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.fds.erase(std::remove(r.fds.begin(), r.fds.end(), fd_), r.fds.end());
+    ::close(fd_);
+    fd_ = -1;
+  }
+
+  // Runs open(Fd*) (a socket call that fills it) and registers what it made,
+  // both under the registry's lock; returns what open returned.
+  template <typename Open>
+  auto open(Open open) -> decltype(open(static_cast<Fd*>(nullptr))) {
+    reset();
+    RootFdRegistry& r = rootFds();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.fds.reserve(r.fds.size() + 1);  // a throw here leaves fd to close itself
+    Fd fd;
+    auto result = open(&fd);
+    if (fd.valid()) {
+      r.fds.push_back(fd.get());
+      fd_ = fd.release();
+    }
+    return result;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
 // ---- Root ------------------------------------------------------------------
 
 class Root {
  public:
-  Root(Fd listen_fd, uint64_t nonce, SocketAddress addr)
+  Root(RootFd listen_fd, uint64_t nonce, SocketAddress addr)
       : listen_fd_(std::move(listen_fd)), nonce_(nonce), addr_(addr) {}
 
   // Set once the thread is in its wait loop (see startRoot).
@@ -161,14 +252,14 @@ class Root {
 
  private:
   struct Pending {
-    Fd fd;
+    RootFd fd;
     SocketAddress peer;
     RootHello hello;
     size_t got = 0;
     Clock::time_point since;
   };
   struct Arrived {
-    Fd fd;
+    RootFd fd;
     SocketAddress peer;
     RootHello hello;
     Clock::time_point deadline;
@@ -221,12 +312,12 @@ class Root {
 
   void acceptAll() {
     for (;;) {
-      Fd fd;
+      RootFd fd;
       SocketAddress peer;
       // A zero timeout: take what is in the backlog now, never block the loop.
       Wait now_only;
       now_only.deadline = Clock::now();
-      IoResult r = acceptConnection(listen_fd_.get(), now_only, &fd, &peer);
+      IoResult r = fd.open([&](Fd* out) { return acceptConnection(listen_fd_.get(), now_only, out, &peer); });
       if (!r.ok()) {
         if (r.status == IoStatus::kError)
           EP_WARN(kSubsysBootstrap, "bootstrap root %s: accept failed: %s", addr_.toString().c_str(),
@@ -380,7 +471,7 @@ class Root {
       if (a.fd.valid()) sendReply(a.fd.get(), epTimeout, nullptr, msg, wait);
   }
 
-  Fd listen_fd_;
+  RootFd listen_fd_;
   const uint64_t nonce_;
   const SocketAddress addr_;
   Clock::time_point fallback_deadline_ = Clock::time_point::max();
@@ -461,9 +552,9 @@ uint64_t nonceOfCommId(const char* comm_id) {
 // Listens at bind_addr and serves the ranks of `nonce` from a detached thread.
 epResult_t startRoot(const SocketAddress& bind_addr, uint64_t nonce, SocketAddress* advertised_out) {
   std::string error, ifname;
-  Fd listen_fd;
+  RootFd listen_fd;
   SocketAddress bound;
-  if (!listenSocket(bind_addr, &listen_fd, &bound, &error))
+  if (!listen_fd.open([&](Fd* out) { return listenSocket(bind_addr, out, &bound, &error); }))
     return setError(nullptr, epSystemError, "bootstrap: root: %s", error.c_str());
   // A wildcard EP_COMM_ID (0.0.0.0:port) listens everywhere, but the id must
   // carry an address other hosts can dial: that of the chosen interface.
@@ -648,8 +739,13 @@ epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout
   // 1. Reach the root; it may not listen yet when EP_COMM_ID names another host.
   Fd root_fd;
   IoResult r = connectWithRetry(root_addr, wait, &root_fd);
+  // A root serves one communicator and then exits: a late rank, or a second
+  // init with the same id, finds nobody there.
   if (r.status == IoStatus::kTimeout)
-    return setError(comm, epTimeout, "bootstrap: rank %d could not reach the root at %s within %d ms (%s)",
+    return setError(comm, epTimeout,
+                    "bootstrap: rank %d could not reach the root at %s within %d ms (%s; the id may be "
+                    "spent: its communicator was already created, or the root's process is gone or has not "
+                    "started)",
                     rank, root_text.c_str(), timeout, r.describe().c_str());
   if (r.status == IoStatus::kAborted)
     return setError(comm, epAborted, "bootstrap: rank %d: aborted while connecting to the root at %s",
@@ -687,7 +783,9 @@ epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout
   RootReply reply;
   r = recvExact(root_fd.get(), &reply, sizeof(reply), wait.extendedBy(kRootReplyGraceMs));
   if (r.status == IoStatus::kTimeout)
-    return setError(comm, epTimeout, "bootstrap: rank %d: the root at %s did not answer within %d ms",
+    return setError(comm, epTimeout,
+                    "bootstrap: rank %d: the root at %s did not answer within %d ms (the id may be spent: "
+                    "its communicator was already created, or the root's process is gone)",
                     rank, root_text.c_str(), timeout);
   if (!r.ok())
     return ioFailure(comm, r, rank, "waiting for the root at " + root_text, timeout);

@@ -478,6 +478,44 @@ int caseRootUnreachable() {
   return 0;
 }
 
+// A process forked after epGetUniqueId (a launcher's rank) does not keep the
+// root's port open once the root exited: a late rank is refused at once and
+// told that the id may be spent, instead of waiting for an answer that the
+// child's inherited listener never gives.
+int caseForkedChildDropsRoot() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  int hold[2], ready[2];
+  CHECK(pipe(hold) == 0 && pipe(ready) == 0, "pipe");
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t child = fork();
+  if (child == 0) {  // says it runs (fork's handlers are done), then waits until the parent closes its end
+    close(hold[1]);
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(2);
+    _exit(read(hold[0], &c, 1) < 0 ? 1 : 0);
+  }
+  close(hold[0]);
+  close(ready[1]);
+  char c;
+  CHECK(child > 0 && read(ready[0], &c, 1) == 1, "forked child did not start");
+  close(ready[0]);
+  ep::Bootstrap* b = nullptr;
+  epResult_t res = ep::bootstrapInit(id, 0, 1, 3000, nullptr, nullptr, &b);
+  ep::bootstrapClose(b);
+  b = nullptr;
+  const epResult_t late = res == epSuccess ? ep::bootstrapInit(id, 0, 1, 500, nullptr, nullptr, &b) : res;
+  const std::string msg = ep::threadLastError();
+  close(hold[1]);
+  CHECK(child > 0 && waitChild(child, 5000) == 0, "forked child");
+  CHECK(res == epSuccess, "the first init: %d (%s)", res, msg.c_str());
+  CHECK(late == epTimeout && b == nullptr, "the late init: %d (%s)", late, msg.c_str());
+  CHECK(contains(msg.c_str(), "could not reach the root") && contains(msg.c_str(), "the id may be spent"),
+        "message \"%s\"", msg.c_str());
+  return 0;
+}
+
 // One rank never calls the allgather: the other names it.
 int caseRingTimeout() {
   epUniqueId id;
@@ -619,6 +657,7 @@ int main() {
       {"abort flag unblocks init", caseAbortInit},
       {"bad unique id rejected", caseBadId},
       {"unreachable root times out naming it", caseRootUnreachable},
+      {"a forked child does not keep the root's port", caseForkedChildDropsRoot},
       {"silent ring peer times out naming it", caseRingTimeout},
       {"bootstrapAbort unblocks a barrier", caseAbortRing},
       {"allgather size mismatch", caseSizeMismatch},
