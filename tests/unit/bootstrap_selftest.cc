@@ -7,6 +7,7 @@
 //       src/socket.cc src/debug.cc src/params.cc -lpthread -o /tmp/bs && /tmp/bs
 // Prints "N passed, M failed" and exits non-zero when a case failed.
 #include <arpa/inet.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -369,6 +370,9 @@ int caseForeignRoot() {
   std::string err;
   CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &server, &bound, &err), "%s", err.c_str());
   std::thread foreign([&server] {
+    // The listener is non-blocking: wait for the rank, which may dial after this thread starts.
+    pollfd pfd = {server.get(), POLLIN, 0};
+    if (poll(&pfd, 1, 5000) != 1) return;
     int fd = accept(server.get(), nullptr, nullptr);
     if (fd < 0) return;
     char hello[56];
