@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -52,6 +53,13 @@ constexpr int kRootReplyGraceMs = 1000;
 constexpr int kRootReplySendMs = 5000;
 // A connection to the root that has not sent its hello by then is dropped.
 constexpr int kRootHelloIdleMs = 30000;
+// After a failed accept (out of descriptors) the root leaves its listener
+// alone this long: the connection stays in the backlog, and polling the
+// listener again at once would spin.
+constexpr int kAcceptBackoffMs = 100;
+// Descriptors the root wants free beyond one per rank still to come (the
+// process's other files come and go).
+constexpr rlim_t kFdMargin = 32;
 
 // The unique id's content; the rest of the 128 bytes is zero.
 struct IdLayout {
@@ -127,6 +135,38 @@ std::string rankList(const std::vector<int>& ranks) {
     s += (i ? "," : "") + std::to_string(ranks[i]);
   if (ranks.size() > kMaxListed) s += ",... (" + std::to_string(ranks.size()) + " in all)";
   return s;
+}
+
+// Raises the soft limit on open files to at least `want`, as far as the hard
+// limit allows: the root holds one socket per rank until all arrived, and
+// distributions default to a soft limit (1024) far below the hard one.
+// True when the limit rose.
+bool raiseFdLimit(rlim_t want) {
+  rlimit lim;
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= want || lim.rlim_cur >= lim.rlim_max)
+    return false;
+  const rlim_t old = lim.rlim_cur;
+  lim.rlim_cur = std::min(want, lim.rlim_max);
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0) return false;
+  EP_INFO(kSubsysBootstrap, "bootstrap root: raised the limit on open files from %llu to %llu",
+          (unsigned long long)old, (unsigned long long)lim.rlim_cur);
+  return true;
+}
+
+// The soft limit on open files; RLIM_INFINITY when unknown.
+rlim_t softFdLimit() {
+  rlimit lim;
+  return getrlimit(RLIMIT_NOFILE, &lim) == 0 ? lim.rlim_cur : RLIM_INFINITY;
+}
+
+// "1024, hard limit 4096", for messages.
+std::string fdLimitText() {
+  rlimit lim;
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return "unknown";
+  const auto text = [](rlim_t v) {
+    return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(v);
+  };
+  return text(lim.rlim_cur) + ", hard limit " + text(lim.rlim_max);
 }
 
 // ---- Root descriptors across fork ------------------------------------------
@@ -277,7 +317,8 @@ class Root {
 
   void pollOnce() {
     std::vector<pollfd> fds;
-    fds.push_back({listen_fd_.get(), POLLIN, 0});
+    // poll() skips a negative descriptor: the listener while accepting is paused.
+    fds.push_back({Clock::now() < accept_paused_until_ ? -1 : listen_fd_.get(), POLLIN, 0});
     for (const Pending& p : pending_) fds.push_back({p.fd.get(), POLLIN, 0});
     // Watching the arrived ranks shows when one gives up (closes) while waiting.
     std::vector<int> arrived_index;
@@ -318,12 +359,8 @@ class Root {
       Wait now_only;
       now_only.deadline = Clock::now();
       IoResult r = fd.open([&](Fd* out) { return acceptConnection(listen_fd_.get(), now_only, out, &peer); });
-      if (!r.ok()) {
-        if (r.status == IoStatus::kError)
-          EP_WARN(kSubsysBootstrap, "bootstrap root %s: accept failed: %s", addr_.toString().c_str(),
-                  r.describe().c_str());
-        return;
-      }
+      if (r.status == IoStatus::kError && acceptFailed(r)) continue;
+      if (!r.ok()) return;
       Pending p;
       memset(&p.hello, 0, sizeof(p.hello));  // filled as the bytes arrive
       p.fd = std::move(fd);
@@ -332,6 +369,24 @@ class Root {
       EP_TRACE(kSubsysBootstrap, "bootstrap root: connection from %s", peer.toString().c_str());
       pending_.push_back(std::move(p));
     }
+  }
+
+  // True to retry at once (the limit on open files was raised); otherwise the
+  // listener is left alone for kAcceptBackoffMs, since what failed stays in
+  // the backlog, and running out of descriptors is kept for the ranks' message.
+  bool acceptFailed(const IoResult& r) {
+    const bool out_of_fds = r.sys_errno == EMFILE || r.sys_errno == ENFILE;
+    // Every descriptor below the soft limit is in use: room for the ranks still to come.
+    const rlim_t soft = softFdLimit(), to_come = rlim_t(nranks_ > 0 ? nranks_ - arrived_ : 1);
+    if (r.sys_errno == EMFILE && soft != RLIM_INFINITY && raiseFdLimit(soft + to_come + kFdMargin))
+      return true;
+    if (!out_of_fds || fd_errno_ == 0)  // said once, not at every retry
+      EP_WARN(kSubsysBootstrap, "bootstrap root %s: accept failed: %s%s%s", addr_.toString().c_str(),
+              r.describe().c_str(), out_of_fds ? "; open files limit: " : "",
+              out_of_fds ? fdLimitText().c_str() : "");
+    if (out_of_fds) fd_errno_ = r.sys_errno;
+    accept_paused_until_ = Clock::now() + std::chrono::milliseconds(kAcceptBackoffMs);
+    return false;
   }
 
   void dropIdlePending() {
@@ -396,6 +451,9 @@ class Root {
       nranks_ = h.nranks;
       ranks_.clear();
       ranks_.resize(size_t(nranks_));
+      // Room for a socket per rank from the start: p's descriptor is about
+      // the lowest free one, the number of files open besides.
+      raiseFdLimit(rlim_t(p->fd.get()) + 1 + rlim_t(nranks_) + kFdMargin);
     }
     Arrived& slot = ranks_[size_t(h.rank)];
     if (slot.fd.valid())
@@ -465,6 +523,12 @@ class Root {
     std::string msg = std::string(missing.size() == 1 ? "rank " : "ranks ") + rankList(missing) +
                       " of " + std::to_string(nranks_) + " did not arrive";
     if (timeout_ms != INT_MAX) msg += " within " + std::to_string(timeout_ms) + " ms";
+    // The missing ranks may well have dialled: their connections waited in
+    // the backlog for a descriptor the root never had.
+    if (fd_errno_ != 0)
+      msg += std::string("; the root ran out of file descriptors (") + strerror(fd_errno_) +
+             ") and could not take every rank's connection: raise ulimit -n where the root runs (pid " +
+             std::to_string(getpid()) + ", open files limit " + fdLimitText() + ")";
     EP_WARN(kSubsysBootstrap, "bootstrap root %s: %s", addr_.toString().c_str(), msg.c_str());
     Wait wait = Wait::afterMs(kRootReplySendMs);
     for (const Arrived& a : ranks_)
@@ -478,6 +542,8 @@ class Root {
   Clock::time_point last_deadline_ = Clock::time_point::max();
   int nranks_ = -1;  // set by the first admitted rank
   int arrived_ = 0;
+  Clock::time_point accept_paused_until_ = Clock::time_point::min();
+  int fd_errno_ = 0;  // EMFILE or ENFILE once an accept ran out of descriptors
   std::vector<Pending> pending_;
   std::vector<Arrived> ranks_;
 };
@@ -787,6 +853,14 @@ epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout
                     "bootstrap: rank %d: the root at %s did not answer within %d ms (the id may be spent: "
                     "its communicator was already created, or the root's process is gone)",
                     rank, root_text.c_str(), timeout);
+  // A connection still in the root's backlog when it gives up is reset: the
+  // root never had a descriptor for it, so it could not say why.
+  if (r.status == IoStatus::kClosed)
+    return setError(comm, epRemoteError,
+                    "bootstrap: rank %d: the root at %s closed the connection without an answer (it gave "
+                    "up, or could not take this rank's connection, e.g. out of file descriptors: see the "
+                    "warnings of the root's process)",
+                    rank, root_text.c_str());
   if (!r.ok())
     return ioFailure(comm, r, rank, "waiting for the root at " + root_text, timeout);
   root_fd.reset();

@@ -7,8 +7,10 @@
 //       src/socket.cc src/debug.cc src/params.cc -lpthread -o /tmp/bs && /tmp/bs
 // Prints "N passed, M failed" and exits non-zero when a case failed.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -520,6 +522,93 @@ int caseForkedChildDropsRoot() {
   return 0;
 }
 
+int countOpenFds() {
+  int n = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (readdir(dir) != nullptr) n++;
+    closedir(dir);
+    n -= 3;  // ".", ".." and the directory's own descriptor
+  }
+  return n;
+}
+
+// 24 forked ranks join a root whose process may open only a few files more
+// than it has open. Ranks wait on a pipe until the limit is set; each exits
+// 0 (joined), 10 (timed out, told that the root ran out of descriptors), 11
+// (the root reset its connection, saying that it may have) or 1.
+std::vector<int> jobWithFewFds(bool lower_hard_limit, int timeout_ms) {
+  constexpr int kRanks = 24;
+  epUniqueId id;
+  int go[2];
+  if (ep::bootstrapGetUniqueId(&id) != epSuccess || pipe(go) != 0) return {};
+  auto rank = [&id, &go, timeout_ms](int r) {
+    close(go[1]);
+    char c;
+    if (read(go[0], &c, 1) != 0) return 2;
+    ep::Bootstrap* b = nullptr;
+    const epResult_t res = ep::bootstrapInit(id, r, kRanks, timeout_ms, nullptr, nullptr, &b);
+    const char* msg = ep::threadLastError();
+    if (res == epSuccess && ep::bootstrapBarrier(b) == epSuccess) return 0;
+    if (res == epTimeout && contains(msg, "the root ran out of file descriptors")) return 10;
+    if (res == epRemoteError && contains(msg, "out of file descriptors")) return 11;
+    fprintf(stderr, "    rank %d: %d (%s)\n", r, res, msg);
+    return 1;
+  };
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kRanks; r++) {
+    fflush(stdout);
+    fflush(stderr);
+    const pid_t pid = fork();
+    if (pid == 0) _exit(rank(r));
+    pids.push_back(pid);
+  }
+  close(go[0]);
+  rlimit lim;
+  getrlimit(RLIMIT_NOFILE, &lim);
+  lim.rlim_cur = rlim_t(countOpenFds() + 5);  // room for a few ranks
+  if (lower_hard_limit) lim.rlim_max = lim.rlim_cur;
+  setrlimit(RLIMIT_NOFILE, &lim);
+  close(go[1]);  // go
+  std::vector<int> codes;
+  for (pid_t pid : pids) codes.push_back(pid > 0 ? waitChild(pid, 12000) : 96);
+  return codes;
+}
+
+// With room under the hard limit, the root raises the soft one for its ranks.
+int caseRootRaisesFdLimit() {
+  rlimit lim;
+  CHECK(getrlimit(RLIMIT_NOFILE, &lim) == 0, "getrlimit");
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < rlim_t(countOpenFds() + 100)) {
+    printf("    (hard limit on open files too low here: skipped)\n");
+    return 0;
+  }
+  auto codes = jobWithFewFds(false, 5000);
+  CHECK(codes.size() == 24 && allZero(codes), "a rank failed");
+  return 0;
+}
+
+// Without: the root does not spin (it polled a listener it could not accept
+// from, at 100% CPU until the deadline) and the ranks hear why.
+int caseRootOutOfFds() {
+  rusage before, after;
+  getrusage(RUSAGE_SELF, &before);
+  auto codes = jobWithFewFds(true, 1500);
+  getrusage(RUSAGE_SELF, &after);
+  const auto ms = [](const rusage& u) {
+    return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000L + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1000;
+  };
+  const long cpu_ms = ms(after) - ms(before);
+  CHECK(cpu_ms < 500, "the root's process used %ld ms of CPU in ~1.5 s", cpu_ms);
+  int told = 0;
+  for (int c : codes) {
+    CHECK(c == 10 || c == 11, "a rank exited %d", c);
+    told += c == 10;
+  }
+  CHECK(codes.size() == 24 && told > 0, "%d ranks, %d told that the root ran out of descriptors",
+        int(codes.size()), told);
+  return 0;
+}
+
 // One rank never calls the allgather: the other names it.
 int caseRingTimeout() {
   epUniqueId id;
@@ -662,6 +751,8 @@ int main() {
       {"bad unique id rejected", caseBadId},
       {"unreachable root times out naming it", caseRootUnreachable},
       {"a forked child does not keep the root's port", caseForkedChildDropsRoot},
+      {"the root raises a low open files limit", caseRootRaisesFdLimit},
+      {"a root out of file descriptors", caseRootOutOfFds},
       {"silent ring peer times out naming it", caseRingTimeout},
       {"bootstrapAbort unblocks a barrier", caseAbortRing},
       {"allgather size mismatch", caseSizeMismatch},
