@@ -783,7 +783,8 @@ epResult_t joinRing(Bootstrap* b, int listen_fd, const SocketAddress& next_addr,
 }  // namespace
 
 epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout_ms,
-                         const std::atomic<int>* abort_flag, epComm* comm, Bootstrap** out) {
+                         const std::atomic<int>* abort_flag, epComm* comm, Bootstrap** out,
+                         const std::atomic<int>* init_abort) {
   if (out == nullptr) return setError(comm, epInvalidArgument, "bootstrap: output pointer is NULL");
   *out = nullptr;
   if (nranks < 1) return setError(comm, epInvalidArgument, "bootstrap: nranks %d is not positive", nranks);
@@ -798,7 +799,7 @@ epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout
   unpackAddress(layout.root, &root_addr);
 
   const int timeout = effectiveTimeoutMs(timeout_ms);
-  const Wait wait = Wait::afterMs(timeout, abort_flag);
+  const Wait wait = Wait::afterMs(timeout, abort_flag, init_abort);
   const std::string root_text = root_addr.toString();
   if (layout.root_by_rank0 && rank == 0) EPCHECK(startRoot(root_addr, layout.nonce, nullptr));
 

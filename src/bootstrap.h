@@ -37,8 +37,11 @@ bool bootstrapIdValid(const epUniqueId& id);
 
 // Joins the ring as `rank` of `nranks`. comm is used only to record errors (may
 // be NULL). On epTimeout the message names the ranks that did not arrive.
+// init_abort (may be NULL) aborts this init only; unlike abort_flag it is not
+// kept for later calls (epCommInitAll's flag for ranks that will never come).
 epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout_ms,
-                         const std::atomic<int>* abort_flag, struct epComm* comm, Bootstrap** out);
+                         const std::atomic<int>* abort_flag, struct epComm* comm, Bootstrap** out,
+                         const std::atomic<int>* init_abort = nullptr);
 
 // In-place allgather: data holds nranks slots of bytes_per_rank, this rank's own
 // slot filled on entry; on return every slot is filled.

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "api_guard.h"
@@ -282,9 +284,9 @@ void commFree(epComm* comm) {
   delete comm;
 }
 
-epResult_t commInit(epComm* comm, const epUniqueId& id) {
+epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* init_abort) {
   EPCHECK(bootstrapInit(id, comm->rank, comm->nranks, comm->cfg.timeout_ms, &comm->abort_flag, comm,
-                        &comm->bootstrap));
+                        &comm->bootstrap, init_abort));
   // Which backend: decided locally, then checked to agree.
   epBackend_t kind = comm->cfg.backend;
   if (kind == epBackendAuto) kind = cudaBackendAvailable() ? epBackendCuda : epBackendHost;
@@ -347,16 +349,17 @@ epResult_t claimClose(epComm* comm, const char* fn) {
   return epSuccess;
 }
 
-}  // namespace
+// Destroys what an epCommInitAll that failed made, leaving every slot NULL.
+void destroyAll(epComm_t* comms, int nranks) {
+  for (int r = 0; r < nranks; r++) {
+    if (comms[r]) epCommDestroy(comms[r]);
+    comms[r] = nullptr;
+  }
+}
 
-}  // namespace ep
-
-using namespace ep;
-
-extern "C" {
-
-EP_API epResult_t epCommInitRank(epComm_t* out, int nranks, epUniqueId id, int rank,
-                                 const epConfig_t* config) try {
+// epCommInitRank; init_abort (may be NULL) gives up the bootstrap (epCommInitAll).
+epResult_t commInitRank(epComm_t* out, int nranks, const epUniqueId& id, int rank, const epConfig_t* config,
+                        const std::atomic<int>* init_abort) {
   clearThreadError();
   paramWarnUnknown();
   if (out == nullptr) return setError(nullptr, epInvalidArgument, "comm is NULL");
@@ -373,7 +376,7 @@ EP_API epResult_t epCommInitRank(epComm_t* out, int nranks, epUniqueId id, int r
   comm->rank = rank;
   comm->nranks = nranks;
   comm->cfg = cfg;
-  epResult_t res = commInit(comm, id);
+  epResult_t res = commInit(comm, id, init_abort);
   if (res != epSuccess) {
     // Keep the message for the caller, who has no comm to ask.
     std::string msg;
@@ -387,6 +390,42 @@ EP_API epResult_t epCommInitRank(epComm_t* out, int nranks, epUniqueId id, int r
   }
   *out = comm;
   return epSuccess;
+}
+
+// Runs body(rank, give_up) in a thread per rank and joins them. A thread that
+// cannot be started (RLIMIT_NPROC, pids.max, address space) sets give_up, so
+// that the started ranks leave the bootstrap at once instead of waiting for
+// the rest until their timeout. Returns false with *why set then.
+bool runRankThreads(int nranks, const std::function<void(int, const std::atomic<int>*)>& body,
+                    char* why, size_t why_size) {
+  std::atomic<int> give_up{0};
+  std::vector<std::thread> threads;
+  threads.reserve(size_t(nranks));  // before any thread: a throw here leaves none to join
+  for (int r = 0; r < nranks; r++) {
+    try {
+      threads.emplace_back(body, r, &give_up);
+    } catch (const std::exception& e) {  // std::system_error; std::bad_alloc for the thread's state
+      // No allocation here: a joinable thread destroyed by a throw would terminate the process.
+      snprintf(why, why_size, "cannot start the thread of rank %d of %d: %s", r, nranks, e.what());
+      give_up.store(1);
+      break;
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  return give_up.load() == 0;
+}
+
+}  // namespace
+
+}  // namespace ep
+
+using namespace ep;
+
+extern "C" {
+
+EP_API epResult_t epCommInitRank(epComm_t* out, int nranks, epUniqueId id, int rank,
+                                 const epConfig_t* config) try {
+  return commInitRank(out, nranks, id, rank, config, nullptr);
 } catch (...) {
   return apiException("epCommInitRank", nullptr);
 }
@@ -404,26 +443,34 @@ EP_API epResult_t epCommInitAll(epComm_t* comms, int nranks, const int* devices,
   EPCHECK(bootstrapGetUniqueId(&id, false));
   std::vector<epResult_t> results(nranks, epSuccess);
   std::vector<std::string> errors(nranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < nranks; r++) {
-    threads.emplace_back([&, r] {
-      epConfig_t c = EP_CONFIG_INITIALIZER;
-      memcpy(&c, config, std::min(config->size, sizeof(c)));
-      c.size = sizeof(c);
-      if (devices != nullptr) c.device = devices[r];
-      else if (c.device < 0 && (c.backend == epBackendCuda || c.backend == epBackendAuto)) c.device = r;
-      results[r] = epCommInitRank(&comms[r], nranks, id, r, &c);
-      if (results[r] != epSuccess) errors[r] = threadLastError();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < nranks; r++) {
+  char thread_failure[256] = "";
+  const bool all_ran = runRankThreads(
+      nranks,
+      [&](int r, const std::atomic<int>* give_up) {
+        epConfig_t c = EP_CONFIG_INITIALIZER;
+        memcpy(&c, config, std::min(config->size, sizeof(c)));
+        c.size = sizeof(c);
+        if (devices != nullptr) c.device = devices[r];
+        else if (c.device < 0 && (c.backend == epBackendCuda || c.backend == epBackendAuto)) c.device = r;
+        try {  // nothing may leave a thread
+          results[r] = commInitRank(&comms[r], nranks, id, r, &c, give_up);
+          if (results[r] != epSuccess) errors[r] = threadLastError();
+        } catch (...) {
+          results[r] = apiException("epCommInitAll", nullptr);
+        }
+      },
+      thread_failure, sizeof(thread_failure));
+  for (int r = 0; r < nranks && all_ran; r++) {
     if (results[r] == epSuccess) continue;
-    for (int q = 0; q < nranks; q++) {
-      if (comms[q]) epCommDestroy(comms[q]);
-      comms[q] = nullptr;
-    }
+    destroyAll(comms, nranks);
     return setError(nullptr, results[r], "rank %d: %s", r, errors[r].c_str());
+  }
+  if (!all_ran) {
+    destroyAll(comms, nranks);
+    return setError(nullptr, epSystemError,
+                    "epCommInitAll: %s (the limit on processes or threads, ulimit -u or the cgroup's "
+                    "pids.max, or on address space, ulimit -v, is too low for %d ranks in one process)",
+                    thread_failure, nranks);
   }
   return epSuccess;
 } catch (...) {

@@ -3,7 +3,12 @@
 // progress, epCommAbort unblocks it, a peer that destroys its communicator
 // ends the wait at once. Two host ranks of one process
 // (epCommInitAll); rank 0's dispatch blocks until rank 1 joins, which gives
-// each case a call that is certainly in progress.
+// each case a call that is certainly in progress. Last, epCommInitAll when
+// a rank's thread cannot be started.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -279,6 +284,49 @@ void prepared_handle_needs_ids_in_its_first_dispatch(void**) {
   for (epComm_t c : comms) assert_ok(epCommDestroy(c));
 }
 
+// epCommInitAll of 128 ranks in a child whose address space has room for a
+// few thread stacks only. Exit status: 0 as expected, else which check failed.
+int initAllWithoutRoomForThreads() {
+  long pages = 0;
+  FILE* statm = fopen("/proc/self/statm", "r");
+  if (statm == nullptr || fscanf(statm, "%ld", &pages) != 1) return 10;
+  fclose(statm);
+  rlimit lim;
+  getrlimit(RLIMIT_AS, &lim);
+  lim.rlim_cur = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(64) << 20);
+  if (setrlimit(RLIMIT_AS, &lim) != 0) return 11;
+  constexpr int kRanks = 128;
+  epConfig_t cfg = eptest::hostConfig(2 * kRanks, kHidden, kTokens, kTopk);  // timeout 20 s
+  std::vector<epComm_t> comms(kRanks, reinterpret_cast<epComm_t>(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  const epResult_t res = epCommInitAll(comms.data(), kRanks, nullptr, &cfg);
+  const double seconds = secondsSince(t0);
+  const char* msg = epGetLastError(nullptr);
+  fprintf(stderr, "    epCommInitAll under RLIMIT_AS: %d after %.2f s (%s)\n", int(res), seconds, msg);
+  if (res != epSystemError) return 1;
+  if (strstr(msg, "cannot start the thread of rank") == nullptr) return 2;
+  for (epComm_t c : comms)
+    if (c != nullptr) return 3;
+  if (seconds > 10) return 4;  // the started ranks gave up at once, not at their timeout
+  return 0;
+}
+
+// A rank thread that cannot be started fails epCommInitAll with
+// epSystemError, the started ranks leaving at once; std::thread's exception
+// terminated the process (joinable threads destroyed).
+void init_all_without_room_for_threads_fails(void**) {
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) _exit(initAllWithoutRoomForThreads());
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  if (WIFSIGNALED(status)) print_error("the child was killed by signal %d\n", WTERMSIG(status));
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 }  // namespace
 
 int main() {
@@ -291,6 +339,7 @@ int main() {
       cmocka_unit_test(wider_topk_of_a_peer_is_reported),
       cmocka_unit_test(combine_weights_from_a_peer_without_them_is_reported),
       cmocka_unit_test(prepared_handle_needs_ids_in_its_first_dispatch),
+      cmocka_unit_test(init_all_without_room_for_threads_fails),
   };
   return cmocka_run_group_tests_name("communicator and threads", tests, nullptr, nullptr);
 }
