@@ -104,7 +104,9 @@ SELFTEST_BINS := $(BUILD)/tests/bootstrap_selftest
 # Transport modules the loader tests find through EP_TRANSPORT_PATH.
 TEST_MODULES := $(BUILD)/tests/modules/libmoeep-transport-fake.so \
                 $(BUILD)/tests/modules/libmoeep-transport-future.so \
-                $(BUILD)/tests/modules/libmoeep-transport-nosym.so
+                $(BUILD)/tests/modules/libmoeep-transport-nosym.so \
+                $(BUILD)/tests/modules/libmoeep-transport-noname.so \
+                $(BUILD)/tests/modules/libmoeep-transport-noconnect.so
 tests: $(UNIT_BINS) $(MP_BINS) $(SELFTEST_BINS) $(TEST_MODULES)
 
 MODULE_FLAGS = $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) -shared
@@ -117,6 +119,12 @@ $(BUILD)/tests/modules/libmoeep-transport-future.so: tests/modules/fake_transpor
 $(BUILD)/tests/modules/libmoeep-transport-nosym.so: tests/modules/fake_transport.cc src/transport.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="nosym"' -DFAKE_NO_SYMBOL $< -o $@
+$(BUILD)/tests/modules/libmoeep-transport-noname.so: tests/modules/fake_transport.cc src/transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="noname"' -DFAKE_NULL_NAME $< -o $@
+$(BUILD)/tests/modules/libmoeep-transport-noconnect.so: tests/modules/fake_transport.cc src/transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="noconnect"' -DFAKE_NO_CONNECT $< -o $@
 
 $(BUILD)/obj/%.o: %.cc
 	@mkdir -p $(dir $@)

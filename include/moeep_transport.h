@@ -71,6 +71,8 @@ typedef struct {
 #define EP_TRANSPORT_MEM_HOST 0
 #define EP_TRANSPORT_MEM_DEVICE 1
 
+/* name and every callback but post and test are mandatory: the core refuses a
+ * table that lacks one (listed unavailable, with the reason). */
 typedef struct {
   const char *name;  /* short, lower case: "shm", "cuda_ipc", "ibverbs" */
   unsigned version;  /* EP_TRANSPORT_ABI_VERSION the module was built with */

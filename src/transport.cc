@@ -6,6 +6,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 
 #include "debug.h"
@@ -79,16 +80,52 @@ bool allowedByUser(const char* name) {
   return exclude ? !listed : listed;
 }
 
-void addEntry(const epTransport_v1_t* table, const std::string& origin) {
+// The callbacks the core calls without looking: a table that lacks one is
+// refused here rather than crash the process at its first use. post and test
+// are for RDMA-like transports only and may be NULL.
+const char* missingCallback(const epTransport_v1_t* t) {
+  const struct {
+    const char* name;
+    bool present;
+  } callbacks[] = {
+      {"init", t->init != nullptr},
+      {"properties", t->properties != nullptr},
+      {"can_connect", t->can_connect != nullptr},
+      {"reg_mem", t->reg_mem != nullptr},
+      {"dereg_mem", t->dereg_mem != nullptr},
+      {"connect", t->connect != nullptr},
+      {"connected", t->connected != nullptr},
+      {"close", t->close != nullptr},
+      {"finalize", t->finalize != nullptr},
+  };
+  for (const auto& c : callbacks)
+    if (!c.present) return c.name;
+  return nullptr;
+}
+
+bool alreadyLoaded(const char* name, const std::string& origin) {
   for (const TransportEntry& e : registry())
-    if (strcmp(e.table->name, table->name) == 0) {
-      EP_INFO(kSubsysTransport, "transport %s from %s ignored: %s already loaded from %s",
-              table->name, origin.c_str(), table->name, e.origin.c_str());
-      return;
+    if (strcmp(e.table->name, name) == 0) {
+      EP_INFO(kSubsysTransport, "transport %s from %s ignored: %s already loaded from %s", name,
+              origin.c_str(), name, e.origin.c_str());
+      return true;
     }
+  return false;
+}
+
+void pushEntry(const TransportEntry& e) {
+  EP_INFO(kSubsysTransport, "transport %s (%s): %s", e.table->name, e.origin.c_str(),
+          e.available ? "available" : e.reason.c_str());
+  registry().push_back(e);
+}
+
+// Callers check that table->name is a non-empty string.
+void addEntry(const epTransport_v1_t* table, const std::string& origin) {
+  if (alreadyLoaded(table->name, origin)) return;
   TransportEntry e;
   e.table = table;
   e.origin = origin;
+  const char* missing = nullptr;
   if (!allowedByUser(table->name)) {
     e.reason = "disabled by EP_TRANSPORTS";
   } else if (table->version > EP_TRANSPORT_ABI_VERSION) {
@@ -96,6 +133,8 @@ void addEntry(const epTransport_v1_t* table, const std::string& origin) {
                ", newer than this library's v" + std::to_string(EP_TRANSPORT_ABI_VERSION);
   } else if (table->version < 1) {
     e.reason = "transport ABI v" + std::to_string(table->version) + " is not supported";
+  } else if ((missing = missingCallback(table)) != nullptr) {
+    e.reason = std::string("refused: its table has no ") + missing + " callback (mandatory)";
   } else {
     tls_last_transport_warning.clear();
     epResult_t res = table->init(&kEnv, &e.ctx);
@@ -106,9 +145,29 @@ void addEntry(const epTransport_v1_t* table, const std::string& origin) {
       if (!tls_last_transport_warning.empty()) e.reason += " (" + tls_last_transport_warning + ")";
     }
   }
-  EP_INFO(kSubsysTransport, "transport %s (%s): %s", table->name, origin.c_str(),
-          e.available ? "available" : e.reason.c_str());
-  registry().push_back(e);
+  pushEntry(e);
+}
+
+// A module whose table has no name is listed, refused, under the NAME of its
+// file (libmoeep-transport-NAME.so), so that moeep_info shows why; the table
+// listed is a stand-in that only carries that name and is never called.
+void addNameless(const std::string& file_name, const std::string& origin) {
+  struct StandIn {
+    std::string name;
+    epTransport_v1_t table;
+  };
+  static std::deque<StandIn> stand_ins;  // entries point into it for the life of the process
+  std::string name = file_name.size() > 3 ? file_name.substr(0, file_name.size() - 3) : file_name;
+  if (alreadyLoaded(name.c_str(), origin)) return;
+  stand_ins.push_back(StandIn{name, epTransport_v1_t{}});
+  StandIn& s = stand_ins.back();
+  s.table.name = s.name.c_str();
+  TransportEntry e;
+  e.table = &s.table;
+  e.origin = origin;
+  e.reason = "refused: its table has no name";
+  EP_WARN(kSubsysTransport, "transport module %s: epTransport_v1 has no name: refused", origin.c_str());
+  pushEntry(e);
 }
 
 // Directory of libmoeep.so itself, where modules are looked for first.
@@ -143,7 +202,11 @@ void loadModulesFrom(const std::string& dir) {
       dlclose(lib);
       continue;
     }
-    addEntry(table, path);  // modules stay loaded for the life of the process
+    // modules stay loaded for the life of the process
+    if (table->name == nullptr || table->name[0] == '\0')
+      addNameless(n + strlen(prefix), path);
+    else
+      addEntry(table, path);
   }
   closedir(d);
 }

@@ -2,8 +2,10 @@
 //   libmoeep-transport-fake.so     a valid version-1 module named "fake"
 //   libmoeep-transport-future.so   claims a transport ABI newer than the library
 //   libmoeep-transport-nosym.so    exports no epTransport_v1 (FAKE_NO_SYMBOL)
+//   libmoeep-transport-noname.so   a table whose name is NULL (FAKE_NULL_NAME)
+//   libmoeep-transport-noconnect.so  a table without its connect callback (FAKE_NO_CONNECT)
 // It moves no data: init succeeds and properties name it, which is all the
-// loader looks at.
+// loader looks at; the other mandatory callbacks are stubs that fail.
 #define EP_TRANSPORT_MODULE 1
 #include "transport.h"
 
@@ -32,11 +34,30 @@ epResult_t fakeCanConnect(void*, const epPeerInfo_v1_t*, const epPeerInfo_v1_t*,
   *ok = 0;
   return epSuccess;
 }
+epResult_t fakeRegMem(void*, size_t, int, void**, void*, void**) { return epInternalError; }
+epResult_t fakeDeregMem(void*, void*) { return epSuccess; }
+[[maybe_unused]] epResult_t fakeConnect(void*, const epPeerInfo_v1_t*, const void*, void**, void**) {
+  return epInternalError;
+}
+epResult_t fakeConnected(void*, void*) { return epSuccess; }
+epResult_t fakeClose(void*, void*) { return epSuccess; }
 epResult_t fakeFinalize(void*) { return epSuccess; }
 
-const epTransport_v1_t fakeTransport = {FAKE_NAME,      FAKE_VERSION, fakeInit, fakeProperties, fakeCanConnect,
-                                        nullptr,        nullptr,      nullptr,  nullptr,        nullptr,
-                                        nullptr,        nullptr,      fakeFinalize};
+#ifdef FAKE_NULL_NAME
+#define FAKE_TABLE_NAME nullptr
+#else
+#define FAKE_TABLE_NAME FAKE_NAME
+#endif
+#ifdef FAKE_NO_CONNECT
+#define FAKE_CONNECT nullptr
+#else
+#define FAKE_CONNECT fakeConnect
+#endif
+
+const epTransport_v1_t fakeTransport = {FAKE_TABLE_NAME, FAKE_VERSION,  fakeInit,     fakeProperties,
+                                        fakeCanConnect,  fakeRegMem,    fakeDeregMem, FAKE_CONNECT,
+                                        fakeConnected,   nullptr,       nullptr,      fakeClose,
+                                        fakeFinalize};
 
 }  // namespace
 

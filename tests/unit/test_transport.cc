@@ -1,6 +1,7 @@
 // The transport loader: built-in transports, libmoeep-transport-NAME.so
 // modules found on EP_TRANSPORT_PATH, EP_TRANSPORTS selection, modules of a
-// newer ABI refused with a reason, a module without the symbol ignored.
+// newer ABI refused with a reason, a module without the symbol ignored, tables
+// without a name or a mandatory callback refused with a reason.
 //
 // The registry is built once per process, so each case runs in a forked child
 // with its own environment and reports through its exit status.
@@ -15,6 +16,7 @@
 #include "common.h"
 
 #include "moeep.h"
+#include "transport.h"
 
 namespace {
 
@@ -100,6 +102,30 @@ void module_without_symbol_is_ignored(void**) {
   });
 }
 
+void nameless_table_is_refused_under_its_file_name(void**) {
+  inChild(nullptr, [] {
+    Found f = find("noname");
+    if (!f.present) return std::string("module with a NULL name not listed as 'noname'");
+    if (f.available) return std::string("module with a NULL name accepted");
+    if (f.detail.find("no name") == std::string::npos) return "reason '" + f.detail + "'";
+    std::string reason;
+    if (ep::transportFind("noname", &reason) != nullptr || reason != f.detail)
+      return "transportFind: '" + reason + "'";
+    if (!find("fake").available) return std::string("'fake' unavailable next to 'noname'");
+    return std::string();
+  });
+}
+
+void table_without_mandatory_callback_is_refused(void**) {
+  inChild(nullptr, [] {
+    Found f = find("noconnect");
+    if (!f.present) return std::string("module 'noconnect' not listed");
+    if (f.available) return std::string("module without connect accepted");
+    if (f.detail.find("connect callback") == std::string::npos) return "reason '" + f.detail + "'";
+    return std::string();
+  });
+}
+
 void ep_transports_list_selects(void**) {
   inChild("shm", [] {
     Found f = find("fake");
@@ -144,6 +170,8 @@ int main(int, char** argv) {
       cmocka_unit_test(module_on_path_is_loaded),
       cmocka_unit_test(newer_abi_module_is_refused_with_reason),
       cmocka_unit_test(module_without_symbol_is_ignored),
+      cmocka_unit_test(nameless_table_is_refused_under_its_file_name),
+      cmocka_unit_test(table_without_mandatory_callback_is_refused),
       cmocka_unit_test(ep_transports_list_selects),
       cmocka_unit_test(ep_transports_exclusion),
       cmocka_unit_test(excluding_shm_fails_host_init_with_reason),
