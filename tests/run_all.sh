@@ -76,6 +76,8 @@ rm -f /tmp/moeep-pidns-$$.log
 
 # --- ranks started by hand with launcher variables: the id file of a run that ended is not taken
 run "ep_bench started by hand twice in a row (id file)" bash tests/mp/launch_by_hand.sh "$BUILD"
+run "launcher variables: a rank without a size, or out of range, is refused" \
+  bash tests/mp/launcher_env.sh "$BUILD"
 
 # --- moeep_info: a dry-run plan from a fixture; options without their section are refused
 info="$BUILD/bin/moeep_info" flat=tests/data/vm_flat.xml

@@ -432,7 +432,12 @@ int main(int argc, char** argv) {
                     "reads its topology from EP_TOPO_XML)\n");
     return 2;
   }
-  const int launcher_rank = tools::launcherRank();
+  const tools::LauncherEnv launcher = tools::launcherEnv();
+  if (!launcher.error.empty()) {  // which rank prints cannot be told
+    fprintf(stderr, "moeep_info: %s\n", launcher.error.c_str());
+    return 2;
+  }
+  const int launcher_rank = launcher.rank;
   // --comm under mpirun: the running job's communicator, every rank takes part.
   if (comm_plan && launcher_rank >= 0) return jobPlan();
   if (launcher_rank > 0 && !all_ranks) return 0;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/launch.h"
+#include "common/launcher_env.h"
 #include "mp_common.h"
 
 using namespace mp;
@@ -282,7 +283,7 @@ int main(int argc, char** argv) {
   }
   if (threads) return runThreads(nranks, seed, cases);
   // One unique id per shape: made before the fork, so every child has them all.
-  const bool under_mpi = getenv("OMPI_COMM_WORLD_RANK") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+  const bool under_mpi = tools::launcherEnv().started;
   if (under_mpi && only_case < 0) only_case = 0;
   const int first = only_case >= 0 ? only_case : 0, count = only_case >= 0 ? 1 : cases;
   std::vector<epUniqueId> ids(count);

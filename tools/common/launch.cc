@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "launcher_env.h"
+
 namespace {
 
 const char* firstEnv(std::initializer_list<const char*> names) {
@@ -236,12 +238,15 @@ int forkAndWait(int nranks, int timeout_s, int num_ids, epUniqueId* ids, int* ra
 
 int launchRanksWithIds(int nranks, int timeout_s, int num_ids, epUniqueId* ids, LaunchInfo* info) {
   memset(info, 0, sizeof(*info));
-  const char* mpi_rank = firstEnv({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
-  const char* mpi_size = firstEnv({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
-  if (mpi_rank != nullptr && mpi_size != nullptr) {
+  const tools::LauncherEnv launcher = tools::launcherEnv();
+  if (!launcher.error.empty()) {
+    fprintf(stderr, "launch: %s\n", launcher.error.c_str());
+    return 1;
+  }
+  if (launcher.started) {
     info->under_mpi = 1;
-    info->rank = atoi(mpi_rank);
-    info->nranks = atoi(mpi_size);
+    info->rank = launcher.rank;
+    info->nranks = launcher.size;
     if (getenv("EP_COMM_ID") != nullptr) {
       // Every rank derives the same id from EP_COMM_ID; rank 0 serves it.
       if (epGetUniqueId(&info->id) != epSuccess) {

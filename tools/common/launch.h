@@ -1,9 +1,11 @@
 // Starting the ranks of a job, with or without MPI.
 //
-// Under mpirun (Open MPI, or any launcher that sets PMIX_RANK / PMI_RANK), each
-// process is a rank; the unique id comes from EP_COMM_ID when it is set (every
-// rank derives the same id and rank 0 serves it), else rank 0 writes it to a
-// file named after the launcher's job id that the other ranks read (one machine).
+// Under mpirun (Open MPI, or any launcher that sets a rank and a job size: see
+// launcher_env.h), each process is a rank (a rank variable without a size, or
+// values out of range, are refused with a message). The unique id comes from
+// EP_COMM_ID when it is set (every rank derives the same id and rank 0 serves
+// it), else rank 0 writes it to a file named after the launcher's job id that
+// the other ranks read (one machine).
 // Without a launcher, launchRanks forks `nranks` children and returns in each
 // of them; the parent waits for all and exits with the worst status. The
 // parent stays single-threaded until it forks (see launchRanksWithIds).
