@@ -749,6 +749,7 @@ int benchMain(const Options& opt, const LaunchInfo& li) {
     fprintf(stderr, "ep_bench: rank %d: %s\n", li.rank, ctl.error().c_str());
     return 1;
   }
+  launchJoined();  // every rank has the id: a launcher's id file can go
   const bool printer = li.rank == 0;
   const bool ll = opt.mode == BenchMode::kLowLatency;
   if (printer && !opt.json) {

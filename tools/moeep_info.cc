@@ -330,6 +330,7 @@ int jobPlan() {
   if (local != nullptr) cfg.device = atoi(local);
   epComm_t comm = nullptr;
   epResult_t res = epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg);
+  launchJoined();  // init returned: every rank has read the id (or the job failed)
   if (res != epSuccess) {
     printf("# --comm: rank %d: epCommInitRank failed: %s\n", li.rank, apiError("epCommInitRank", res, nullptr).c_str());
     return 1;

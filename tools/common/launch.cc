@@ -47,6 +47,34 @@ void removeStaleIdFiles() {
   closedir(d);
 }
 
+// The id file rank 0 wrote, until every rank has read it (launchJoined, or
+// this process's exit).
+std::string g_id_file;
+
+void removeIdFile() {
+  if (g_id_file.empty()) return;
+  unlink(g_id_file.c_str());
+  g_id_file.clear();
+}
+
+// Writes id and writer to a new file path, readable by this user only.
+bool writeIdFile(const std::string& path, const epUniqueId& id, int32_t writer) {
+  unlink(path.c_str());  // left by a run that died; O_EXCL follows nothing found there
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    fprintf(stderr, "launch: cannot create %s: %s\n", path.c_str(), strerror(errno));
+    return false;
+  }
+  char bytes[sizeof(id) + sizeof(writer)];
+  memcpy(bytes, &id, sizeof(id));
+  memcpy(bytes + sizeof(id), &writer, sizeof(writer));
+  const bool written = write(fd, bytes, sizeof(bytes)) == ssize_t(sizeof(bytes));
+  if (!written) fprintf(stderr, "launch: cannot write %s: %s\n", path.c_str(), strerror(errno));
+  close(fd);
+  if (!written) unlink(path.c_str());
+  return written;
+}
+
 // Rank 0 publishes the id in a file; the others wait for it (write + rename is atomic).
 int shareIdByFile(LaunchInfo* info) {
   const char* job = firstEnv({"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_JOBID", "SLURM_JOB_ID"});
@@ -59,15 +87,16 @@ int shareIdByFile(LaunchInfo* info) {
       return 1;
     }
     std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
     const int32_t writer = int32_t(getpid());  // readers take the id only while its writer lives
-    if (f == nullptr || fwrite(&info->id, sizeof(info->id), 1, f) != 1 || fwrite(&writer, 4, 1, f) != 1) {
-      fprintf(stderr, "launch: cannot write %s\n", tmp.c_str());
-      if (f) fclose(f);
+    if (!writeIdFile(tmp, info->id, writer)) return 1;
+    if (rename(tmp.c_str(), path.c_str()) != 0) {  // else the other ranks would wait for it in vain
+      fprintf(stderr, "launch: cannot rename %s to %s: %s\n", tmp.c_str(), path.c_str(), strerror(errno));
+      unlink(tmp.c_str());
       return 1;
     }
-    fclose(f);
-    rename(tmp.c_str(), path.c_str());
+    g_id_file = path;
+    static bool at_exit = atexit(removeIdFile) == 0;
+    (void)at_exit;
     return 0;
   }
   // A file left by an earlier job with the same job id is older than this
@@ -292,6 +321,8 @@ int forkRanksWithIds(int nranks, int timeout_s, int num_ids, epUniqueId* ids, in
   int worst = 0;
   return forkAndWait(nranks, timeout_s, num_ids, ids, rank, exit_codes, &worst, timed_out);
 }
+
+void launchJoined() { removeIdFile(); }
 
 int launchRanks(int nranks, int timeout_s, LaunchInfo* info) {
   return launchRanksWithIds(nranks, timeout_s, 0, nullptr, info);

@@ -22,6 +22,11 @@ struct LaunchInfo {
   int under_mpi;  // 1 when an MPI launcher started this process
 };
 
+// Under a launcher without EP_COMM_ID, rank 0 removes the id file once every
+// rank has read it: call this when the first communicator made with the id is
+// initialised (the file goes at exit otherwise). A no-op elsewhere.
+void launchJoined();
+
 // nranks: ranks to fork when no MPI launcher is present (ignored under MPI).
 // timeout_s: the parent kills children still running after this (0: never).
 // Returns 0 in every rank; prints a message and returns non-zero on failure.
