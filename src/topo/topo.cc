@@ -108,6 +108,28 @@ bool augment(int g, const std::vector<std::vector<int>>& cand, std::vector<int>*
   return false;
 }
 
+// The NICs the GPUs choose from (usable[n] = 1), and a note for the reasons
+// when some are left out: NICs on PCI before those without a PCI device (soft
+// RoCE, siw), which go through the host's network stack and so are no match
+// for a real HCA however near they look.
+std::vector<char> usableNics(const std::vector<TopoNic>& nics, std::string* note) {
+  std::vector<char> usable(nics.size(), 0);
+  std::string no_pci;
+  for (size_t n = 0; n < nics.size(); n++) {
+    if (!nics[n].bus_id.empty()) usable[n] = 1;
+    else no_pci += (no_pci.empty() ? "" : ", ") + nics[n].name;
+  }
+  note->clear();
+  if (no_pci.empty()) return usable;
+  if (std::find(usable.begin(), usable.end(), 1) == usable.end()) {
+    usable.assign(nics.size(), 1);
+    *note = "; no RDMA NIC on PCI: one without a PCI device (software RDMA)";
+  } else {
+    *note = "; " + no_pci + " left out (no PCI device: software RDMA)";
+  }
+  return usable;
+}
+
 }  // namespace
 
 void topoChooseNics(const std::vector<std::vector<PciDist>>& dist, const std::vector<TopoNic>& nics,
@@ -116,12 +138,15 @@ void topoChooseNics(const std::vector<std::vector<PciDist>>& dist, const std::ve
   nic_of_gpu->assign(G, -1);
   why->assign(G, N == 0 ? "no RDMA NIC on this machine" : "");
   if (N == 0) return;
+  std::string note;
+  const std::vector<char> usable = usableNics(nics, &note);
   std::vector<std::vector<int>> cand(G);
   for (int g = 0; g < G; g++) {
     PciDist best = PciDist::kSys;
-    for (int n = 0; n < N; n++) best = std::min(best, dist[g][n]);
     for (int n = 0; n < N; n++)
-      if (dist[g][n] == best) cand[g].push_back(n);
+      if (usable[n]) best = std::min(best, dist[g][n]);
+    for (int n = 0; n < N; n++)
+      if (usable[n] && dist[g][n] == best) cand[g].push_back(n);
   }
   std::vector<int> owner(N, -1);
   for (int g = 0; g < G; g++) {
@@ -148,7 +173,7 @@ void topoChooseNics(const std::vector<std::vector<PciDist>>& dist, const std::ve
     for (int o = 0; o < G; o++)
       if (o != g && (*nic_of_gpu)[o] == n) sharers += (sharers.empty() ? "" : ",") + std::to_string(o);
     if (!sharers.empty()) w += ", shared with GPU " + sharers;
-    (*why)[g] = w;
+    (*why)[g] = w + note;
   }
 }
 

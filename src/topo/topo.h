@@ -80,7 +80,8 @@ int topoFindGpu(const Topology& t, const char* bus_id);
 // The NIC of every GPU from the distance matrix dist[gpu][nic]: each GPU gets
 // one of its nearest NICs; among equally near NICs the GPUs are spread so that
 // none shares a NIC unless there are fewer such NICs than GPUs (a maximum
-// matching, then the least-loaded NIC for the rest). why[g] says why.
+// matching, then the least-loaded NIC for the rest). NICs without a PCI device
+// (bus_id "", soft RoCE) are chosen only when no NIC is on PCI. why[g] says why.
 void topoChooseNics(const std::vector<std::vector<PciDist>>& dist, const std::vector<TopoNic>& nics,
                     std::vector<int>* nic_of_gpu, std::vector<std::string>* why);
 

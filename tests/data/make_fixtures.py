@@ -1,5 +1,5 @@
 # Writes the hwloc XML fixtures of this directory (dgx_h100.xml, pcie_box.xml,
-# vm_flat.xml) from the hand-designed descriptions below: python3 make_fixtures.py
+# pcie_box_rxe.xml, vm_flat.xml) from the hand-designed descriptions below: python3 make_fixtures.py
 # hwloc's XML reader drops the I/O objects that follow a comment inside
 # <topology>, so each file explains itself in a header comment instead.
 import itertools
@@ -49,6 +49,14 @@ def nic(d, bus, name, fn=0, ids="15b3:1021"):
     add(d+2, '<info name="Port1State" value="4"/>')
     add(d+2, '<info name="Port1LID" value="0x%x"/>' % (bus + 1))
     add(d+1, '</object>')
+    add(d, '</object>')
+
+# An OpenFabrics device without a PCI parent (soft RoCE rxe0, siw0): hwloc
+# attaches it to the Machine.
+def soft_nic(d, name):
+    add(d, f'<object type="OSDev" gp_index="{next(gp)}" name="{name}" osdev_type="3">')
+    add(d+1, '<info name="NodeGUID" value="5054:00ff:fe12:3456"/>')
+    add(d+1, '<info name="Port1State" value="4"/>')
     add(d, '</object>')
 
 def eth(d, bus, name, ids="8086:1533"):
@@ -132,7 +140,7 @@ machine(D + "dgx_h100.xml", [
 def root_port(d, port_bus, dev_bus, child):
     bridge(d, port_bus, dev_bus, dev_bus, 1, child, vendor="8086:347a")
 
-machine(D + "pcie_box.xml", [
+PCIE_BOX = [
     "PCIe-only server (hand-written for tests/unit/test_topo.cc): no PCIe switches,",
     "no NVLink, one RDMA NIC. 2 packages, one NUMA node each (PUs 0-3 and 4-7).",
     "Every device sits behind its own root port (a PCI bridge) of a host bridge:",
@@ -142,21 +150,32 @@ machine(D + "pcie_box.xml", [
     "  package 1: host bridge 2: [GPU 2 98:00.0]",
     "             host bridge 3: [GPU 3 b1:00.0]",
     "",
+]
+
+def pcie_box(d):
+    package(d, 0, range(0, 4), 0, lambda d1: [
+        hostbridge(d1, 0x00, 0x3f, lambda d2: [
+            root_port(d2, "00:1c.0", 0x01, lambda d3: eth(d3, 0x01, "eno1")),
+            root_port(d2, "16:00.0", 0x17, lambda d3: gpu(d3, 0x17, "20b5")),
+            root_port(d2, "30:00.0", 0x31, lambda d3: nic(d3, 0x31, "mlx5_0"))]),
+        hostbridge(d1, 0x40, 0x7f, lambda d2:
+            root_port(d2, "4a:00.0", 0x4b, lambda d3: gpu(d3, 0x4b, "20b5")))])
+    package(d, 1, range(4, 8), 1, lambda d1: [
+        hostbridge(d1, 0x80, 0x9f, lambda d2:
+            root_port(d2, "97:00.0", 0x98, lambda d3: gpu(d3, 0x98, "20b5"))),
+        hostbridge(d1, 0xa0, 0xff, lambda d2:
+            root_port(d2, "b0:00.0", 0xb1, lambda d3: gpu(d3, 0xb1, "20b5")))])
+
+machine(D + "pcie_box.xml", PCIE_BOX + [
     "Expected: every GPU uses mlx5_0 (the only one): GPU 0 PHB, GPU 1 NODE, GPU 2 and 3 SYS.",
-], range(8), [0, 1], "pcie-fixture",
-    lambda d: [
-        package(d, 0, range(0, 4), 0, lambda d1: [
-            hostbridge(d1, 0x00, 0x3f, lambda d2: [
-                root_port(d2, "00:1c.0", 0x01, lambda d3: eth(d3, 0x01, "eno1")),
-                root_port(d2, "16:00.0", 0x17, lambda d3: gpu(d3, 0x17, "20b5")),
-                root_port(d2, "30:00.0", 0x31, lambda d3: nic(d3, 0x31, "mlx5_0"))]),
-            hostbridge(d1, 0x40, 0x7f, lambda d2:
-                root_port(d2, "4a:00.0", 0x4b, lambda d3: gpu(d3, 0x4b, "20b5")))]),
-        package(d, 1, range(4, 8), 1, lambda d1: [
-            hostbridge(d1, 0x80, 0x9f, lambda d2:
-                root_port(d2, "97:00.0", 0x98, lambda d3: gpu(d3, 0x98, "20b5"))),
-            hostbridge(d1, 0xa0, 0xff, lambda d2:
-                root_port(d2, "b0:00.0", 0xb1, lambda d3: gpu(d3, 0xb1, "20b5")))])])
+], range(8), [0, 1], "pcie-fixture", pcie_box)
+
+machine(D + "pcie_box_rxe.xml", PCIE_BOX + [
+    "Plus rxe0, soft RoCE over eno1: an OpenFabrics device with no PCI parent, under",
+    "the Machine, so SYS from every GPU, as near as mlx5_0 is to GPU 2 and 3.",
+    "",
+    "Expected: every GPU still uses mlx5_0; rxe0 only where no NIC on PCI is usable.",
+], range(8), [0, 1], "pcie-rxe-fixture", lambda d: [pcie_box(d), soft_nic(d, "rxe0")])
 
 # ---- VM with a flat PCI tree --------------------------------------------------
 def vm_io(d):

@@ -101,6 +101,21 @@ void pcie_box_one_nic_shared_by_all(void**) {
   assert_int_equal(t.gpus[2].numa, 1);
 }
 
+// The same box with a soft RoCE device (no PCI parent, under the Machine): as
+// near as mlx5_0 (SYS) to GPU 2 and 3, which took it before.
+void pcie_box_soft_roce_is_left_out(void**) {
+  Topology t;
+  loadFixture("pcie_box_rxe.xml", &t);
+  assert_int_equal(t.nics.size(), 2);
+  assert_string_equal(t.nics[1].name.c_str(), "rxe0");
+  assert_string_equal(t.nics[1].bus_id.c_str(), "");
+  assert_int_equal(int(t.dist[2][1]), int(PciDist::kSys));
+  for (int g = 0; g < 4; g++) {
+    assert_int_equal(t.nic_of_gpu[g], 0);
+    assert_contains(t.nic_why[g].c_str(), "rxe0 left out (no PCI device");
+  }
+}
+
 // ---- A GPU and a NIC as two functions of one card --------------------------------------
 
 void functions_of_one_card_are_pix(void**) {
@@ -134,7 +149,10 @@ void vm_flat_spreads_gpus_over_equal_nics(void**) {
 
 std::vector<ep::TopoNic> nics(int n) {
   std::vector<ep::TopoNic> v(n);
-  for (int i = 0; i < n; i++) v[i].name = "nic" + std::to_string(i);
+  for (int i = 0; i < n; i++) {
+    v[i].name = "nic" + std::to_string(i);
+    v[i].bus_id = "0000:" + std::to_string(10 + i) + ":00.0";
+  }
   return v;
 }
 
@@ -164,6 +182,24 @@ void choice_shares_least_loaded_when_it_must(void**) {
   ep::topoChooseNics(dist, nics(0), &nic, &why);
   assert_true((nic == std::vector<int>(5, -1)));
   assert_contains(why[0].c_str(), "no RDMA NIC");
+}
+
+void choice_puts_nics_without_pci_last(void**) {
+  // NIC 1 has no PCI device and is nearer to both GPUs: left out while NIC 0 is there.
+  const PciDist P = PciDist::kPhb, S = PciDist::kSys;
+  std::vector<ep::TopoNic> soft = nics(2);
+  soft[1].name = "siw0";
+  soft[1].bus_id = "";
+  std::vector<int> nic;
+  std::vector<std::string> why;
+  ep::topoChooseNics({{S, P}, {S, P}}, soft, &nic, &why);
+  assert_true((nic == std::vector<int>{0, 0}));
+  assert_contains(why[1].c_str(), "SYS (across NUMA nodes), shared with GPU 0; siw0 left out (no PCI device");
+  // Only NICs without a PCI device: they are used, and the reason says so.
+  soft[0].bus_id = "";
+  ep::topoChooseNics({{S, P}, {S, P}}, soft, &nic, &why);
+  assert_true((nic == std::vector<int>{1, 1}));
+  assert_contains(why[0].c_str(), "no RDMA NIC on PCI");
 }
 
 // ---- Lookup, errors, EP_TOPO_XML, printing ----------------------------------------------
@@ -287,10 +323,12 @@ int main() {
       cmocka_unit_test(dgx_distance_classes),
       cmocka_unit_test(dgx_each_gpu_gets_its_own_switch_nic),
       cmocka_unit_test(pcie_box_one_nic_shared_by_all),
+      cmocka_unit_test(pcie_box_soft_roce_is_left_out),
       cmocka_unit_test(functions_of_one_card_are_pix),
       cmocka_unit_test(vm_flat_spreads_gpus_over_equal_nics),
       cmocka_unit_test(choice_avoids_needless_sharing),
       cmocka_unit_test(choice_shares_least_loaded_when_it_must),
+      cmocka_unit_test(choice_puts_nics_without_pci_last),
       cmocka_unit_test(find_gpu_by_any_bus_id_spelling),
       cmocka_unit_test(unreadable_xml_is_invalid_argument),
       cmocka_unit_test(this_machine_loads),
