@@ -108,25 +108,40 @@ bool augment(int g, const std::vector<std::vector<int>>& cand, std::vector<int>*
   return false;
 }
 
+// Leaves out of *usable the NICs for which worse() holds, unless none would
+// be left; says which (or that all are worse) in *note.
+void preferOthers(const std::vector<TopoNic>& nics, bool (*worse)(const TopoNic&), const char* why_left_out,
+                  const char* why_all, std::vector<char>* usable, std::string* note) {
+  std::string names;
+  bool others = false;
+  for (size_t n = 0; n < nics.size(); n++) {
+    if (!(*usable)[n]) continue;
+    if (worse(nics[n])) names += (names.empty() ? "" : ", ") + nics[n].name;
+    else others = true;
+  }
+  if (names.empty()) return;
+  if (!others) {
+    *note += std::string("; ") + why_all;
+    return;
+  }
+  for (size_t n = 0; n < nics.size(); n++)
+    if (worse(nics[n])) (*usable)[n] = 0;
+  *note += "; " + names + " left out (" + why_left_out + ")";
+}
+
 // The NICs the GPUs choose from (usable[n] = 1), and a note for the reasons
-// when some are left out: NICs on PCI before those without a PCI device (soft
+// when some are left out: a NIC with an ACTIVE port (or no port state known)
+// before one whose ports are all down or still initialising, which cannot
+// carry traffic; then NICs on PCI before those without a PCI device (soft
 // RoCE, siw), which go through the host's network stack and so are no match
 // for a real HCA however near they look.
 std::vector<char> usableNics(const std::vector<TopoNic>& nics, std::string* note) {
-  std::vector<char> usable(nics.size(), 0);
-  std::string no_pci;
-  for (size_t n = 0; n < nics.size(); n++) {
-    if (!nics[n].bus_id.empty()) usable[n] = 1;
-    else no_pci += (no_pci.empty() ? "" : ", ") + nics[n].name;
-  }
+  std::vector<char> usable(nics.size(), 1);
   note->clear();
-  if (no_pci.empty()) return usable;
-  if (std::find(usable.begin(), usable.end(), 1) == usable.end()) {
-    usable.assign(nics.size(), 1);
-    *note = "; no RDMA NIC on PCI: one without a PCI device (software RDMA)";
-  } else {
-    *note = "; " + no_pci + " left out (no PCI device: software RDMA)";
-  }
+  preferOthers(nics, [](const TopoNic& n) { return n.active_ports == 0; }, "no port ACTIVE",
+               "no NIC has an ACTIVE port", &usable, note);
+  preferOthers(nics, [](const TopoNic& n) { return n.bus_id.empty(); }, "no PCI device: software RDMA",
+               "no RDMA NIC on PCI: one without a PCI device (software RDMA)", &usable, note);
   return usable;
 }
 
@@ -197,8 +212,9 @@ void topoPrint(FILE* out, const Topology& t) {
   }
   fprintf(out, "RDMA NICs (%zu):\n", t.nics.size());
   for (const TopoNic& n : t.nics)
-    fprintf(out, "  %-8s  %s  NUMA %d  CPUs %s\n", n.name.c_str(),
-            n.bus_id.empty() ? "(no PCI)" : n.bus_id.c_str(), n.numa, n.cpus.c_str());
+    fprintf(out, "  %-8s  %s  NUMA %d  CPUs %s%s\n", n.name.c_str(),
+            n.bus_id.empty() ? "(no PCI)" : n.bus_id.c_str(), n.numa, n.cpus.c_str(),
+            n.active_ports == 0 ? "  (no port ACTIVE)" : "");
   if (t.gpus.empty()) return;
   if (!t.nics.empty()) {
     fprintf(out, "GPU-NIC distance (PIX < PXB < PHB < NODE < SYS):\n        ");

@@ -42,6 +42,7 @@ struct TopoNic {
   std::string bus_id;  // "" when the device has no PCI parent (soft RoCE)
   int numa = -1;
   std::string cpus;
+  int active_ports = -1;  // ports in state ACTIVE (hwloc's PortNState infos); -1: no state known
 };
 
 struct TopoNuma {
@@ -81,7 +82,8 @@ int topoFindGpu(const Topology& t, const char* bus_id);
 // one of its nearest NICs; among equally near NICs the GPUs are spread so that
 // none shares a NIC unless there are fewer such NICs than GPUs (a maximum
 // matching, then the least-loaded NIC for the rest). NICs without a PCI device
-// (bus_id "", soft RoCE) are chosen only when no NIC is on PCI. why[g] says why.
+// (bus_id "", soft RoCE) are chosen only when no NIC is on PCI, and NICs whose
+// ports are all known not ACTIVE only when no NIC has one. why[g] says why.
 void topoChooseNics(const std::vector<std::vector<PciDist>>& dist, const std::vector<TopoNic>& nics,
                     std::vector<int>* nic_of_gpu, std::vector<std::string>* why);
 

@@ -106,6 +106,24 @@ epResult_t xmlRefused(const char* xml_path, int err) {
   return setError(nullptr, epInvalidArgument, "topology file %s cannot be read: %s", xml_path, strerror(err));
 }
 
+// Ports in state ACTIVE (4) among an OpenFabrics device's PortNState infos,
+// -1 when it has none (an XML written without them).
+int activePorts(hwloc_obj_t osdev) {
+  int known = 0, active = 0;
+  for (unsigned i = 0; i < osdev->infos_count; i++) {
+    const char* name = osdev->infos[i].name;
+    const char* value = osdev->infos[i].value;
+    unsigned port = 0;
+    int digits_end = 0;
+    if (name == nullptr || value == nullptr || sscanf(name, "Port%u%n", &port, &digits_end) != 1 ||
+        strcmp(name + digits_end, "State") != 0)
+      continue;
+    known++;
+    if (strcmp(value, "4") == 0) active++;
+  }
+  return known > 0 ? active : -1;
+}
+
 void readTopology(hwloc_topology_t t, Topology* out) {
   out->packages = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PACKAGE);
   for (hwloc_obj_t n = nullptr; (n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, n)) != nullptr;) {
@@ -136,6 +154,7 @@ void readTopology(hwloc_topology_t t, Topology* out) {
     bool on_pci = pci != nullptr && pci->type == HWLOC_OBJ_PCI_DEVICE;
     if (on_pci) nic.bus_id = busIdOf(pci);
     nic.numa = numaOf(t, on_pci ? pci : o, &nic.cpus);
+    nic.active_ports = activePorts(o);
     out->nics.push_back(nic);
     nic_objs.push_back(on_pci ? pci : o);
   }

@@ -1,5 +1,6 @@
 # Writes the hwloc XML fixtures of this directory (dgx_h100.xml, pcie_box.xml,
-# pcie_box_rxe.xml, vm_flat.xml) from the hand-designed descriptions below: python3 make_fixtures.py
+# pcie_box_rxe.xml, vm_flat.xml, vm_flat_port_down.xml) from the hand-designed
+# descriptions below: python3 make_fixtures.py
 # hwloc's XML reader drops the I/O objects that follow a comment inside
 # <topology>, so each file explains itself in a header comment instead.
 import itertools
@@ -41,12 +42,13 @@ def bridge(d, bus, sec, sub, depth, children, vendor="1000:c030"):
 def gpu(d, bus, model="2330"):
     add(d, f'<object type="PCIDev" gp_index="{next(gp)}" pci_busid="0000:{bus:02x}:00.0" pci_type="0302 [10de:{model}] [10de:16c1] a1" pci_link_speed="63.015385"/>')
 
-def nic(d, bus, name, fn=0, ids="15b3:1021"):
+# state: the OpenFabrics port state hwloc reports (4 ACTIVE, 1 DOWN).
+def nic(d, bus, name, fn=0, ids="15b3:1021", state=4):
     idx = int(name.split("_")[1])
     add(d, f'<object type="PCIDev" gp_index="{next(gp)}" pci_busid="0000:{bus:02x}:00.{fn}" pci_type="0207 [{ids}] [15b3:0041] 00" pci_link_speed="63.015385">')
     add(d+1, f'<object type="OSDev" gp_index="{next(gp)}" name="{name}" osdev_type="3">')
     add(d+2, '<info name="NodeGUID" value="a088:c203:00%02x:%04x"/>' % (idx, 0x1000 + bus))
-    add(d+2, '<info name="Port1State" value="4"/>')
+    add(d+2, f'<info name="Port1State" value="{state}"/>')
     add(d+2, '<info name="Port1LID" value="0x%x"/>' % (bus + 1))
     add(d+1, '</object>')
     add(d, '</object>')
@@ -178,16 +180,16 @@ machine(D + "pcie_box_rxe.xml", PCIE_BOX + [
 ], range(8), [0, 1], "pcie-rxe-fixture", lambda d: [pcie_box(d), soft_nic(d, "rxe0")])
 
 # ---- VM with a flat PCI tree --------------------------------------------------
-def vm_io(d):
+def vm_io(d, nic1_state=4):
     def devs(d1):
         disk(d1, 0x02, "vda", "0100 [1af4:1042] [1af4:1100] 01")
         eth(d1, 0x03, "eth0", "1af4:1041")
         for i, bus in enumerate([0x05, 0x06, 0x07, 0x08]): gpu(d1, bus)
         nic(d1, 0x09, "mlx5_0", ids="15b3:101e")
-        nic(d1, 0x0a, "mlx5_1", ids="15b3:101e")
+        nic(d1, 0x0a, "mlx5_1", ids="15b3:101e", state=nic1_state)
     hostbridge(d, 0x00, 0x00, devs)
 
-machine(D + "vm_flat.xml", [
+VM_FLAT = [
     "Virtual machine whose PCI tree is flat (hand-written for tests/unit/test_topo.cc):",
     "one package, one NUMA node (PUs 0-7), every device directly on the root bus of",
     "one host bridge, as KVM/Firecracker guests with passthrough show them:",
@@ -195,7 +197,17 @@ machine(D + "vm_flat.xml", [
     "  host bridge: [vda 02:00.0] [eth0 03:00.0] [GPU 0..3 05..08:00.0]",
     "               [mlx5_0 09:00.0] [mlx5_1 0a:00.0] (ConnectX virtual functions 15b3:101e)",
     "",
+]
+
+machine(D + "vm_flat.xml", VM_FLAT + [
     "Expected: all GPU-NIC pairs PHB; the GPUs spread over the two equally near NICs:",
     "GPU 0 -> mlx5_0, GPU 1 -> mlx5_1, GPU 2 -> mlx5_0, GPU 3 -> mlx5_1.",
 ], range(8), [0], "vm-fixture",
     lambda d: package(d, 0, range(8), 0, vm_io, mem=17179869184))
+
+machine(D + "vm_flat_port_down.xml", VM_FLAT + [
+    "Here the port of mlx5_1 is DOWN (Port1State 1; 4 is ACTIVE).",
+    "",
+    "Expected: every GPU uses mlx5_0, the NIC with an active port.",
+], range(8), [0], "vm-down-fixture",
+    lambda d: package(d, 0, range(8), 0, lambda d1: vm_io(d1, nic1_state=1), mem=17179869184))

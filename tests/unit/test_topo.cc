@@ -145,6 +145,23 @@ void vm_flat_spreads_gpus_over_equal_nics(void**) {
   assert_int_equal(t.gpus[0].numa, 0);
 }
 
+// The same VM with the port of mlx5_1 DOWN: every GPU takes mlx5_0.
+void vm_flat_nic_without_active_port_is_left_out(void**) {
+  Topology t;
+  loadFixture("vm_flat_port_down.xml", &t);
+  assert_int_equal(t.nics.size(), 2);
+  assert_int_equal(t.nics[0].active_ports, 1);
+  assert_int_equal(t.nics[1].active_ports, 0);
+  assert_true((t.nic_of_gpu == std::vector<int>{0, 0, 0, 0}));
+  assert_contains(t.nic_why[3].c_str(), "PHB (through the PCIe host bridge), shared with GPU 0,1,2");
+  assert_contains(t.nic_why[3].c_str(), "; mlx5_1 left out (no port ACTIVE)");
+  std::string text = printed([&](FILE* f) { ep::topoPrint(f, t); });
+  assert_contains(text.c_str(), "(no port ACTIVE)");
+  Topology up;  // the fixture with both ports ACTIVE
+  loadFixture("vm_flat.xml", &up);
+  assert_int_equal(up.nics[1].active_ports, 1);
+}
+
 // ---- NIC choice on synthetic distances (no hwloc needed) ------------------------------
 
 std::vector<ep::TopoNic> nics(int n) {
@@ -200,6 +217,31 @@ void choice_puts_nics_without_pci_last(void**) {
   ep::topoChooseNics({{S, P}, {S, P}}, soft, &nic, &why);
   assert_true((nic == std::vector<int>{1, 1}));
   assert_contains(why[0].c_str(), "no RDMA NIC on PCI");
+}
+
+void choice_avoids_nics_without_active_port(void**) {
+  const PciDist X = PciDist::kPix, P = PciDist::kPhb;
+  std::vector<ep::TopoNic> v = nics(3);
+  v[0].active_ports = 0;   // nearest, but down
+  v[1].active_ports = -1;  // state unknown: usable
+  v[2].active_ports = 2;
+  std::vector<int> nic;
+  std::vector<std::string> why;
+  ep::topoChooseNics({{X, P, P}, {X, P, P}}, v, &nic, &why);
+  assert_true((nic == std::vector<int>{1, 2}));
+  assert_contains(why[0].c_str(), "nic0 left out (no port ACTIVE)");
+  // No NIC with an active port: the nearest all the same, and the reason says so.
+  v[1].active_ports = v[2].active_ports = 0;
+  ep::topoChooseNics({{X, P, P}, {X, P, P}}, v, &nic, &why);
+  assert_true((nic == std::vector<int>{0, 0}));
+  assert_contains(why[1].c_str(), "no NIC has an ACTIVE port");
+  // A soft NIC with an active port beats PCI NICs whose ports are all down.
+  v.push_back(ep::TopoNic());
+  v[3].name = "rxe0";
+  v[3].active_ports = 1;
+  ep::topoChooseNics({{X, P, P, PciDist::kSys}}, v, &nic, &why);
+  assert_true((nic == std::vector<int>{3}));
+  assert_contains(why[0].c_str(), "nic0, nic1, nic2 left out (no port ACTIVE); no RDMA NIC on PCI");
 }
 
 // ---- Lookup, errors, EP_TOPO_XML, printing ----------------------------------------------
@@ -326,9 +368,11 @@ int main() {
       cmocka_unit_test(pcie_box_soft_roce_is_left_out),
       cmocka_unit_test(functions_of_one_card_are_pix),
       cmocka_unit_test(vm_flat_spreads_gpus_over_equal_nics),
+      cmocka_unit_test(vm_flat_nic_without_active_port_is_left_out),
       cmocka_unit_test(choice_avoids_needless_sharing),
       cmocka_unit_test(choice_shares_least_loaded_when_it_must),
       cmocka_unit_test(choice_puts_nics_without_pci_last),
+      cmocka_unit_test(choice_avoids_nics_without_active_port),
       cmocka_unit_test(find_gpu_by_any_bus_id_spelling),
       cmocka_unit_test(unreadable_xml_is_invalid_argument),
       cmocka_unit_test(this_machine_loads),
