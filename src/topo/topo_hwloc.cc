@@ -95,6 +95,12 @@ PciDist classify(hwloc_topology_t t, hwloc_obj_t a, hwloc_obj_t b) {
   return same_node ? PciDist::kNode : PciDist::kSys;
 }
 
+// hwloc fails some loads without setting errno (a file whose Machine has no
+// PU, for one): strerror(0) would say "Success".
+std::string failureText(int err, const char* if_no_errno) {
+  return err == 0 ? std::string(if_no_errno) : std::string(strerror(err));
+}
+
 // hwloc reports a file it cannot parse (truncated, not hwloc's format) as
 // EINVAL, which strerror turns into a misleading "Invalid argument".
 epResult_t xmlRefused(const char* xml_path, int err) {
@@ -103,7 +109,9 @@ epResult_t xmlRefused(const char* xml_path, int err) {
                     "topology file %s is not a valid hwloc XML file (truncated, or not written by "
                     "hwloc's XML export; HWLOC_XML_VERBOSE=1 prints the parser's reason)",
                     xml_path);
-  return setError(nullptr, epInvalidArgument, "topology file %s cannot be read: %s", xml_path, strerror(err));
+  return setError(nullptr, epInvalidArgument, "topology file %s cannot be read: %s", xml_path,
+                  failureText(err, "hwloc rejected it (no usable machine in it: a PU, for one; "
+                                   "HWLOC_XML_VERBOSE=1 may say more)").c_str());
 }
 
 // Ports in state ACTIVE (4) among an OpenFabrics device's PortNState infos,
@@ -184,7 +192,8 @@ epResult_t topoLoad(const char* xml_path, Topology* out) {
     int err = errno;
     hwloc_topology_destroy(t);
     if (from_xml) return xmlRefused(xml_path, err);
-    topo.why_unavailable = std::string("hwloc cannot read this machine: ") + strerror(err);
+    topo.why_unavailable =
+        "hwloc cannot read this machine: " + failureText(err, "hwloc_topology_load failed without a reason");
     *out = std::move(topo);
     return epSuccess;
   }

@@ -6,6 +6,7 @@
 // Without hwloc in the build the fixture cases print SKIPPED.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include <functional>
@@ -281,6 +282,29 @@ void unreadable_xml_is_invalid_argument(void**) {
   assert_int_equal(t.packages, -99);
 }
 
+// hwloc refuses a Machine without a PU and leaves errno 0: the message must
+// not end in strerror(0), "Success".
+void xml_without_pu_is_refused_without_success(void**) {
+  requireHwloc();
+  char path[] = "/tmp/test_topo_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  const char xml[] =
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<topology version=\"2.0\">\n"
+      "<object type=\"Machine\" os_index=\"0\" cpuset=\"0x1\" complete_cpuset=\"0x1\" allowed_cpuset=\"0x1\" "
+      "nodeset=\"0x1\" complete_nodeset=\"0x1\" allowed_nodeset=\"0x1\" gp_index=\"1\">\n</object>\n"
+      "</topology>\n";
+  assert_int_equal(write(fd, xml, sizeof(xml) - 1), sizeof(xml) - 1);
+  close(fd);
+  Topology t;
+  errno = 0;
+  assert_result(ep::topoLoad(path, &t), epInvalidArgument);
+  unlink(path);
+  assert_contains(ep::threadLastError(), path);
+  assert_contains(ep::threadLastError(), "hwloc rejected it");
+  assert_null(strstr(ep::threadLastError(), "Success"));
+}
+
 void this_machine_loads(void**) {
   Topology t;
   assert_ok(ep::topoLoad(nullptr, &t));
@@ -375,6 +399,7 @@ int main() {
       cmocka_unit_test(choice_avoids_nics_without_active_port),
       cmocka_unit_test(find_gpu_by_any_bus_id_spelling),
       cmocka_unit_test(unreadable_xml_is_invalid_argument),
+      cmocka_unit_test(xml_without_pu_is_refused_without_success),
       cmocka_unit_test(this_machine_loads),
       cmocka_unit_test(ep_topo_xml_replaces_the_machine),
       cmocka_unit_test(report_names_nics_classes_and_peer_access),
