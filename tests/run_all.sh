@@ -83,8 +83,9 @@ run "launcher variables: a rank without a size, or out of range, is refused" \
 info="$BUILD/bin/moeep_info" flat=tests/data/vm_flat.xml
 run "moeep_info --plan from an XML topology" bash -c \
   "$info --topo-xml $flat --plan --ranks-per-node 4 --nodes 2 | grep -q 'rail+fwd via rank 4'"
-run "moeep_info refuses --nodes without --plan, --topo-xml with --comm" bash -c \
-  "! $info --nodes 2 2>/dev/null && ! $info --comm --topo-xml $flat 2>/dev/null"
+run "moeep_info refuses --nodes without --plan, --topo-xml with --comm, --ranks without --comm" bash -c \
+  "! $info --nodes 2 2>/dev/null && ! $info --comm --topo-xml $flat 2>/dev/null \
+   && ! $info --ranks 2 >/dev/null 2>&1 && $info --ranks 2 2>&1 | grep -q -- '--ranks N goes with --comm'"
 
 # --- multi-process under Open MPI (id shared through a file, and through EP_COMM_ID)
 if command -v mpirun >/dev/null 2>&1; then

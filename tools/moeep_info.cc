@@ -428,6 +428,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "moeep_info: --ranks-per-node and --nodes go with --plan\n");
     return 2;
   }
+  if (comm_ranks > 0 && !comm_plan) {
+    fprintf(stderr, "moeep_info: --ranks N goes with --comm\n");
+    return 2;
+  }
   if (topo_xml != nullptr && !topo && !plan) {
     fprintf(stderr, "moeep_info: --topo-xml FILE goes with --topo or --plan (a communicator, --comm, "
                     "reads its topology from EP_TOPO_XML)\n");
