@@ -79,6 +79,9 @@ run "ep_bench started by hand twice in a row (id file)" bash tests/mp/launch_by_
 run "launcher variables: a rank without a size, or out of range, is refused" \
   bash tests/mp/launcher_env.sh "$BUILD"
 
+# --- ep_bench --backend cuda, however getopt spells it, runs ep_bench_gpu (or is refused without it)
+run "ep_bench --backend cuda in every spelling" bash tests/mp/bench_backend.sh "$BUILD"
+
 # --- moeep_info: a dry-run plan from a fixture; options without their section are refused
 info="$BUILD/bin/moeep_info" flat=tests/data/vm_flat.xml
 run "moeep_info --plan from an XML topology" bash -c \

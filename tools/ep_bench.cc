@@ -188,48 +188,72 @@ std::string optionName(int c, const option* table, char** argv) {
   return std::string("-") + char(c);
 }
 
+// The long options, for parseOptions and for backendOption (which must find
+// --backend as getopt does: abbreviated, or with its value after '=').
+enum {
+  kShape = 256,
+  kHidden,
+  kTopk,
+  kExperts,
+  kTokens,
+  kType,
+  kWarmup,
+  kIters,
+  kCheck,
+  kJson,
+  kSeed,
+  kExact,
+  kTimeout,
+  kZeroRank0,
+  kBackend,
+  kMode,
+  kPow2Scales,
+  kSplit
+};
+const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
+                        {"shape", required_argument, nullptr, kShape},
+                        {"hidden", required_argument, nullptr, kHidden},
+                        {"topk", required_argument, nullptr, kTopk},
+                        {"experts", required_argument, nullptr, kExperts},
+                        {"tokens", required_argument, nullptr, kTokens},
+                        {"type", required_argument, nullptr, kType},
+                        {"warmup", required_argument, nullptr, kWarmup},
+                        {"iters", required_argument, nullptr, kIters},
+                        {"check", no_argument, nullptr, kCheck},
+                        {"json", no_argument, nullptr, kJson},
+                        {"seed", required_argument, nullptr, kSeed},
+                        {"exact", no_argument, nullptr, kExact},
+                        {"timeout-ms", required_argument, nullptr, kTimeout},
+                        {"zero-rank0", no_argument, nullptr, kZeroRank0},
+                        {"backend", required_argument, nullptr, kBackend},
+                        {"mode", required_argument, nullptr, kMode},
+                        {"pow2-scales", no_argument, nullptr, kPow2Scales},
+                        {"split", no_argument, nullptr, kSplit},
+                        {"help", no_argument, nullptr, 'h'},
+                        {nullptr, 0, nullptr, 0}};
+
+// The value of the last --backend in argv as getopt_long reads it (any
+// abbreviation, "--backend cuda" or "--backend=cuda"); spelled[i] = 1 for the
+// arguments that spell it, so that the rest can be passed on. The "-" scan
+// keeps argv in order; every other option, known to this tool or not, is
+// skipped (the GPU benchmark has options of its own).
+std::string backendOption(int argc, char** argv, std::vector<char>* spelled) {
+  std::string backend;
+  spelled->assign(size_t(argc), 0);
+  opterr = 0;
+  optind = 0;  // glibc: a fresh scan
+  int c;
+  while ((c = getopt_long(argc, argv, "-:n:h", kLong, nullptr)) != -1) {
+    if (c != kBackend) continue;
+    backend = optarg;
+    (*spelled)[size_t(optind - 1)] = 1;
+    if (optarg == argv[optind - 1]) (*spelled)[size_t(optind - 2)] = 1;  // the value was its own argument
+  }
+  optind = 0;  // parseOptions scans again from the start
+  return backend;
+}
+
 ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error) {
-  enum {
-    kShape = 256,
-    kHidden,
-    kTopk,
-    kExperts,
-    kTokens,
-    kType,
-    kWarmup,
-    kIters,
-    kCheck,
-    kJson,
-    kSeed,
-    kExact,
-    kTimeout,
-    kZeroRank0,
-    kBackend,
-    kMode,
-    kPow2Scales,
-    kSplit
-  };
-  static const option kLong[] = {{"nranks", required_argument, nullptr, 'n'},
-                                 {"shape", required_argument, nullptr, kShape},
-                                 {"hidden", required_argument, nullptr, kHidden},
-                                 {"topk", required_argument, nullptr, kTopk},
-                                 {"experts", required_argument, nullptr, kExperts},
-                                 {"tokens", required_argument, nullptr, kTokens},
-                                 {"type", required_argument, nullptr, kType},
-                                 {"warmup", required_argument, nullptr, kWarmup},
-                                 {"iters", required_argument, nullptr, kIters},
-                                 {"check", no_argument, nullptr, kCheck},
-                                 {"json", no_argument, nullptr, kJson},
-                                 {"seed", required_argument, nullptr, kSeed},
-                                 {"exact", no_argument, nullptr, kExact},
-                                 {"timeout-ms", required_argument, nullptr, kTimeout},
-                                 {"zero-rank0", no_argument, nullptr, kZeroRank0},
-                                 {"backend", required_argument, nullptr, kBackend},
-                                 {"mode", required_argument, nullptr, kMode},
-                                 {"pow2-scales", no_argument, nullptr, kPow2Scales},
-                                 {"split", no_argument, nullptr, kSplit},
-                                 {"help", no_argument, nullptr, 'h'},
-                                 {nullptr, 0, nullptr, 0}};
   opterr = 0;  // we print our own message, once
   int c;
   long v = 0;
@@ -813,8 +837,10 @@ int benchMain(const Options& opt, const LaunchInfo& li) {
 
 // --backend cuda: the GPU benchmark is its own program (built with nvcc when
 // the library has CUDA: ep_bench_gpu beside this one); hand it the other
-// arguments. Returns only when it cannot be started.
-int runGpuBench(int argc, char** argv) {
+// arguments (spelled[i]: argument i was the --backend option). Returns only
+// when it cannot be started: -1 when there is no such program (a build
+// without CUDA, where the option parser says so), else 2.
+int runGpuBench(int argc, char** argv, const std::vector<char>& spelled) {
   std::vector<char*> args;
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -825,16 +851,10 @@ int runGpuBench(int argc, char** argv) {
     dir = dir.substr(0, dir.rfind('/'));
   }
   std::string gpu = dir + "/ep_bench_gpu";
+  if (access(gpu.c_str(), X_OK) != 0) return -1;
   args.push_back(const_cast<char*>(gpu.c_str()));
-  for (int i = 1; i < argc; i++) {
-    std::string a = argv[i];
-    if (a == "--backend" && i + 1 < argc) {
-      i++;
-      continue;
-    }
-    if (a == "--backend=cuda") continue;
-    args.push_back(argv[i]);
-  }
+  for (int i = 1; i < argc; i++)
+    if (!spelled[size_t(i)]) args.push_back(argv[i]);
   args.push_back(nullptr);
   execv(gpu.c_str(), args.data());
   fprintf(stderr, "ep_bench: --backend cuda needs %s (built by make when nvcc is present): %s\n", gpu.c_str(),
@@ -843,10 +863,11 @@ int runGpuBench(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; i++)
-    if ((std::string(argv[i]) == "--backend" && i + 1 < argc && std::string(argv[i + 1]) == "cuda") ||
-        std::string(argv[i]) == "--backend=cuda")
-      return runGpuBench(argc, argv);
+  std::vector<char> backend_args;
+  if (backendOption(argc, argv, &backend_args) == "cuda") {
+    const int rc = runGpuBench(argc, argv, backend_args);
+    if (rc >= 0) return rc;
+  }
   Options opt;
   std::string error;
   switch (parseOptions(argc, argv, &opt, &error)) {
