@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <dirent.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -62,22 +63,50 @@ namespace {
 
 const epTransportEnv_v1_t kEnv = {EP_TRANSPORT_ABI_VERSION, transportLog, transportGetParam};
 
-// EP_TRANSPORTS: "a,b" keeps only those, "^a,b" drops those, "" keeps all.
-bool allowedByUser(const char* name) {
+// The names of EP_TRANSPORTS: "a,b" keeps only those, "^a,b" drops those, ""
+// keeps all. Blanks around a name are not part of it ("cuda_ipc, shm" is
+// read as a user means it); empty names are dropped.
+std::vector<std::string> userTransportNames(bool* exclude) {
   const char* spec = param::TRANSPORTS();
-  if (spec == nullptr || *spec == '\0') return true;
-  bool exclude = spec[0] == '^';
-  if (exclude) spec++;
-  bool listed = false;
-  std::string s(spec);
+  std::vector<std::string> names;
+  if (spec == nullptr) spec = "";
+  spec += strspn(spec, " \t");
+  *exclude = spec[0] == '^';
+  std::string s(spec + (*exclude ? 1 : 0));
   size_t pos = 0;
   while (pos <= s.size()) {
     size_t comma = s.find(',', pos);
     if (comma == std::string::npos) comma = s.size();
-    if (s.compare(pos, comma - pos, name) == 0 && strlen(name) == comma - pos) listed = true;
+    const size_t first = s.find_first_not_of(" \t", pos);
+    if (first != std::string::npos && first < comma) {
+      const size_t last = s.find_last_not_of(" \t", comma - 1);
+      names.push_back(s.substr(first, last + 1 - first));
+    }
     pos = comma + 1;
   }
+  return names;
+}
+
+bool allowedByUser(const char* name) {
+  bool exclude = false;
+  const std::vector<std::string> names = userTransportNames(&exclude);
+  if (names.empty()) return true;  // unset, or only blanks and commas
+  const bool listed = std::find(names.begin(), names.end(), name) != names.end();
   return exclude ? !listed : listed;
+}
+
+// A name in EP_TRANSPORTS that no transport has is most likely a typo, which
+// would otherwise disable (or fail to exclude) a transport without a word.
+void warnUnknownUserTransports() {
+  bool exclude = false;
+  for (const std::string& n : userTransportNames(&exclude)) {
+    bool known = false;
+    for (const TransportEntry& e : registry())
+      if (n == e.table->name) known = true;
+    if (!known)
+      EP_WARN(kSubsysTransport, "EP_TRANSPORTS=\"%s\": no transport is called \"%s\" (ignored)",
+              param::TRANSPORTS(), n.c_str());
+  }
 }
 
 // The callbacks the core calls without looking: a table that lacks one is
@@ -229,6 +258,7 @@ void transportsInit() {
       if (colon > pos) loadModulesFrom(dirs.substr(pos, colon - pos));
       pos = colon + 1;
     }
+    warnUnknownUserTransports();
   });
 }
 

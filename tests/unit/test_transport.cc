@@ -136,6 +136,44 @@ void ep_transports_list_selects(void**) {
   });
 }
 
+// What the library logged to EP_DEBUG_FILE path (set before its first call).
+std::string logged(const char* path) {
+  std::string text;
+  if (FILE* f = fopen(path, "r")) {
+    char buf[512];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+    fclose(f);
+  }
+  return text;
+}
+
+void ep_transports_names_are_trimmed_and_unknown_ones_warned(void**) {
+  char log[] = "/tmp/test_transport_XXXXXX";
+  int fd = mkstemp(log);
+  assert_true(fd >= 0);
+  close(fd);
+  inChild(" shm , fake,  nosuch ,", [&log] {
+    setenv("EP_DEBUG", "WARN", 1);
+    setenv("EP_DEBUG_FILE", log, 1);
+    if (!find("shm").available) return "shm disabled by ' shm '; " + find("shm").detail;
+    if (!find("fake").available) return "'fake' disabled by ' fake'; " + find("fake").detail;
+    if (find("future").available) return std::string("'future' available though not listed");
+    const std::string text = logged(log);
+    if (text.find("no transport is called \"nosuch\"") == std::string::npos)
+      return "no warning about 'nosuch' in: " + text;
+    if (text.find("called \"shm\"") != std::string::npos || text.find("called \"\"") != std::string::npos)
+      return "a known or empty name warned about: " + text;
+    return std::string();
+  });
+  unlink(log);
+  inChild(" ^ shm", [] {
+    if (find("shm").available) return std::string("shm available though excluded by ' ^ shm'");
+    if (!find("fake").available) return std::string("'fake' disabled though not excluded");
+    return std::string();
+  });
+}
+
 void ep_transports_exclusion(void**) {
   inChild("^fake,future", [] {
     if (find("fake").available) return std::string("'fake' available though excluded");
@@ -174,6 +212,7 @@ int main(int, char** argv) {
       cmocka_unit_test(table_without_mandatory_callback_is_refused),
       cmocka_unit_test(ep_transports_list_selects),
       cmocka_unit_test(ep_transports_exclusion),
+      cmocka_unit_test(ep_transports_names_are_trimmed_and_unknown_ones_warned),
       cmocka_unit_test(excluding_shm_fails_host_init_with_reason),
   };
   return cmocka_run_group_tests_name("transport loader", tests, nullptr, nullptr);
