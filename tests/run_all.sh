@@ -82,6 +82,12 @@ run "launcher variables: a rank without a size, or out of range, is refused" \
 # --- ep_bench --backend cuda, however getopt spells it, runs ep_bench_gpu (or is refused without it)
 run "ep_bench --backend cuda in every spelling" bash tests/mp/bench_backend.sh "$BUILD"
 
+# --- ep_bench --seed: an unsigned number, not " -1" read as 2^64 - 1 (a value that runs, then ones refused)
+bench1=("$BUILD/bin/ep_bench" -n 1 --shape 64:2:4:16 --iters 1 --warmup 0)
+run "ep_bench --seed refuses a sign or leading blanks" bash -c \
+  "${bench1[*]} --seed 0x10 >/dev/null && for s in ' -1' '-1' '+1' ' 1' ''; do
+     ${bench1[*]} --seed \"\$s\" 2>&1 | grep -qF \"bad value '\$s' for --seed\" || exit 1; done"
+
 # --- moeep_info: a dry-run plan from a fixture; options without their section are refused
 info="$BUILD/bin/moeep_info" flat=tests/data/vm_flat.xml
 run "moeep_info --plan from an XML topology" bash -c \

@@ -310,11 +310,12 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
         opt->json = true;
         break;
       case kSeed: {
+        // strtoull skips leading blanks and takes a sign: " -1" would read as 2^64 - 1.
+        if (*optarg < '0' || *optarg > '9') return bad("an unsigned integer");
         char* end = nullptr;
         errno = 0;
         unsigned long long s = strtoull(optarg, &end, 0);
-        if (errno != 0 || *optarg == '\0' || *end != '\0' || *optarg == '-')
-          return bad("an unsigned integer");
+        if (errno != 0 || *end != '\0') return bad("an unsigned integer");
         opt->seed = s;
         break;
       }
