@@ -130,11 +130,18 @@ epResult_t buildPlan(const PlanInput& in, Plan* out) {
     p.nic = t->nic_of_gpu[p.gpu];
     p.nic_why = t->nic_why[p.gpu];
   } else if (t != nullptr && !t->nics.empty()) {
-    // No GPU to be near (host ranks): take the NICs in turn by local rank.
-    p.nic = p.local_rank % int(t->nics.size());
-    p.nic_why = p.gpu_bus_id.empty()
-                    ? "no GPU: NICs taken in turn by local rank"
-                    : "GPU " + p.gpu_bus_id + " not in the topology: NICs taken in turn by local rank";
+    // No GPU to be near (host ranks): take the usable NICs (as a GPU would
+    // choose from) in turn by local rank.
+    std::string note;
+    const std::vector<char> usable = topoUsableNics(t->nics, &note);
+    std::vector<int> in_turn;
+    for (size_t n = 0; n < usable.size(); n++)
+      if (usable[n]) in_turn.push_back(int(n));
+    p.nic = in_turn[size_t(p.local_rank) % in_turn.size()];
+    p.nic_why = (p.gpu_bus_id.empty()
+                     ? "no GPU: NICs taken in turn by local rank"
+                     : "GPU " + p.gpu_bus_id + " not in the topology: NICs taken in turn by local rank") +
+                note;
   } else {
     p.nic_why = t == nullptr || !t->available ? p.topo_source : "no RDMA NIC on this machine";
   }

@@ -129,13 +129,15 @@ void preferOthers(const std::vector<TopoNic>& nics, bool (*worse)(const TopoNic&
   *note += "; " + names + " left out (" + why_left_out + ")";
 }
 
-// The NICs the GPUs choose from (usable[n] = 1), and a note for the reasons
-// when some are left out: a NIC with an ACTIVE port (or no port state known)
+// The NICs to choose from (usable[n] = 1), and a note for the reasons when
+// some are left out: a NIC with an ACTIVE port (or no port state known)
 // before one whose ports are all down or still initialising, which cannot
 // carry traffic; then NICs on PCI before those without a PCI device (soft
 // RoCE, siw), which go through the host's network stack and so are no match
 // for a real HCA however near they look.
-std::vector<char> usableNics(const std::vector<TopoNic>& nics, std::string* note) {
+}  // namespace
+
+std::vector<char> topoUsableNics(const std::vector<TopoNic>& nics, std::string* note) {
   std::vector<char> usable(nics.size(), 1);
   note->clear();
   preferOthers(nics, [](const TopoNic& n) { return n.active_ports == 0; }, "no port ACTIVE",
@@ -145,8 +147,6 @@ std::vector<char> usableNics(const std::vector<TopoNic>& nics, std::string* note
   return usable;
 }
 
-}  // namespace
-
 void topoChooseNics(const std::vector<std::vector<PciDist>>& dist, const std::vector<TopoNic>& nics,
                     std::vector<int>* nic_of_gpu, std::vector<std::string>* why) {
   const int G = int(dist.size()), N = int(nics.size());
@@ -154,7 +154,7 @@ void topoChooseNics(const std::vector<std::vector<PciDist>>& dist, const std::ve
   why->assign(G, N == 0 ? "no RDMA NIC on this machine" : "");
   if (N == 0) return;
   std::string note;
-  const std::vector<char> usable = usableNics(nics, &note);
+  const std::vector<char> usable = topoUsableNics(nics, &note);
   std::vector<std::vector<int>> cand(G);
   for (int g = 0; g < G; g++) {
     PciDist best = PciDist::kSys;

@@ -87,6 +87,11 @@ int topoFindGpu(const Topology& t, const char* bus_id);
 void topoChooseNics(const std::vector<std::vector<PciDist>>& dist, const std::vector<TopoNic>& nics,
                     std::vector<int>* nic_of_gpu, std::vector<std::string>* why);
 
+// The NICs worth choosing (usable[n] = 1): those with an ACTIVE port (or no
+// port state known), then those on PCI, each rule applied only when it leaves
+// some; *note says what was left out and why ("; mlx5_1 left out (...)").
+std::vector<char> topoUsableNics(const std::vector<TopoNic>& nics, std::string* note);
+
 // Direct reachability between two GPUs of this machine, given by the CUDA side.
 enum class PeerAccess : uint8_t {
   kUnknown = 0,  // no CUDA hook, or it cannot tell

@@ -169,6 +169,14 @@ void vm_flat_two_and_four_nodes(void**) {
   assert_string_equal(plans[4].gpu_bus_id.c_str(), "");
   assert_string_equal(plans[4].nic_name.c_str(), "mlx5_0");
   assert_contains(plans[4].nic_why.c_str(), "no GPU");
+  // Ranks without a GPU take in turn only the NICs a GPU would choose from:
+  // not mlx5_1 once its port is down.
+  Topology down;
+  loadFixture("vm_flat_port_down.xml", &down);
+  plans = dryRun(down, {6}, nullptr, &m);
+  assert_string_equal(plans[5].gpu_bus_id.c_str(), "");
+  assert_string_equal(plans[5].nic_name.c_str(), "mlx5_0");
+  assert_contains(plans[5].nic_why.c_str(), "mlx5_1 left out (no port ACTIVE)");
   // A rank without a GPU has no peer access, whatever the hook says.
   plans = dryRun(t, {5}, allNvlink, &m);
   assert_int_equal(int(plans[4].peers[0].kind), int(PathKind::kHostStaged));
