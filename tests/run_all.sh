@@ -109,6 +109,10 @@ if command -v mpirun >/dev/null 2>&1; then
     "${MPIRUN[@]}" 3 "$BUILD/tests/mp_dispatch" --case 6
   run "moeep_info --comm under mpirun (4 ranks as 2 nodes)" bash -c \
     "EP_NODE_SIZE=2 ${MPIRUN[*]} 4 -x EP_NODE_SIZE $BUILD/bin/moeep_info --comm | grep 'rail+fwd via rank 2'"
+  # ... with another section both are printed; --ranks (threads) is refused there
+  run "moeep_info --comm -v under mpirun; --comm --ranks refused" bash -c \
+    "out=\$(${MPIRUN[*]} 2 $BUILD/bin/moeep_info --comm -v) && grep -q 'libmoeep version' <<<\"\$out\" &&
+     grep -q 'plan of rank 0' <<<\"\$out\" && ! ${MPIRUN[*]} 2 $BUILD/bin/moeep_info --comm --ranks 2 2>/dev/null"
   run "ep_bench mpirun 2 ranks --check" timeout 300 "${MPIRUN[@]}" 2 "$BUILD/bin/ep_bench" --check \
     --iters 1 --warmup 0 --shape 2560:6:64:100
 else

@@ -443,18 +443,28 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int launcher_rank = launcher.rank;
-  // --comm under mpirun: the running job's communicator, every rank takes part.
-  if (comm_plan && launcher_rank >= 0) return jobPlan();
-  if (launcher_rank > 0 && !all_ranks) return 0;
+  int rc = 0;
+  const bool other_sections = version || transports || params || self_test || topo || plan;
+  if (comm_plan && launcher_rank >= 0) {
+    // --comm under mpirun: the running job's communicator, every rank takes
+    // part; its ranks are the launcher's, so --ranks has nothing to say.
+    if (comm_ranks > 0) {
+      fprintf(stderr, "moeep_info: --ranks N makes N ranks as threads; under a launcher --comm uses the "
+                      "job's ranks (leave --ranks out)\n");
+      return 2;
+    }
+    rc = jobPlan();
+    comm_plan = false;
+    if (!other_sections) return rc;
+  }
+  if (launcher_rank > 0 && !all_ranks) return rc;
   if (launcher_rank >= 0 && all_ranks) printf("# rank %d (of the launcher)\n", launcher_rank);
   // No section chosen: everything except the self-test and the plans.
-  if (!version && !transports && !params && !self_test && !topo && !plan && !comm_plan)
-    version = transports = params = topo = true;
+  if (!other_sections && !comm_plan) version = transports = params = topo = true;
 
   if (version) printVersion();
   if (transports) printTransports();
   if (params) printParams();
-  int rc = 0;
   if (topo || plan) {
     printf("#\n# Topology%s\n", plan ? " and dry-run plan" : "");
     rc |= printReport("epTopologyReport", [&](char* buf, size_t* bytes) {
