@@ -34,6 +34,24 @@ epResult_t checkLLHandle(epComm* comm, const char* fn, epHandle* h) {
   return epSuccess;
 }
 
+// A combine's set must not be owed the receive half of an earlier send-only
+// combine (epComm::ll_receive_owed): on the device it would wait for that
+// receive, which comes after it in the stream, until the timeout.
+epResult_t checkCombineSetFree(epComm* comm, const char* fn, int set) {
+  const int state = comm->ll_receive_owed[set].load();
+  if (state == epComm::kLLOwed)
+    return setError(comm, epInvalidUsage,
+                    "%s: the send-only combine of the dispatch two before this one (the same buffer set) is "
+                    "not completed: call epLowLatencyComplete on it first (this combine would wait for it)",
+                    fn);
+  if (state == epComm::kLLLost)
+    return setError(comm, epInvalidUsage,
+                    "%s: a handle of this buffer set was destroyed after a send-only combine without "
+                    "epLowLatencyComplete; no combine can use the set again: make a new communicator",
+                    fn);
+  return epSuccess;
+}
+
 }  // namespace
 
 extern "C" {
@@ -91,11 +109,18 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
   if (misaligned(a.x) || misaligned(a.recv_x))
     return setError(comm, epInvalidArgument, "%s: x and recv_x must be 16-byte aligned", fn);
   EPCHECK(checkTopkValues(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
-  if (comm->ll_uncombined.load() >= 2)
+  const int set = int(comm->ll_dispatches & 1u);
+  if (comm->ll_uncombined[set].load() == epComm::kLLOwed)
     return setError(comm, epInvalidUsage,
-                    "%s: two low-latency dispatches of this communicator are not combined yet; combine one "
-                    "first (each holds one of the two buffer sets, and a third dispatch would wait for one "
-                    "forever; a handle destroyed without its combine keeps its set)",
+                    "%s: two low-latency dispatches of this communicator are not combined yet; combine the "
+                    "earlier one first (each holds one of the two buffer sets, and a third dispatch would "
+                    "wait for its set forever)",
+                    fn);
+  if (comm->ll_uncombined[set].load() == epComm::kLLLost)
+    return setError(comm, epInvalidUsage,
+                    "%s: the dispatch two before this one (the same buffer set) was destroyed without its "
+                    "combine, so its set is never released: make a new communicator (combine every "
+                    "low-latency dispatch)",
                     fn);
   auto h = std::make_unique<epHandle>();
   h->comm = comm;
@@ -110,7 +135,9 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
     return res;
   }
   h->dispatched = true;
-  comm->ll_uncombined.fetch_add(1);
+  h->ll_set = set;
+  comm->ll_dispatches++;
+  comm->ll_uncombined[set].store(epComm::kLLOwed);
   commAddHandle(comm, h.get());
   *handle = h.release();
   return epSuccess;
@@ -143,9 +170,12 @@ EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineAr
     return setError(comm, epInvalidArgument, "%s: out is NULL with %d tokens", fn, handle->routing.num_tokens);
   if (misaligned(a.y) || misaligned(a.out))
     return setError(comm, epInvalidArgument, "%s: y and out must be 16-byte aligned", fn);
-  EPCHECK(comm->backend->llCombine(a, handle, (a.flags & EP_LL_SEND_ONLY) != 0, stream));
+  EPCHECK(checkCombineSetFree(comm, fn, handle->ll_set));
+  const bool send_only = (a.flags & EP_LL_SEND_ONLY) != 0;
+  EPCHECK(comm->backend->llCombine(a, handle, send_only, stream));
   handle->ll_combined = true;
-  comm->ll_uncombined.fetch_sub(1);
+  comm->ll_uncombined[handle->ll_set].store(epComm::kLLFree);
+  if (send_only) comm->ll_receive_owed[handle->ll_set].store(epComm::kLLOwed);
   return epSuccess;
 } catch (...) {
   return apiException("epLowLatencyCombine", comm);
@@ -159,7 +189,10 @@ EP_API epResult_t epLowLatencyComplete(epComm_t comm, epHandle_t handle, epStrea
   EPCHECK(checkLLHandle(comm, fn, handle));
   if (handle->pending == epHandle::Pending::kNone)
     return setError(comm, epInvalidUsage, "%s: the handle has no send-only call to finish", fn);
-  return comm->backend->llComplete(handle, stream);
+  const bool combine = handle->pending == epHandle::Pending::kCombine;
+  EPCHECK(comm->backend->llComplete(handle, stream));
+  if (combine) comm->ll_receive_owed[handle->ll_set].store(epComm::kLLFree);
+  return epSuccess;
 } catch (...) {
   return apiException("epLowLatencyComplete", comm);
 }

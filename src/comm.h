@@ -104,9 +104,19 @@ struct epComm {
   std::atomic<int> collective_busy{0};  // a data call is in progress (CallGuard::enterCollective)
   std::atomic<int> closing{0};          // epCommDestroy or epCommAbort has begun
   uint64_t call_seq = 0;  // collective calls issued, to check ranks stay in step
-  // Low-latency dispatches not combined yet. Each holds one of the two buffer
-  // sets until its combine; a third dispatch would wait for one forever.
-  std::atomic<int> ll_uncombined{0};
+  // Low latency: pairs (a dispatch and its combine) alternate between two
+  // buffer sets by the parity of the dispatch's order. On the device the
+  // dispatch of a pair waits until the pair two before it (same set) was
+  // combined, and its combine until that pair's combine receive has read the
+  // set; both would wait forever for a call that comes later in the stream,
+  // or never. So per set: whether its last pair still owes its combine
+  // (ll_uncombined) and whether a send-only combine still owes its receive
+  // half (ll_receive_owed); kLLLost once the handle that owed it was
+  // destroyed (the set cannot be used again).
+  enum LLSetState : int { kLLFree = 0, kLLOwed = 1, kLLLost = 2 };
+  uint64_t ll_dispatches = 0;  // low-latency dispatches issued (collective calls: one at a time)
+  std::atomic<int> ll_uncombined[2] = {{kLLFree}, {kLLFree}};
+  std::atomic<int> ll_receive_owed[2] = {{kLLFree}, {kLLFree}};
   std::unique_ptr<ep::Backend> backend;
   std::mutex error_mu;
   std::string last_error;
@@ -126,5 +136,6 @@ struct epHandle {
   bool counts_known = false;
   bool dispatched = false;  // a dispatch ran: combine and cached re-dispatch are allowed
   bool ll_combined = false;  // low latency: each dispatch is combined once
+  int ll_set = 0;            // low latency: the buffer set of its pair (epComm::ll_uncombined)
   void* backend_state = nullptr;
 };

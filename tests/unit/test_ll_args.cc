@@ -227,7 +227,7 @@ void dispatch_field_checks_name_the_field(void**) {
 
 // Two buffer sets: a third dispatch before either of two earlier ones is
 // combined is refused (on GPUs it would wait for a set forever), and a handle
-// destroyed without its combine keeps its set.
+// destroyed without its combine keeps its set for good.
 void third_uncombined_dispatch_is_refused(void**) {
   epComm_t comm = nullptr;
   assert_ok(makeComm(&comm, llConfig(kHidden)));
@@ -242,12 +242,48 @@ void third_uncombined_dispatch_is_refused(void**) {
   assert_null(h[2]);
   assert_ok(epLowLatencyCombine(comm, &c, h[0], nullptr));
   assert_ok(epLowLatencyDispatch(comm, &a, &h[2], nullptr));  // h[0]'s set is free again
-  assert_ok(epHandleDestroy(h[1]));                           // never combined: keeps its set
+  assert_ok(epHandleDestroy(h[1]));                           // never combined: its set is lost
   assert_result(epLowLatencyDispatch(comm, &a, &h[3], nullptr), epInvalidUsage);
   assert_ok(epLowLatencyCombine(comm, &c, h[2], nullptr));
-  assert_ok(epLowLatencyDispatch(comm, &a, &h[3], nullptr));
-  assert_ok(epLowLatencyCombine(comm, &c, h[3], nullptr));
-  for (epHandle_t x : {h[0], h[2], h[3]}) assert_ok(epHandleDestroy(x));
+  // The next dispatch takes h[1]'s set, which is never released.
+  assert_result(epLowLatencyDispatch(comm, &a, &h[3], nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(comm), "destroyed without its combine");
+  assert_null(h[3]);
+  for (epHandle_t x : {h[0], h[2]}) assert_ok(epHandleDestroy(x));
+  assert_ok(epCommDestroy(comm));
+}
+
+// A send-only combine owes its receive half (epLowLatencyComplete) before the
+// combine of the pair two later, which reuses its buffer set: on GPUs that
+// combine would wait for it. Refused until it is completed; for good once its
+// handle was destroyed without it.
+void send_only_combine_is_completed_before_its_set_returns(void**) {
+  epComm_t comm = nullptr;
+  assert_ok(makeComm(&comm, llConfig(kHidden)));
+  Call call(13, 4, 2);
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
+  epLowLatencyCombineArgs_t c = call.combineArgs(), send = c;
+  send.flags = EP_LL_SEND_ONLY;
+  epHandle_t h[6] = {};
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[0], nullptr));   // set 0
+  assert_ok(epLowLatencyCombine(comm, &send, h[0], nullptr));
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[1], nullptr));   // set 1
+  assert_ok(epLowLatencyCombine(comm, &c, h[1], nullptr));
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[2], nullptr));   // set 0 again
+  assert_result(epLowLatencyCombine(comm, &c, h[2], nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(comm), "call epLowLatencyComplete on it first");
+  assert_ok(epLowLatencyComplete(comm, h[0], nullptr));
+  assert_ok(epLowLatencyCombine(comm, &c, h[2], nullptr));
+  checkWeightedSums(call);
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[3], nullptr));   // set 1
+  assert_ok(epLowLatencyCombine(comm, &send, h[3], nullptr));
+  assert_ok(epHandleDestroy(h[3]));                            // its receive half never runs
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[4], nullptr));   // set 0
+  assert_ok(epLowLatencyCombine(comm, &c, h[4], nullptr));
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[5], nullptr));   // set 1: its dispatch may go on
+  assert_result(epLowLatencyCombine(comm, &c, h[5], nullptr), epInvalidUsage);
+  assert_contains(epGetLastError(comm), "make a new communicator");
+  for (epHandle_t x : {h[0], h[1], h[2], h[4], h[5]}) assert_ok(epHandleDestroy(x));
   assert_ok(epCommDestroy(comm));
 }
 
@@ -543,6 +579,7 @@ int main() {
       cmocka_unit_test(combine_checks_name_the_problem),
       cmocka_unit_test(split_calls_are_checked),
       cmocka_unit_test(third_uncombined_dispatch_is_refused),
+      cmocka_unit_test(send_only_combine_is_completed_before_its_set_returns),
       cmocka_unit_test(handles_do_not_cross_modes),
       cmocka_unit_test(comm_stays_usable_after_argument_errors),
       cmocka_unit_test(ranks_with_different_topk_and_wire_types),
