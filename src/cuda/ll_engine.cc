@@ -1,6 +1,7 @@
 #include "ll_engine.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -98,6 +99,15 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   const Config& c = comm_->cfg;
   const int R = comm_->nranks, me = comm_->rank;
   ipc_ = ipc;
+  // The kernels index output rows (local expert x R x M + slot, at most
+  // num_experts x M) and a call's combine pieces (T x H / 8) in 32-bit ints.
+  const long long rows = (long long)c.num_experts * c.max_tokens_per_rank;
+  const long long pieces = (long long)c.max_tokens_per_rank * c.hidden / 8;
+  if (rows > INT_MAX || pieces > INT_MAX)
+    return setError(comm_, epNotSupported,
+                    "low-latency mode on GPUs: num_experts x max_tokens_per_rank = %lld and max_tokens_per_rank "
+                    "x hidden / 8 = %lld must each be below 2^31 (the kernels' row and piece indices)",
+                    rows, pieces);
   bytes_ = llBufferBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
   if (c.buffer_bytes_cap > 0 && bytes_ > c.buffer_bytes_cap)
     return setError(comm_, epInvalidArgument,

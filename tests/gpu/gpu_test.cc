@@ -223,6 +223,21 @@ void runTooManyExperts() {
   freeDev(&d);
   epCommDestroy(comm);
   printf("%s %s: layout and dispatch refuse it\n", ok ? "PASS" : "FAIL", c.name.c_str());
+  // Low latency with 2^20 experts x 4096 tokens: more rows than the kernels'
+  // 32-bit indices reach; init refuses it.
+  Case big{"EP1 LL 2^20 experts x 4096 tokens", 1, 128, 8, 1 << 20, std::vector<int>(1, 4096)};
+  cfg = configOf(big, epBackendCuda);
+  cfg.low_latency = 1;
+  comm = nullptr;
+  const epResult_t res = epCommInitAll(&comm, 1, &dev, &cfg);
+  const std::string msg = epGetLastError(nullptr);
+  const bool ll_ok = res == epNotSupported && msg.find("below 2^31") != std::string::npos;
+  if (!ll_ok) {
+    printf("  FAIL %s: init gave %s (%s)\n", big.name.c_str(), epGetErrorString(res), msg.c_str());
+    g_failures++;
+  }
+  if (comm) epCommDestroy(comm);
+  printf("%s %s: init refuses it\n", ll_ok ? "PASS" : "FAIL", big.name.c_str());
 }
 
 // config.buffer_bytes_cap bounds both buffers together (what
