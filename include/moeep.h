@@ -372,7 +372,9 @@ typedef struct {
         NULL, NULL                                                                             \
   }
 
-/* Bytes of the low-latency buffers a communicator of nranks with config registers. */
+/* Bytes of the low-latency buffers a GPU communicator of nranks with config registers
+   (the host backend sizes its rings in its own way: epCommBufferBytes tells what a
+   communicator holds). */
 EP_API epResult_t epLowLatencyBufferBytes(const epConfig_t *config, int nranks, size_t *bytes);
 /* Dispatch for decode; *handle receives a new handle (destroy with epHandleDestroy). */
 EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatchArgs_t *args,

@@ -1,5 +1,6 @@
-// Sizes of the low-latency buffers, shared by every backend so that
-// epLowLatencyBufferBytes reports what a communicator registers.
+// Sizes of the low-latency buffers of the CUDA backend, which
+// epLowLatencyBufferBytes reports (the host backend's rings carry records of
+// their own: host::llRecordBytes).
 //
 // Per buffer set (two sets alternate between calls):
 //   dispatch landing  R * M records: a header (tag, token index, K expert ids,
