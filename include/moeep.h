@@ -239,7 +239,7 @@ typedef struct {
   const void *topk_idx;        /* [num_tokens, num_topk]; a cached re-dispatch only forwards it
                                   to recv_topk_idx (NULL there: -1 rows; the routing is the handle's) */
   epDataType_t topk_idx_type;  /* epInt64 or epInt32 */
-  const float *topk_weights;   /* [num_tokens, num_topk], optional */
+  const float *topk_weights;   /* [num_tokens, num_topk], optional (NULL: received weights 0) */
   int num_tokens;              /* T */
   int num_topk;                /* K */
   int expert_alignment;        /* round recv_tokens_per_expert up to this, 0 or 1: none */
@@ -270,7 +270,9 @@ EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t *args,
 /* Dispatches this rank's tokens. *handle == NULL: new routing from topk_idx,
  * and a new handle is returned in *handle. *handle from epDispatchPrepare: the
  * prepared routing. *handle from an earlier epDispatch: a cached re-dispatch of
- * new x with the same routing (topk_idx is not read; no layout exchange). */
+ * new x with the same routing (no layout exchange; topk_idx is optional there:
+ * given, it is checked, sent with the rows to recv_topk_idx and counted into
+ * recv_tokens_per_expert, but the routing stays the handle's). */
 EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t *args, epHandle_t *handle,
                              epStream_t stream);
 /* Rows this rank receives with the handle's routing (known after a prepare or a

@@ -325,7 +325,7 @@ epResult_t CudaBackend::init() {
   buffer_bytes_ = meta_off_ + roundUp(slots * meta_stride_, 4096);
   if (cfg.buffer_bytes_cap > 0 && buffer_bytes_ > cfg.buffer_bytes_cap)
     return setError(comm_, epInvalidArgument,
-                    "config.buffer_bytes_cap = %zu is too small: the CUDA backend needs %zu bytes for %d "
+                    "buffer_bytes_cap = %zu (config, else EP_BUFFER_BYTES_CAP) is too small: the CUDA backend needs %zu bytes for %d "
                     "ranks x %d tokens of %zu-byte rows",
                     cfg.buffer_bytes_cap, buffer_bytes_, R, cfg.max_tokens_per_rank, row_stride_);
   EP_INFO(kSubsysInit, "cuda backend: device %d, %d channels, dispatch warps %d+%d (chunk %d tokens), combine warps %d+%d, buffer %zu bytes",
@@ -404,7 +404,7 @@ epResult_t CudaBackend::init() {
         llBufferBytes(R, cfg.max_tokens_per_rank, cfg.hidden, cfg.max_topk, cfg.num_experts);
     if (cfg.buffer_bytes_cap > 0 && buffer_bytes_ + ll_bytes > cfg.buffer_bytes_cap)
       return setError(comm_, epInvalidArgument,
-                      "config.buffer_bytes_cap = %zu is too small: the CUDA backend needs %zu bytes for the "
+                      "buffer_bytes_cap = %zu (config, else EP_BUFFER_BYTES_CAP) is too small: the CUDA backend needs %zu bytes for the "
                       "high-throughput buffer and %zu for the low-latency buffers",
                       cfg.buffer_bytes_cap, buffer_bytes_, ll_bytes);
     // Ranks sharing a GPU split its SMs, as for the high-throughput kernels:

@@ -111,7 +111,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   bytes_ = llBufferBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
   if (c.buffer_bytes_cap > 0 && bytes_ > c.buffer_bytes_cap)
     return setError(comm_, epInvalidArgument,
-                    "config.buffer_bytes_cap = %zu is too small for the low-latency buffers (%zu bytes)",
+                    "buffer_bytes_cap = %zu (config, else EP_BUFFER_BYTES_CAP) is too small for the low-latency buffers (%zu bytes)",
                     c.buffer_bytes_cap, bytes_);
   static_assert(sizeof(LLCtrl) <= kLLCtrlBytes, "LL control area");
   std::vector<char> handles(size_t(R) * EP_TRANSPORT_HANDLE_BYTES, 0);

@@ -180,7 +180,7 @@ epResult_t HostBackend::init() {
       geo_.slots = 2;
       if (geo_.segmentBytes() > cfg.buffer_bytes_cap)
         return setError(comm_, epInvalidArgument,
-                        "config.buffer_bytes_cap = %zu is too small: the host backend needs at "
+                        "buffer_bytes_cap = %zu (config, else EP_BUFFER_BYTES_CAP) is too small: the host backend needs at "
                         "least %zu bytes for %d ranks with rows of %zu bytes",
                         cfg.buffer_bytes_cap, geo_.segmentBytes(), R, geo_.record_bytes);
     }
