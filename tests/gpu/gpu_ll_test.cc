@@ -5,8 +5,10 @@
 //                          other work between them, 10 layers captured in a graph
 //                          and replayed on new data, ranks sending 0 tokens,
 //                          experts repeated in a token's top-k
-//   gpu_ll_test --bench    latency per call (median / p99 over >= 100 calls,
+//   gpu_ll_test --bench [--ranks N]
+//                          latency per call (median / p99 over >= 100 calls,
 //                          inside a CUDA graph), EP = number of visible GPUs
+//                          (or N, ranks sharing GPUs as below)
 //   gpu_ll_test --bench-tokens N[,N...]
 //                          the same for N tokens per rank (unsplit calls only)
 //   gpu_ll_test --ranks N  correctness at EP N only; with fewer GPUs than N,
@@ -297,7 +299,19 @@ int main(int argc, char** argv) {
     CK(cudaFuncGetAttributes(&busy_attr, busyKernel));
   }
   if (do_bench) {
-    ll::benchStandard(Rmax);
+    // --bench --ranks N: EP N, ranks sharing the visible GPUs as in the tests
+    // (timing of the kernels' code paths for several sources on one GPU; the
+    // link is not crossed).
+    int R = Rmax;
+    if (argc > 3 && std::string(argv[2]) == "--ranks") {
+      R = atoi(argv[3]);
+      if (R < 1 || R > 8) {
+        fprintf(stderr, "gpu_ll_test: --bench --ranks takes 1..8\n");
+        return 2;
+      }
+      setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    }
+    ll::benchStandard(R);
     return 0;
   }
   if (argc > 2 && std::string(argv[1]) == "--bench-tokens") {
