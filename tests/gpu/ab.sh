@@ -65,13 +65,23 @@ within_budget() {
 [ -n "$ht" ] || ll=1
 mkdir -p "$WORK" "$LOGS" build/tests
 
-# The tree of each revision under $WORK/<name>, built there.
+# The tree of each revision under $WORK/<name>, built there. Two revisions
+# with one name would share that tree (the second replacing the first, and
+# the A/B timing one library twice): refused.
 names=()
+taken() {
+  local n
+  for n in "${names[@]}"; do
+    [ "$n" = "$1" ] && { echo "ab.sh: two revisions are named $1 (give their directories other names)" >&2; exit 2; }
+  done
+  return 0
+}
 for rev in "${revs[@]}"; do
   if [ "${rev#lib:}" != "$rev" ]; then
     src="${rev#lib:}"
     [ -f "$src/libmoeep.so" ] || { echo "ab.sh: no libmoeep.so in $src" >&2; exit 2; }
     name="lib-$(basename "$src")"
+    taken "$name"
     rm -rf "$WORK/$name" && mkdir -p "$WORK/$name/build/lib"
     cp -a "$src"/libmoeep.so* "$WORK/$name/build/lib/"
     echo "== prebuilt $rev ($name)"
@@ -79,17 +89,20 @@ for rev in "${revs[@]}"; do
     continue
   elif [ "$rev" = WORKTREE ]; then
     name=worktree
+    taken "$name"
     rm -rf "$WORK/$name" && mkdir -p "$WORK/$name"
     git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -C "$WORK/$name" -xf -
   elif [ "${rev#dir:}" != "$rev" ]; then
     src="${rev#dir:}"
     [ -f "$src/Makefile" ] || { echo "ab.sh: $src is not a source tree" >&2; exit 2; }
     name="dir-$(basename "$src")"
+    taken "$name"
     rm -rf "$WORK/$name" && mkdir -p "$WORK/$name"
     tar -C "$src" --exclude=./build -cf - . | tar -C "$WORK/$name" -xf -
   else
     sha=$(git rev-parse --short "$rev^{commit}") || { echo "ab.sh: no revision $rev" >&2; exit 2; }
     name="$sha"
+    taken "$name"
     rm -rf "$WORK/$name" && mkdir -p "$WORK/$name"
     git archive "$sha" | tar -C "$WORK/$name" -xf -
   fi

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -760,9 +761,12 @@ inline long long compare(const Shape& s, int R, int r, GpuRank& g, const Outputs
   return bad;
 }
 
+// The nearest-rank percentile: the smallest value with at least q of the
+// sample at or below it (p99 of 99 calls is their largest).
 inline double percentile(std::vector<float> v, double q) {
   std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
+  const size_t rank = size_t(std::ceil(q * double(v.size())));
+  return v[std::min(v.size() - 1, rank > 0 ? rank - 1 : 0)];
 }
 
 // GPU_LL_BENCH_MAX_TOKENS=M: the communicator's max_tokens_per_rank (default
@@ -883,12 +887,15 @@ inline void bench(int R, int tokens, bool split) {
     freeRank(g[r]);
   });
   for (auto c : comms) epCommDestroy(c);
-  // DeepEP's accounting: bytes of (token, expert) pairs; FP8 rows + scales for dispatch, BF16 for combine.
-  const double pairs = double(tokens) * 8;
-  const double disp_bytes = pairs * (7168 + 56 * 4), comb_bytes = pairs * 7168 * 2;
+  // DeepEP's accounting: bytes of the rank's valid (token, expert) pairs (ids
+  // of -1 move nothing); FP8 rows + scales for dispatch, BF16 for combine.
   const double record_bytes = double((16 + 12 * 8 + 15) / 16 * 16) + 7168 + 56 * 4;  // header, FP8 row, scales
   const int L = s.experts / R;
+  double slow_d = 0, slow_c = 0, slow_layer = 0;  // the slower rank's medians
   for (int r = 0; r < R; r++) {
+    const double pairs = double(std::count_if(in[r].topk.begin(), in[r].topk.begin() + size_t(tokens) * 8,
+                                              [](int64_t e) { return e >= 0; }));
+    const double disp_bytes = pairs * (7168 + 56 * 4), comb_bytes = pairs * 7168 * 2;
     long long remote = 0;      // (token, destination rank other than r) pairs
     double comb_physical = 0;  // combine bytes back to r over NVLink
     for (int t = 0; t < tokens; t++) {
@@ -904,6 +911,9 @@ inline void bench(int R, int tokens, bool split) {
       }
     }
     double d = percentile(t_disp[r], 0.5), c = percentile(t_comb[r], 0.5);
+    slow_d = std::max(slow_d, d);
+    slow_c = std::max(slow_c, c);
+    slow_layer = std::max(slow_layer, double(t_layer[r]));
     printf("LL EP%d rank %d tokens %d%s: dispatch fp8 median %.1f us p99 %.1f us (%.0f GB/s) | combine bf16 median %.1f us p99 %.1f us (%.0f GB/s)",
            R, r, tokens, split ? " split" : "", d, percentile(t_disp[r], 0.99), disp_bytes / d / 1e3, c,
            percentile(t_comb[r], 0.99), comb_bytes / c / 1e3);
@@ -913,6 +923,8 @@ inline void bench(int R, int tokens, bool split) {
            "combine %.2f MB (%.0f GB/s)\n", R, r, tokens, split ? " split" : "", remote * record_bytes / 1e6,
            remote * record_bytes / d / 1e3, comb_physical / 1e6, comb_physical / c / 1e3);
   }
+  printf("LL EP%d tokens %d%s: slower rank: dispatch median %.1f us, combine median %.1f us, %.1f us per layer\n", R,
+         tokens, split ? " split" : "", slow_d, slow_c, slow_layer);
 }
 
 // The standard table: 128 tokens, 128 tokens with split halves, 1 token.

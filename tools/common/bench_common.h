@@ -40,7 +40,7 @@ struct BenchOptions {
   // --hidden/--topk/--experts/--tokens override that field of every shape (-1: keep).
   int hidden = -1, topk = -1, experts = -1, tokens = -1;
   epDataType_t type = epBfloat16;  // ht: dispatch type; ll: wire type
-  int warmup = 2, iters = 5;
+  int warmup = 3, iters = 20;  // figures are medians of 20 timed runs after 3 warm-ups
   bool check = false, json = false, exact = false, zero_rank0 = false;
   bool pow2_scales = false, split = false;  // ll only
   uint64_t seed = 1;
