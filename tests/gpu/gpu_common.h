@@ -664,8 +664,12 @@ inline void upload(const Shape& s, int r, const RankData& d, GpuRank& g) {
 
 // Outputs poisoned, so that what a run leaves unwritten shows.
 inline void poison(const Shape& s, int R, GpuRank& g) {
+  const size_t L = size_t(s.experts / R), cap = size_t(R) * s.max_tokens, nb = (s.hidden + 127) / 128;
   CK(cudaMemsetAsync(g.out, 0xff, size_t(s.max_tokens) * s.hidden * 2, g.stream));
-  CK(cudaMemsetAsync(g.recv_x, 0xee, size_t(s.experts / R) * R * s.max_tokens * s.hidden * 2, g.stream));
+  CK(cudaMemsetAsync(g.recv_x, 0xee, L * cap * s.hidden * 2, g.stream));
+  CK(cudaMemsetAsync(g.recv_count, 0xdd, L * 4, g.stream));
+  CK(cudaMemsetAsync(g.recv_src, 0xdd, L * cap * 4, g.stream));
+  CK(cudaMemsetAsync(g.recv_scales, 0xdd, L * nb * cap * 4, g.stream));
 }
 
 // The dispatch of rank r's inputs in g as shape s asks (wire type, scales, split).

@@ -129,6 +129,78 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   return bad ? 1 : 0;
 }
 
+// Three layers in one graph, each with its own inputs, routing and outputs
+// (so a layer that read the other buffer set, or the previous layer's rows,
+// would show), every layer's outputs compared; rank 1 (when there is one)
+// runs other work before layer 2, so that its peers reach the set that layer
+// reuses before it does. Replayed on new inputs.
+int runDistinctLayers(const Shape& s, int R, uint64_t seed) {
+  constexpr int kLayers = 3;
+  std::vector<epComm_t> comms(R);
+  epConfig_t cfg = configFor(s, epBackendCuda);
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+  std::vector<std::vector<GpuRank>> g(R, std::vector<GpuRank>(kLayers));
+  for (int r = 0; r < R; r++)
+    for (int l = 0; l < kLayers; l++) {
+      g[r][l].comm = comms[r];
+      allocRank(s, R, r, g[r][l]);
+    }
+  std::vector<cudaGraphExec_t> exec(R, nullptr);
+  std::vector<std::vector<epHandle_t>> handles(R, std::vector<epHandle_t>(kLayers, nullptr));
+  long long bad = 0;
+  for (int replay = 0; replay < 2; replay++) {
+    std::vector<std::vector<RankData>> in(kLayers, std::vector<RankData>(R));
+    std::vector<std::vector<Outputs>> ref(kLayers, std::vector<Outputs>(R));
+    for (int l = 0; l < kLayers; l++) {
+      randomInputs(s, R, seed + 100 * replay + l, in[l]);
+      runHost(s, R, in[l], ref[l]);
+    }
+    runRanks(R, [&](int r) {
+      CK(cudaSetDevice(gpuOf(r)));
+      cudaStream_t st = g[r][0].stream;
+      for (int l = 0; l < kLayers; l++) {
+        GpuRank gl = g[r][l];
+        gl.stream = st;  // every layer on the rank's one stream
+        upload(s, r, in[l][r], gl);
+        poison(s, R, gl);
+      }
+      if (exec[r] == nullptr) {
+        CK(cudaStreamSynchronize(st));
+        cudaGraph_t def;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int l = 0; l < kLayers; l++) {
+          GpuRank gl = g[r][l];
+          gl.stream = st;
+          if (l == 2 && r == 1) busyKernel<<<8, 256, 0, st>>>(gl.scratch, 16 << 20);  // rank 1 late
+          ll::enqueueLayer(s, r, gl, &handles[r][l], [&](int) { busyKernel<<<64, 256, 0, st>>>(gl.scratch, 1 << 20); });
+        }
+        CK(cudaStreamEndCapture(st, &def));
+        CK(cudaGraphInstantiate(&exec[r], def, 0));
+        CK(cudaGraphDestroy(def));
+      }
+      CK(cudaGraphLaunch(exec[r], st));
+      CK(cudaStreamSynchronize(st));
+    });
+    for (int l = 0; l < kLayers; l++)
+      for (int r = 0; r < R; r++) {
+        CK(cudaSetDevice(gpuOf(r)));
+        GpuRank gl = g[r][l];
+        gl.stream = g[r][0].stream;
+        bad += compare(s, R, r, gl, ref[l][r], "layers (layer " + std::to_string(l) + ")");
+      }
+  }
+  for (int r = 0; r < R; r++) {
+    CK(cudaSetDevice(gpuOf(r)));
+    if (exec[r]) CK(cudaGraphExecDestroy(exec[r]));
+    for (epHandle_t h : handles[r]) epHandleDestroy(h);
+    for (GpuRank& gl : g[r]) freeRank(gl);
+    epCommDestroy(comms[r]);
+  }
+  printf("graph  R=%d H=%-5d K=%-2d E=%-3d M=%-4d %d distinct layers%s, rank 1 late: %s\n", R, s.hidden, s.topk,
+         s.experts, s.max_tokens, kLayers, s.split ? " split" : "", bad ? "FAILED" : "OK");
+  return bad ? 1 : 0;
+}
+
 // Rank 0 asks for FP8 rows, the others for BF16: every rank that received
 // rows of the other type reports it (epInvalidUsage naming wire_type) at its
 // next call, here the combine, instead of reading the rows as its own.
@@ -342,6 +414,8 @@ int main(int argc, char** argv) {
       for (const Shape& s : small) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
       // A graph of kGraphLayers layers (its pool grows under capture), small.
       ((runShape({512, 4, 4 * R, 16, std::vector<int>(R, 16), true, false, true}, R, 9, true) == 0) ? passed : failed)++;
+      ((runDistinctLayers({512, 4, 4 * R, 16, std::vector<int>(R, 16), true, false, true}, R, 13) == 0) ? passed
+                                                                                                       : failed)++;
     }
     printf("gpu_ll_test --small: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
@@ -379,6 +453,11 @@ int main(int argc, char** argv) {
     ((runShape(gs, R, 11, true) == 0) ? passed : failed)++;
     gs.split = false;
     ((runShape(gs, R, 12, true) == 0) ? passed : failed)++;
+    // Three layers of their own in one graph (alternating sets, each checked).
+    ((runDistinctLayers({7168, 8, 288, 64, std::vector<int>(R, 64), true, false, false}, R, 21) == 0) ? passed
+                                                                                                        : failed)++;
+    ((runDistinctLayers({2048, 9, 16 * R, 32, std::vector<int>(R, 30), false, false, true}, R, 22) == 0) ? passed
+                                                                                                          : failed)++;
     if (R >= 2) ((runWireMismatch(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R) == 0) ? passed : failed)++;

@@ -6,7 +6,8 @@
 #   EP_GPU_BENCH=0   skip the benchmark
 #   EP_GPU_SANITIZER=0  skip the sanitizer runs
 #   EP_GPU_LL=0      skip the low-latency test and its benchmark (gpu_ll_test)
-#   EP_GPU_RANKS="4 8"  the rank counts of gpu_test / gpu_ll_test --ranks (empty: none)
+#   EP_GPU_RANKS="4 8"  the rank counts of gpu_test / gpu_ll_test --ranks (empty: none;
+#                    default "4 8", and "2 4 8" on one GPU)
 #   EP_GPU_MP=0      skip the test with ranks as processes (gpu_mp_test: cross-process
 #                    CUDA IPC against the host backend; on one GPU two processes share it)
 #   EP_GPU_ARCH=0    skip the check that init refuses a library built for another
@@ -52,7 +53,10 @@ if grep -q "^SKIPPED gpu_test: no GPU" "$LOGS/gpu_test.log"; then echo "gpu-test
 # (gpu_ll_test's own run above already covers EP = all GPUs, at most 8.)
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 [ "$ngpu" -gt 8 ] && ngpu=8
-for n in ${EP_GPU_RANKS-4 8}; do
+# On one GPU the EP2 cases run as two ranks sharing it (they print SKIPPED otherwise).
+default_ranks="4 8"
+[ "$ngpu" -lt 2 ] && default_ranks="2 4 8"
+for n in ${EP_GPU_RANKS-$default_ranks}; do
   timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_test" --ranks "$n" 2>&1 | tee "$LOGS/gpu_test_ranks$n.log" | tail -1
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_test --ranks $n: FAILED"; status=1; }
   if [ "$LL" != 0 ] && [ "$n" != "$ngpu" ]; then
