@@ -196,8 +196,8 @@ int runDistinctLayers(const Shape& s, int R, uint64_t seed) {
     for (GpuRank& gl : g[r]) freeRank(gl);
     epCommDestroy(comms[r]);
   }
-  printf("graph  R=%d H=%-5d K=%-2d E=%-3d M=%-4d %d distinct layers%s, rank 1 late: %s\n", R, s.hidden, s.topk,
-         s.experts, s.max_tokens, kLayers, s.split ? " split" : "", bad ? "FAILED" : "OK");
+  printf("graph  R=%d H=%-5d K=%-2d E=%-3d M=%-4d %d distinct layers%s%s: %s\n", R, s.hidden, s.topk, s.experts,
+         s.max_tokens, kLayers, s.split ? " split" : "", R > 1 ? ", rank 1 late" : "", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
 
