@@ -158,7 +158,7 @@ struct Case {
 
 struct RankIn {
   std::vector<uint8_t> x, x2, bias, y;
-  std::vector<float> scales, w;
+  std::vector<float> scales, w, scales2, w2;  // *2: the cached re-dispatch's
   std::vector<int64_t> topk;
   std::vector<int32_t> topk32;
 };
@@ -166,8 +166,9 @@ struct RankIn {
 struct RankOut {
   int64_t num_recv = -1;
   std::vector<uint8_t> recv_x, recv_x2, out;
-  std::vector<float> scales, w, out_w;
-  std::vector<int64_t> idx;
+  std::vector<float> scales, w, out_w, scales2, w2;  // *2: the cached re-dispatch's outputs
+  std::vector<int64_t> idx, idx2;
+  std::vector<int> tpe2;
   std::vector<int> tpe;
   std::vector<int> tpr, tpn, tpexp;
   std::vector<uint8_t> in_rank;
@@ -237,6 +238,11 @@ inline void makeRankInput(const Case& c, uint64_t seed, int r, RankIn* rank_in) 
   fillRandomRow(gen, c.ct, in.bias.data(), size_t(T) * c.H);
   in.y.resize(size_t(g.cap) * g.crow);
   fillRandomRow(gen, c.ct, in.y.data(), size_t(g.cap) * c.H);
+  // Drawn last, so that the inputs above stay what they were.
+  in.scales2.resize(in.scales.size());
+  for (auto& s : in.scales2) s = u(gen);
+  in.w2.resize(in.w.size());
+  for (auto& w : in.w2) w = u(gen);
 }
 
 inline void makeInputs(const Case& c, uint64_t seed, std::vector<RankIn>* ins) {
@@ -289,6 +295,10 @@ inline void hostRank(const Case& c, epComm_t comm, const RankIn& in, int r, Rank
   o.recv_x.assign(size_t(g.cap) * g.drow, 0);
   o.recv_x2.assign(size_t(g.cap) * g.drow, 0);
   o.scales.assign(std::max<size_t>(1, size_t(g.cap) * g.nb), 0);
+  o.scales2.assign(o.scales.size(), 0);
+  o.idx2.assign(size_t(g.cap) * c.kOf(r), 0);
+  o.w2.assign(size_t(g.cap) * c.kOf(r), 0);
+  o.tpe2.assign(g.EL, 0);
   o.idx.assign(size_t(g.cap) * c.kOf(r), 0);
   o.w.assign(size_t(g.cap) * c.kOf(r), 0);
   o.tpe.assign(g.EL, 0);
@@ -312,8 +322,15 @@ inline void hostRank(const Case& c, epComm_t comm, const RankIn& in, int r, Rank
   ca.out = o.out.data();
   ca.out_topk_weights = c.weights ? o.out_w.data() : nullptr;
   EK(comm, epCombine(comm, &ca, h, nullptr));
+  // The cached re-dispatch: new rows, scales and weights, outputs of its own.
   a.x = in.x2.data();
+  a.x_scales = g.nb ? in.scales2.data() : nullptr;
+  a.topk_weights = c.weights ? in.w2.data() : nullptr;
   a.recv_x = o.recv_x2.data();
+  a.recv_scales = g.nb ? o.scales2.data() : nullptr;
+  a.recv_topk_idx = o.idx2.data();
+  a.recv_topk_weights = c.weights ? o.w2.data() : nullptr;
+  a.recv_tokens_per_expert = o.tpe2.data();
   if (r == c.cached_without_ids) a.topk_idx = nullptr, a.topk_weights = nullptr;
   EK(comm, epDispatch(comm, &a, &h, nullptr));
   epHandleDestroy(h);
@@ -342,8 +359,9 @@ inline bool same(const char* what, const std::string& cname, int r, const void* 
 struct DevBufs {
   void *x, *x2, *topk, *recv_x, *recv_x2, *y, *bias, *out, *in_rank;
   float *scales, *w, *recv_scales, *recv_w, *out_w;
-  int64_t *recv_idx, *num_recv;
-  int *tpe, *tpr, *tpn, *tpexp;
+  float *scales2, *w2, *recv_scales2, *recv_w2;  // the cached re-dispatch's
+  int64_t *recv_idx, *num_recv, *recv_idx2;
+  int *tpe, *tpr, *tpn, *tpexp, *tpe2;
 };
 
 inline void allocDev(const Case& c, const RankIn& in, int r, DevBufs* d) {
@@ -370,6 +388,12 @@ inline void allocDev(const Case& c, const RankIn& in, int r, DevBufs* d) {
   m((void**)&d->tpn, c.R * 4);
   m((void**)&d->tpexp, c.E * 4);
   m(&d->in_rank, size_t(T) * c.R);
+  m((void**)&d->scales2, in.scales2.size() * 4);
+  m((void**)&d->w2, in.w2.size() * 4);
+  m((void**)&d->recv_scales2, size_t(g.cap) * g.nb * 4);
+  m((void**)&d->recv_idx2, size_t(g.cap) * c.kOf(r) * 8);
+  m((void**)&d->recv_w2, size_t(g.cap) * c.kOf(r) * 4);
+  m((void**)&d->tpe2, size_t(g.EL) * 4);
 }
 
 inline void uploadInputs(const Case& c, const RankIn& in, DevBufs* d, cudaStream_t s) {
@@ -381,6 +405,8 @@ inline void uploadInputs(const Case& c, const RankIn& in, DevBufs* d, cudaStream
   CK(cudaMemcpyAsync(d->w, in.w.data(), in.w.size() * 4, cudaMemcpyHostToDevice, s));
   CK(cudaMemcpyAsync(d->y, in.y.data(), in.y.size(), cudaMemcpyHostToDevice, s));
   CK(cudaMemcpyAsync(d->bias, in.bias.data(), in.bias.size(), cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(d->scales2, in.scales2.data(), in.scales2.size() * 4, cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(d->w2, in.w2.data(), in.w2.size() * 4, cudaMemcpyHostToDevice, s));
 }
 
 inline void poison(const Case& c, int r, DevBufs* d, cudaStream_t s) {
@@ -399,12 +425,17 @@ inline void poison(const Case& c, int r, DevBufs* d, cudaStream_t s) {
   CK(cudaMemsetAsync(d->tpn, 0xa5, c.R * 4, s));
   CK(cudaMemsetAsync(d->tpexp, 0xa5, c.E * 4, s));
   CK(cudaMemsetAsync(d->in_rank, 0xa5, size_t(T) * c.R, s));
+  CK(cudaMemsetAsync(d->recv_scales2, 0xa5, size_t(g.cap) * g.nb * 4, s));
+  CK(cudaMemsetAsync(d->recv_idx2, 0xa5, size_t(g.cap) * c.kOf(r) * 8, s));
+  CK(cudaMemsetAsync(d->recv_w2, 0xa5, size_t(g.cap) * c.kOf(r) * 4, s));
+  CK(cudaMemsetAsync(d->tpe2, 0xa5, size_t(g.EL) * 4, s));
 }
 
 inline void freeDev(DevBufs* d) {
-  void* all[] = {d->x, d->x2, d->topk, d->recv_x, d->recv_x2, d->y, d->bias, d->out, d->in_rank, d->scales,
-                 d->w, d->recv_scales, d->recv_w, d->out_w, d->recv_idx, d->num_recv, d->tpe, d->tpr,
-                 d->tpn, d->tpexp};
+  void* all[] = {d->x,      d->x2,      d->topk,         d->recv_x,    d->recv_x2,   d->y,    d->bias,
+                 d->out,    d->in_rank, d->scales,       d->w,         d->recv_scales, d->recv_w, d->out_w,
+                 d->recv_idx, d->num_recv, d->tpe,       d->tpr,       d->tpn,       d->tpexp, d->scales2,
+                 d->w2,     d->recv_scales2, d->recv_idx2, d->recv_w2, d->tpe2};
   for (void* p : all) cudaFree(p);
 }
 
@@ -467,7 +498,13 @@ inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool 
   ca.out_topk_weights = c.weights ? d.out_w : nullptr;
   EK(comm, epCombine(comm, &ca, h, s));
   a.x = d.x2;
+  a.x_scales = g.nb ? d.scales2 : nullptr;
+  a.topk_weights = c.weights ? d.w2 : nullptr;
   a.recv_x = d.recv_x2;
+  a.recv_scales = g.nb ? d.recv_scales2 : nullptr;
+  a.recv_topk_idx = d.recv_idx2;
+  a.recv_topk_weights = c.weights ? d.recv_w2 : nullptr;
+  a.recv_tokens_per_expert = d.tpe2;
   if (r == c.cached_without_ids) a.topk_idx = nullptr, a.topk_weights = nullptr;
   EK(comm, epDispatch(comm, &a, &h, s));
   CK(cudaStreamSynchronize(s));
@@ -476,6 +513,10 @@ inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool 
   const int T = c.T[r];
   o.recv_x = download<uint8_t>(d.recv_x, size_t(g.cap) * g.drow);
   o.recv_x2 = download<uint8_t>(d.recv_x2, size_t(g.cap) * g.drow);
+  o.scales2 = download<float>(d.recv_scales2, size_t(g.cap) * g.nb);
+  o.idx2 = download<int64_t>(d.recv_idx2, size_t(g.cap) * c.kOf(r));
+  o.w2 = download<float>(d.recv_w2, size_t(g.cap) * c.kOf(r));
+  o.tpe2 = download<int>(d.tpe2, g.EL);
   o.scales = download<float>(d.recv_scales, size_t(g.cap) * g.nb);
   o.idx = download<int64_t>(d.recv_idx, size_t(g.cap) * c.kOf(r));
   o.w = download<float>(d.recv_w, size_t(g.cap) * c.kOf(r));
@@ -518,6 +559,10 @@ inline void compareRank(const Case& c, const std::string& cname, int r, const Ra
   same("combine out", cname, r, o.out.data(), e.out.data(), T * g.crow, typeSize(c.ct));
   if (c.weights) same("combine out_topk_weights", cname, r, o.out_w.data(), e.out_w.data(), size_t(T) * c.kOf(r) * 4, 4);
   same("cached recv_x", cname, r, o.recv_x2.data(), e.recv_x2.data(), n * g.drow, std::min<size_t>(typeSize(c.dt), 4));
+  same("cached recv_scales", cname, r, o.scales2.data(), e.scales2.data(), n * g.nb * 4, 4);
+  same("cached recv_topk_idx", cname, r, o.idx2.data(), e.idx2.data(), n * c.kOf(r) * 8, 8);
+  if (c.weights) same("cached recv_topk_weights", cname, r, o.w2.data(), e.w2.data(), n * c.kOf(r) * 4, 4);
+  same("cached recv_tokens_per_expert", cname, r, o.tpe2.data(), e.tpe2.data(), g.EL * 4, 4);
   // Either sizing: recv_capacity is the tokens of every rank, more than most receive.
   std::vector<int64_t> minus(size_t(g.cap - n) * c.kOf(r), -1);
   same("unused rows recv_topk_idx = -1", cname, r, o.idx.data() + n * c.kOf(r), minus.data(), minus.size() * 8, 8);

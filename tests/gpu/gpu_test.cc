@@ -355,6 +355,12 @@ int main(int argc, char** argv) {
     c.align = 4;
     add(c);
     if (small) continue;
+    // The smallest FP8 row (16 bytes, one scale), no weights, 3 blocks.
+    c = Case{ep + "fp8 h16 k4 no weights 3 SMs", R, 16, 4, 16, std::vector<int>(R, 77)};
+    c.dt = epFloat8E4M3;
+    c.weights = false;
+    c.num_sms = 3;
+    add(c);
     c = Case{ep + "bf16 h1000 k32", R, 1000, 32, 64, std::vector<int>(R, 300)};
     c.neg = 0.1;
     c.bias = true;
