@@ -153,6 +153,7 @@ struct Case {
   int own_experts_rank = -1;
   bool null_topk_if_empty = false;  // a rank without tokens passes topk_idx = NULL (and no weights)
   int cached_without_ids = -1;      // this rank passes no topk_idx in the cached re-dispatch
+  int only_rank = -1;               // every rank picks only this rank's experts (it receives every token)
   int kOf(int r) const { return Kr.empty() ? K : Kr[r]; }
 };
 
@@ -220,10 +221,11 @@ inline void makeRankInput(const Case& c, uint64_t seed, int r, RankIn* rank_in) 
   in.scales.assign(std::max<size_t>(1, size_t(g.maxT) * std::max(g.nb, 1)), 0.f);
   std::uniform_real_distribution<float> u(0.001f, 4.0f);
   for (auto& s : in.scales) s = u(gen);
-  if (r == c.own_experts_rank) {  // experts of this rank only: ids r * EL ..
+  if (r == c.own_experts_rank || c.only_rank >= 0) {  // experts of one rank only: ids q * EL ..
+    const int q = c.only_rank >= 0 ? c.only_rank : r;
     randomTopk(gen, T, c.kOf(r), g.EL, c.neg, &in.topk);
     for (auto& e : in.topk)
-      if (e >= 0) e += int64_t(r) * g.EL;
+      if (e >= 0) e += int64_t(q) * g.EL;
   } else {
     randomTopk(gen, T, c.kOf(r), c.E, c.neg, &in.topk);
   }

@@ -430,7 +430,12 @@ int main(int argc, char** argv) {
         {16, 1, 2 * R, 8, std::vector<int>(R, 8), true, false, true},
         {48, 32, 32 * R, 33, std::vector<int>(R, 33), false, false, false},
         {1040, 32, 36 * R, 256, std::vector<int>(R, 200), true, false, false},
-        {5120, 6, 8 * R, 1024, std::vector<int>(R, 1000), true, true, false},
+        {5120, 6, 8 * R, 1024, std::vector<int>(R, 1024), true, true, false},  // T = M = 1024
+        // BF16 rows of 16 and 48 bytes at top-32; pow2 scales with a partial
+        // last block of 128 values (hidden 1040).
+        {8, 32, 32 * R, 16, std::vector<int>(R, 16), false, false, false},
+        {24, 32, 32 * R, 16, std::vector<int>(R, 13), false, false, true},
+        {1040, 8, 16 * R, 64, std::vector<int>(R, 60), true, true, false},
         // More (source, expert) counts than a block stages (R * L > 4096) and
         // more experts than the numbering blocks take in one batch.
         {128, 8, 2304 * R, 64, std::vector<int>(R, 60), true, false, false},
@@ -448,6 +453,11 @@ int main(int argc, char** argv) {
     std::vector<int> zero(R, 40);
     zero[0] = 0;  // rank 0 sends nothing
     shapes.push_back({512, 4, 4 * R, 40, zero, true, false, true});
+    if (R > 1) {  // the last rank sends nothing, whole calls
+      std::vector<int> last(R, 40);
+      last[R - 1] = 0;
+      shapes.push_back({512, 4, 4 * R, 40, last, true, false, false});
+    }
     for (const Shape& s : shapes) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
     Shape gs{7168, 8, 288, 64, std::vector<int>(R, 64), true, false, true};
     ((runShape(gs, R, 11, true) == 0) ? passed : failed)++;

@@ -355,6 +355,11 @@ int main(int argc, char** argv) {
     c.align = 4;
     add(c);
     if (small) continue;
+    // Every token of every rank to rank 0: its worst-case capacity exactly full.
+    c = Case{ep + "bf16 h512 k4 all to rank 0", R, 512, 4, 8 * R, std::vector<int>(R, 90)};
+    c.only_rank = 0;
+    c.bias = true;
+    add(c);
     // The smallest FP8 row (16 bytes, one scale), no weights, 3 blocks.
     c = Case{ep + "fp8 h16 k4 no weights 3 SMs", R, 16, 4, 16, std::vector<int>(R, 77)};
     c.dt = epFloat8E4M3;

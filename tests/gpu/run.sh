@@ -100,11 +100,16 @@ sanitize() {
   echo "compute-sanitizer $1 ($3 --small): exit $rc"
   [ "$rc" -eq 0 ] || status=1
 }
-if [ "${EP_GPU_SANITIZER:-1}" != 0 ] && [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then
-  for tool in memcheck racecheck; do
-    sanitize $tool "sanitizer_$tool" gpu_test
-    [ "$LL" != 0 ] && sanitize $tool "sanitizer_ll_$tool" gpu_ll_test
-  done
+if [ "${EP_GPU_SANITIZER:-1}" != 0 ]; then
+  if [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then
+    for tool in memcheck racecheck; do
+      sanitize $tool "sanitizer_$tool" gpu_test
+      [ "$LL" != 0 ] && sanitize $tool "sanitizer_ll_$tool" gpu_ll_test
+    done
+  else  # asked for (the default), so its absence is a failure, not a silent pass
+    echo "compute-sanitizer: FAILED: $CUDA_HOME/bin/compute-sanitizer not found (EP_GPU_SANITIZER=0 skips it)"
+    status=1
+  fi
 fi
 
 if [ "${EP_GPU_BENCH:-1}" != 0 ]; then
