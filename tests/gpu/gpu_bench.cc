@@ -317,19 +317,17 @@ void benchConfig(int T, epDataType_t dt, int sms, const Routing& rt, double ceil
     ca.y = fp8 ? y : recv_x;
     ca.y_type = epBfloat16;
     ca.out = out;
-    // Check.
-    epHandle_t h = nullptr;
-    EK(comms[r], epDispatch(comms[r], &a, &h, s));
-    EK(comms[r], epCombine(comms[r], &ca, h, s));
-    CK(cudaStreamSynchronize(s));
-    int64_t n = -1;
-    CK(cudaMemcpy(&n, num_recv, 8, cudaMemcpyDeviceToHost));
-    const int64_t expect = rt.recvRows(r);
-    if (n != expect) {
-      printf("CHECK FAILED rank %d: num_recv %lld, expected %lld\n", r, (long long)n, (long long)expect);
-      g_bad++;
-    }
-    if (!fp8) {
+    // Check: num_recv, and (BF16) combine(y = recv_x) == x * the ranks that got the token.
+    auto check = [&](const char* when) {
+      CK(cudaStreamSynchronize(s));
+      int64_t n = -1;
+      CK(cudaMemcpy(&n, num_recv, 8, cudaMemcpyDeviceToHost));
+      const int64_t expect = rt.recvRows(r);
+      if (n != expect) {
+        printf("CHECK FAILED rank %d %s: num_recv %lld, expected %lld\n", r, when, (long long)n, (long long)expect);
+        g_bad++;
+      }
+      if (fp8) return;
       std::vector<uint16_t> ho(size_t(T) * H);
       CK(cudaMemcpy(ho.data(), out, ho.size() * 2, cudaMemcpyDeviceToHost));
       const uint16_t* xi = reinterpret_cast<const uint16_t*>(hx.data());
@@ -344,18 +342,27 @@ void benchConfig(int T, epDataType_t dt, int sms, const Routing& rt, double ceil
         }
       }
       if (bad) {
-        printf("CHECK FAILED rank %d: %zu combine elements differ from x * ranks\n", r, bad);
+        printf("CHECK FAILED rank %d %s: %zu combine elements differ from x * ranks\n", r, when, bad);
         g_bad++;
       }
-    }
+    };
+    epHandle_t h = nullptr;
+    EK(comms[r], epDispatch(comms[r], &a, &h, s));
+    EK(comms[r], epCombine(comms[r], &ca, h, s));
+    check("before timing");
     bar.wait();
     t_full[r] = timeOp(r, s, bar, [&] {
       epHandle_t h2 = nullptr;
       EK(comms[r], epDispatch(comms[r], &a, &h2, s));
       epHandleDestroy(h2);  // the slot is reused in stream order
     });
+    // What the timed cached dispatches and combines leave is checked too: recv_x
+    // and out are poisoned first, so a call that wrote nothing fails (BF16).
+    CK(cudaMemsetAsync(recv_x, 0xff, size_t(cap) * drow, s));
+    CK(cudaMemsetAsync(out, 0xff, size_t(T) * H * 2, s));
     t_cached[r] = timeOp(r, s, bar, [&] { EK(comms[r], epDispatch(comms[r], &a, &h, s)); });
     t_combine[r] = timeOp(r, s, bar, [&] { EK(comms[r], epCombine(comms[r], &ca, h, s)); });
+    check("after timing");
     if (layout_too) {
       epLayoutArgs_t la = EP_LAYOUT_ARGS_INITIALIZER;
       la.topk_idx = topk;
