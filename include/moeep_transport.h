@@ -71,8 +71,9 @@ typedef struct {
 #define EP_TRANSPORT_MEM_HOST 0
 #define EP_TRANSPORT_MEM_DEVICE 1
 
-/* name and every callback but post and test are mandatory: the core refuses a
- * table that lacks one (listed unavailable, with the reason). */
+/* name, init, can_connect, reg_mem, dereg_mem, connect, connected and close
+ * are mandatory: the core refuses a table that lacks one (listed unavailable,
+ * with the reason). post, test, properties and finalize may be NULL. */
 typedef struct {
   const char *name;  /* short, lower case: "shm", "cuda_ipc", "ibverbs" */
   unsigned version;  /* EP_TRANSPORT_ABI_VERSION the module was built with */

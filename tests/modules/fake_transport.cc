@@ -4,6 +4,7 @@
 //   libmoeep-transport-nosym.so    exports no epTransport_v1 (FAKE_NO_SYMBOL)
 //   libmoeep-transport-noname.so   a table whose name is NULL (FAKE_NULL_NAME)
 //   libmoeep-transport-noconnect.so  a table without its connect callback (FAKE_NO_CONNECT)
+//   libmoeep-transport-noprops.so  without properties and finalize, which may be NULL (FAKE_NO_OPTIONAL)
 // It moves no data: init succeeds and properties name it, which is all the
 // loader looks at; the other mandatory callbacks are stubs that fail.
 #define EP_TRANSPORT_MODULE 1
@@ -23,7 +24,7 @@ epResult_t fakeInit(const epTransportEnv_v1_t* env, void** ctx) {
   *ctx = nullptr;
   return epSuccess;
 }
-epResult_t fakeProperties(void*, epTransportProps_v1_t* props) {
+[[maybe_unused]] epResult_t fakeProperties(void*, epTransportProps_v1_t* props) {
   props->name = FAKE_NAME;
   props->caps = EP_TRANSPORT_CAP_HOST_MEM;
   props->latency_us = 1;
@@ -41,7 +42,7 @@ epResult_t fakeDeregMem(void*, void*) { return epSuccess; }
 }
 epResult_t fakeConnected(void*, void*) { return epSuccess; }
 epResult_t fakeClose(void*, void*) { return epSuccess; }
-epResult_t fakeFinalize(void*) { return epSuccess; }
+[[maybe_unused]] epResult_t fakeFinalize(void*) { return epSuccess; }
 
 #ifdef FAKE_NULL_NAME
 #define FAKE_TABLE_NAME nullptr
@@ -53,11 +54,18 @@ epResult_t fakeFinalize(void*) { return epSuccess; }
 #else
 #define FAKE_CONNECT fakeConnect
 #endif
+#ifdef FAKE_NO_OPTIONAL
+#define FAKE_PROPERTIES nullptr
+#define FAKE_FINALIZE nullptr
+#else
+#define FAKE_PROPERTIES fakeProperties
+#define FAKE_FINALIZE fakeFinalize
+#endif
 
-const epTransport_v1_t fakeTransport = {FAKE_TABLE_NAME, FAKE_VERSION,  fakeInit,     fakeProperties,
+const epTransport_v1_t fakeTransport = {FAKE_TABLE_NAME, FAKE_VERSION,  fakeInit,     FAKE_PROPERTIES,
                                         fakeCanConnect,  fakeRegMem,    fakeDeregMem, FAKE_CONNECT,
                                         fakeConnected,   nullptr,       nullptr,      fakeClose,
-                                        fakeFinalize};
+                                        FAKE_FINALIZE};
 
 }  // namespace
 

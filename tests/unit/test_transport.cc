@@ -122,6 +122,9 @@ void table_without_mandatory_callback_is_refused(void**) {
     if (!f.present) return std::string("module 'noconnect' not listed");
     if (f.available) return std::string("module without connect accepted");
     if (f.detail.find("connect callback") == std::string::npos) return "reason '" + f.detail + "'";
+    // properties and finalize are not called by the core: a table may leave them out.
+    Found o = find("noprops");
+    if (!o.present || !o.available) return "module without properties / finalize refused: '" + o.detail + "'";
     return std::string();
   });
 }
