@@ -112,9 +112,9 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
   const int set = int(comm->ll_dispatches & 1u);
   if (comm->ll_uncombined[set].load() == epComm::kLLOwed)
     return setError(comm, epInvalidUsage,
-                    "%s: two low-latency dispatches of this communicator are not combined yet; combine the "
-                    "earlier one first (each holds one of the two buffer sets, and a third dispatch would "
-                    "wait for its set forever)",
+                    "%s: the low-latency dispatch two before this one (the same buffer set) is not combined "
+                    "yet; combine it first (pairs alternate between two buffer sets, and this dispatch would "
+                    "wait for that set forever)",
                     fn);
   if (comm->ll_uncombined[set].load() == epComm::kLLLost)
     return setError(comm, epInvalidUsage,

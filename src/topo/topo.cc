@@ -143,7 +143,7 @@ std::vector<char> topoUsableNics(const std::vector<TopoNic>& nics, std::string* 
   preferOthers(nics, [](const TopoNic& n) { return n.active_ports == 0; }, "no port ACTIVE",
                "no NIC has an ACTIVE port", &usable, note);
   preferOthers(nics, [](const TopoNic& n) { return n.bus_id.empty(); }, "no PCI device: software RDMA",
-               "no RDMA NIC on PCI: one without a PCI device (software RDMA)", &usable, note);
+               "no usable RDMA NIC on PCI: one without a PCI device (software RDMA)", &usable, note);
   return usable;
 }
 

@@ -81,9 +81,10 @@ int topoFindGpu(const Topology& t, const char* bus_id);
 // The NIC of every GPU from the distance matrix dist[gpu][nic]: each GPU gets
 // one of its nearest NICs; among equally near NICs the GPUs are spread so that
 // none shares a NIC unless there are fewer such NICs than GPUs (a maximum
-// matching, then the least-loaded NIC for the rest). NICs without a PCI device
-// (bus_id "", soft RoCE) are chosen only when no NIC is on PCI, and NICs whose
-// ports are all known not ACTIVE only when no NIC has one. why[g] says why.
+// matching, then the least-loaded NIC for the rest). NICs whose ports are all
+// known not ACTIVE are chosen only when no NIC has one; then, among the rest,
+// NICs without a PCI device (bus_id "", soft RoCE) only when none of them is
+// on PCI (topoUsableNics). why[g] says why.
 void topoChooseNics(const std::vector<std::vector<PciDist>>& dist, const std::vector<TopoNic>& nics,
                     std::vector<int>* nic_of_gpu, std::vector<std::string>* why);
 

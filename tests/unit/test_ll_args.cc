@@ -238,7 +238,7 @@ void third_uncombined_dispatch_is_refused(void**) {
   assert_ok(epLowLatencyDispatch(comm, &a, &h[0], nullptr));
   assert_ok(epLowLatencyDispatch(comm, &a, &h[1], nullptr));
   assert_result(epLowLatencyDispatch(comm, &a, &h[2], nullptr), epInvalidUsage);
-  assert_contains(epGetLastError(comm), "not combined yet");
+  assert_contains(epGetLastError(comm), "two before this one (the same buffer set) is not combined yet");
   assert_null(h[2]);
   assert_ok(epLowLatencyCombine(comm, &c, h[0], nullptr));
   assert_ok(epLowLatencyDispatch(comm, &a, &h[2], nullptr));  // h[0]'s set is free again
@@ -250,6 +250,27 @@ void third_uncombined_dispatch_is_refused(void**) {
   assert_contains(epGetLastError(comm), "destroyed without its combine");
   assert_null(h[3]);
   for (epHandle_t x : {h[0], h[2]}) assert_ok(epHandleDestroy(x));
+  assert_ok(epCommDestroy(comm));
+}
+
+// Pairs alternate between the sets by dispatch order, so a dispatch needs the
+// pair two before it combined, even when a later one was combined first.
+void combines_out_of_order_block_the_set(void**) {
+  epComm_t comm = nullptr;
+  assert_ok(makeComm(&comm, llConfig(kHidden)));
+  Call call(12, 4, 2);
+  epLowLatencyDispatchArgs_t a = call.dispatchArgs(epBfloat16);
+  epLowLatencyCombineArgs_t c = call.combineArgs();
+  epHandle_t h[3] = {nullptr, nullptr, nullptr};
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[0], nullptr));  // set 0
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[1], nullptr));  // set 1
+  assert_ok(epLowLatencyCombine(comm, &c, h[1], nullptr));
+  assert_result(epLowLatencyDispatch(comm, &a, &h[2], nullptr), epInvalidUsage);  // set 0: h[0] owes
+  assert_contains(epGetLastError(comm), "two before this one");
+  assert_ok(epLowLatencyCombine(comm, &c, h[0], nullptr));
+  assert_ok(epLowLatencyDispatch(comm, &a, &h[2], nullptr));
+  assert_ok(epLowLatencyCombine(comm, &c, h[2], nullptr));
+  for (epHandle_t x : h) assert_ok(epHandleDestroy(x));
   assert_ok(epCommDestroy(comm));
 }
 
@@ -579,6 +600,7 @@ int main() {
       cmocka_unit_test(combine_checks_name_the_problem),
       cmocka_unit_test(split_calls_are_checked),
       cmocka_unit_test(third_uncombined_dispatch_is_refused),
+      cmocka_unit_test(combines_out_of_order_block_the_set),
       cmocka_unit_test(send_only_combine_is_completed_before_its_set_returns),
       cmocka_unit_test(handles_do_not_cross_modes),
       cmocka_unit_test(comm_stays_usable_after_argument_errors),

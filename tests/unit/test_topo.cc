@@ -217,7 +217,7 @@ void choice_puts_nics_without_pci_last(void**) {
   soft[0].bus_id = "";
   ep::topoChooseNics({{S, P}, {S, P}}, soft, &nic, &why);
   assert_true((nic == std::vector<int>{1, 1}));
-  assert_contains(why[0].c_str(), "no RDMA NIC on PCI");
+  assert_contains(why[0].c_str(), "no usable RDMA NIC on PCI");
 }
 
 void choice_avoids_nics_without_active_port(void**) {
@@ -242,7 +242,7 @@ void choice_avoids_nics_without_active_port(void**) {
   v[3].active_ports = 1;
   ep::topoChooseNics({{X, P, P, PciDist::kSys}}, v, &nic, &why);
   assert_true((nic == std::vector<int>{3}));
-  assert_contains(why[0].c_str(), "nic0, nic1, nic2 left out (no port ACTIVE); no RDMA NIC on PCI");
+  assert_contains(why[0].c_str(), "nic0, nic1, nic2 left out (no port ACTIVE); no usable RDMA NIC on PCI");
 }
 
 // ---- Lookup, errors, EP_TOPO_XML, printing ----------------------------------------------
