@@ -155,6 +155,10 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
         if (with_topk && lane < K) {
           e = topkLoad(p.topk, p.idx64, size_t(t) * K + lane);
           if (p.topk_w) w = p.topk_w[size_t(t) * K + lane];
+          // A new routing's ids were checked by the routing kernel; a cached
+          // re-dispatch's are checked here (reported at the next call; taken as -1).
+          if (e < -1 || e >= cv.num_experts)
+            reportError(cv, 4 /* epInvalidArgument */, kWhatBadTopk, -1, (long long)t * K + lane, e);
         }
         unsigned mask = __ballot_sync(0xffffffffu, v < 0);
         if (drop) mask &= ~(1u << me);

@@ -188,6 +188,48 @@ void runWiderTopk(int max_ranks) {
   fflush(stdout);
 }
 
+// A cached re-dispatch given an expert id out of range: the kernel reports it
+// at the next call (epInvalidArgument naming the entry), as the host backend
+// refuses the call itself.
+void runCachedBadId() {
+  Case c{"EP1 cached re-dispatch with a bad id", 1, 256, 4, 16, std::vector<int>(1, 50)};
+  epConfig_t cfg = configOf(c, epBackendCuda);
+  epComm_t comm = nullptr;
+  const int dev = 0;
+  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
+  std::vector<RankIn> ins;
+  makeInputs(c, 4, &ins);
+  DevBufs d;
+  allocDev(c, ins[0], 0, &d);
+  uploadInputs(c, ins[0], &d, nullptr);
+  epDispatchArgs_t a = dispatchArgs(c, ins[0], 0, d.x, d.scales, d.topk, d.w);
+  a.recv_x = d.recv_x;
+  a.recv_topk_idx = d.recv_idx;
+  int64_t num_recv = 0;
+  a.num_recv = &num_recv;
+  epHandle_t h = nullptr;
+  EK(comm, epDispatch(comm, &a, &h, nullptr));
+  const int64_t bad = c.E + 5;
+  CK(cudaMemcpy(static_cast<int64_t*>(d.topk) + 7, &bad, 8, cudaMemcpyHostToDevice));  // token 1, entry 3
+  const epResult_t cached = epDispatch(comm, &a, &h, nullptr);
+  CK(cudaDeviceSynchronize());  // the kernel's report is read at the next call's start
+  epLayoutArgs_t la = layoutArgs(c, 0, d);
+  CK(cudaMemcpy(static_cast<int64_t*>(d.topk) + 7, &ins[0].topk[7], 8, cudaMemcpyHostToDevice));
+  const epResult_t next = epLayout(comm, &la, nullptr);
+  const std::string msg = epGetLastError(comm);
+  const bool ok = cached == epSuccess && next == epInvalidArgument &&
+                  msg.find("topk_idx entry 7 (flat index) = " + std::to_string(bad)) != std::string::npos;
+  if (!ok) {
+    printf("  FAIL %s: cached dispatch %s, next call %s (%s)\n", c.name.c_str(), epGetErrorString(cached),
+           epGetErrorString(next), msg.c_str());
+    g_failures++;
+  }
+  epHandleDestroy(h);
+  freeDev(&d);
+  epCommDestroy(comm);
+  printf("%s %s: reported at the next call\n", ok ? "PASS" : "FAIL", c.name.c_str());
+}
+
 // More experts than the kernels' shared-memory counters hold: epLayout and
 // epDispatch refuse (epNotSupported saying so) instead of failing at launch;
 // the communicator itself is made (its low-latency calls have no such limit).
@@ -392,6 +434,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) runCase(c, max_ranks, false);
   if (!ranks || ranks == 2) runWiderTopk(max_ranks);
   if (!ranks) runTooManyExperts();
+  if (!ranks) runCachedBadId();
   if (!ranks) runBufferCapCoversBoth();
   // Graph capture, EP2 (or EP1 on one GPU; EP N with --ranks).
   {
