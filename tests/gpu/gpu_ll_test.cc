@@ -349,6 +349,63 @@ int runAbortWhileWaiting(int R) {
   return failed ? 1 : 0;
 }
 
+// The send half holds no SM while it waits: it waits for nothing. Rank 0's
+// send-only dispatch and the work after it on its stream finish while rank 1
+// has not called yet (it sleeps 300 ms first); then both complete and combine,
+// and the outputs are checked.
+int runSendHalfDoesNotWait(int R) {
+  Shape s{2048, 8, 8 * R, 64, std::vector<int>(R, 64), true, false, true};
+  std::vector<RankData> in(R);
+  std::vector<Outputs> ref(R);
+  std::vector<GpuRank> g(R);
+  std::vector<epComm_t> comms(R);
+  epConfig_t cfg = configFor(s, epBackendCuda);
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+  randomInputs(s, R, 31, in);
+  runHost(s, R, in, ref);
+  std::vector<double> send_ms(R, 0.0);
+  long long bad = 0;
+  runRanks(R, [&](int r) {
+    g[r].comm = comms[r];
+    allocRank(s, R, r, g[r]);
+    upload(s, r, in[r], g[r]);
+    epHandle_t warm = nullptr;  // a first layer: kernels loaded, sets in use
+    ll::enqueueLayer(s, r, g[r], &warm, [&](int) {});
+    CK(cudaStreamSynchronize(g[r].stream));
+    epHandleDestroy(warm);
+  });
+  runRanks(R, [&](int r) {
+    CK(cudaSetDevice(gpuOf(r)));
+    poison(s, R, g[r]);
+    CK(cudaStreamSynchronize(g[r].stream));
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto t0 = std::chrono::steady_clock::now();
+    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);  // EP_LL_SEND_ONLY
+    epHandle_t h = nullptr;
+    EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
+    busyKernel<<<64, 256, 0, g[r].stream>>>(g[r].scratch, 1 << 20);
+    CK(cudaStreamSynchronize(g[r].stream));
+    send_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EK(comms[r], epLowLatencyComplete(comms[r], h, g[r].stream));
+    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+    c.y = g[r].y;
+    c.out = g[r].out;
+    EK(comms[r], epLowLatencyCombine(comms[r], &c, h, g[r].stream));
+    CK(cudaStreamSynchronize(g[r].stream));
+    epHandleDestroy(h);
+  });
+  for (int r = 0; r < R; r++) {
+    CK(cudaSetDevice(gpuOf(r)));
+    bad += compare(s, R, r, g[r], ref[r], "send half");
+    freeRank(g[r]);
+    epCommDestroy(comms[r]);
+  }
+  const bool failed = bad != 0 || send_ms[0] > 100.0;
+  printf("eager  R=%d rank 0's send half and the work after it, rank 1 300 ms late: %.2f ms: %s\n", R, send_ms[0],
+         failed ? "FAILED" : "OK");
+  return failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -471,6 +528,7 @@ int main(int argc, char** argv) {
     if (R >= 2) ((runWireMismatch(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R) == 0) ? passed : failed)++;
+    if (R >= 2) ((runSendHalfDoesNotWait(R) == 0) ? passed : failed)++;
   }
   printf("gpu_ll_test: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
