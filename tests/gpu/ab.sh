@@ -100,6 +100,11 @@ for rev in "${revs[@]}"; do
     rm -rf "$WORK/$name" && mkdir -p "$WORK/$name"
     tar -C "$src" --exclude=./build -cf - . | tar -C "$WORK/$name" -xf -
   else
+    # A revision is built from git's history, not from the files here: where
+    # they differ from HEAD (uncommitted work, or a copy of the files over an
+    # older clone) say so, since the A/B may not be of what the files hold.
+    git diff --quiet HEAD -- src include transports Makefile 2>/dev/null ||
+      echo "ab.sh: warning: the library sources here differ from HEAD ($(git rev-parse --short HEAD)); $rev is built from git's history (WORKTREE or dir:PATH build the files)" >&2
     sha=$(git rev-parse --short "$rev^{commit}") || { echo "ab.sh: no revision $rev" >&2; exit 2; }
     name="$sha"
     taken "$name"
