@@ -402,12 +402,7 @@ EP_API epResult_t epHandleDestroy(epHandle_t handle) try {
     return setError(nullptr, epInvalidArgument, "epHandleDestroy: handle is not a live routing handle");
   epComm* comm = handle->comm;  // nullptr once its communicator was destroyed
   if (comm != nullptr) {
-    // A combine (or its receive half) this handle owes will never run: its
-    // set stays owed for good (epComm::ll_uncombined).
-    if (handle->low_latency && handle->dispatched && !handle->ll_combined)
-      comm->ll_uncombined[handle->ll_set].store(epComm::kLLLost);
-    if (handle->low_latency && handle->pending == epHandle::Pending::kCombine)
-      comm->ll_receive_owed[handle->ll_set].store(epComm::kLLLost);
+    llForgetHandle(comm, handle);
     commRemoveHandle(comm, handle);
     if (comm->backend) comm->backend->releaseHandle(handle);
   }

@@ -28,6 +28,10 @@ epResult_t apiException(const char* fn, epComm* comm) noexcept;
 epResult_t checkTopkValues(epComm* comm, const char* fn, const void* topk_idx, epDataType_t type,
                            int num_tokens, int num_topk);
 
+// A low-latency handle being destroyed: the buffer set of a combine (or a
+// receive half) it still owes is marked lost (api_ll.cc). Other handles: nothing.
+void llForgetHandle(epComm* comm, const epHandle* h);
+
 // An enum field of a caller's struct, as the int it holds: a value outside
 // the enum must not be loaded as the enum type (undefined behaviour).
 template <typename E>

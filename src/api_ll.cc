@@ -1,5 +1,6 @@
 // Public entry points of the low-latency mode. As in api.cc, every argument is
 // checked before any communication.
+#include <atomic>
 #include <cstring>
 #include <memory>
 
@@ -34,25 +35,25 @@ epResult_t checkLLHandle(epComm* comm, const char* fn, epHandle* h) {
   return epSuccess;
 }
 
-// A combine's set must not be owed the receive half of an earlier send-only
-// combine (epComm::ll_receive_owed): on the device it would wait for that
-// receive, which comes after it in the stream, until the timeout.
-epResult_t checkCombineSetFree(epComm* comm, const char* fn, int set) {
-  const int state = comm->ll_receive_owed[set].load();
-  if (state == epComm::kLLOwed)
-    return setError(comm, epInvalidUsage,
-                    "%s: the send-only combine of the dispatch two before this one (the same buffer set) is "
-                    "not completed: call epLowLatencyComplete on it first (this combine would wait for it)",
-                    fn);
-  if (state == epComm::kLLLost)
-    return setError(comm, epInvalidUsage,
-                    "%s: a handle of this buffer set was destroyed after a send-only combine without "
-                    "epLowLatencyComplete; no combine can use the set again: make a new communicator",
-                    fn);
-  return epSuccess;
+// Refuses a call whose buffer set still owes an earlier pair's call (`owed`)
+// or never will get it (`lost`): on the device the call would wait for it
+// until the timeout (epComm::ll_uncombined, ll_receive_owed).
+epResult_t checkSetState(epComm* comm, const char* fn, const std::atomic<int>& state, const char* owed,
+                         const char* lost) {
+  const int s = state.load();
+  if (s == epComm::kLLFree) return epSuccess;
+  return setError(comm, epInvalidUsage, "%s: %s", fn, s == epComm::kLLOwed ? owed : lost);
 }
 
 }  // namespace
+
+void ep::llForgetHandle(epComm* comm, const epHandle* h) {
+  if (!h->low_latency) return;
+  // A combine (or its receive half) this handle owes will never run: its set
+  // stays owed for good.
+  if (h->dispatched && !h->ll_combined) comm->ll_uncombined[h->ll_set].store(epComm::kLLLost);
+  if (h->pending == epHandle::Pending::kCombine) comm->ll_receive_owed[h->ll_set].store(epComm::kLLLost);
+}
 
 extern "C" {
 
@@ -110,18 +111,13 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
     return setError(comm, epInvalidArgument, "%s: x and recv_x must be 16-byte aligned", fn);
   EPCHECK(checkTopkValues(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
   const int set = int(comm->ll_dispatches & 1u);
-  if (comm->ll_uncombined[set].load() == epComm::kLLOwed)
-    return setError(comm, epInvalidUsage,
-                    "%s: the low-latency dispatch two before this one (the same buffer set) is not combined "
-                    "yet; combine it first (pairs alternate between two buffer sets, and this dispatch would "
-                    "wait for that set forever)",
-                    fn);
-  if (comm->ll_uncombined[set].load() == epComm::kLLLost)
-    return setError(comm, epInvalidUsage,
-                    "%s: the dispatch two before this one (the same buffer set) was destroyed without its "
-                    "combine, so its set is never released: make a new communicator (combine every "
-                    "low-latency dispatch)",
-                    fn);
+  EPCHECK(checkSetState(comm, fn, comm->ll_uncombined[set],
+                        "the low-latency dispatch two before this one (the same buffer set) is not combined yet; "
+                        "combine it first (pairs alternate between two buffer sets, and this dispatch would wait "
+                        "for that set forever)",
+                        "the dispatch two before this one (the same buffer set) was destroyed without its combine, "
+                        "so its set is never released: make a new communicator (combine every low-latency "
+                        "dispatch)"));
   auto h = std::make_unique<epHandle>();
   h->comm = comm;
   h->low_latency = true;
@@ -170,7 +166,11 @@ EP_API epResult_t epLowLatencyCombine(epComm_t comm, const epLowLatencyCombineAr
     return setError(comm, epInvalidArgument, "%s: out is NULL with %d tokens", fn, handle->routing.num_tokens);
   if (misaligned(a.y) || misaligned(a.out))
     return setError(comm, epInvalidArgument, "%s: y and out must be 16-byte aligned", fn);
-  EPCHECK(checkCombineSetFree(comm, fn, handle->ll_set));
+  EPCHECK(checkSetState(comm, fn, comm->ll_receive_owed[handle->ll_set],
+                        "the send-only combine of the dispatch two before this one (the same buffer set) is not "
+                        "completed: call epLowLatencyComplete on it first (this combine would wait for it)",
+                        "a handle of this buffer set was destroyed after a send-only combine without "
+                        "epLowLatencyComplete; no combine can use the set again: make a new communicator"));
   const bool send_only = (a.flags & EP_LL_SEND_ONLY) != 0;
   EPCHECK(comm->backend->llCombine(a, handle, send_only, stream));
   handle->ll_combined = true;
