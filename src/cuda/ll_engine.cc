@@ -108,11 +108,8 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
                     "low-latency mode on GPUs: num_experts x max_tokens_per_rank = %lld and max_tokens_per_rank "
                     "x hidden / 8 = %lld must each be below 2^31 (the kernels' row and piece indices)",
                     rows, pieces);
+  // buffer_bytes_cap was checked against both buffers by the caller (CudaBackend::init).
   bytes_ = llBufferBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
-  if (c.buffer_bytes_cap > 0 && bytes_ > c.buffer_bytes_cap)
-    return setError(comm_, epInvalidArgument,
-                    "buffer_bytes_cap = %zu (config, else EP_BUFFER_BYTES_CAP) is too small for the low-latency buffers (%zu bytes)",
-                    c.buffer_bytes_cap, bytes_);
   static_assert(sizeof(LLCtrl) <= kLLCtrlBytes, "LL control area");
   std::vector<char> handles(size_t(R) * EP_TRANSPORT_HANDLE_BYTES, 0);
   void* own = nullptr;
