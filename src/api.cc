@@ -364,7 +364,9 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
   auto h = std::make_unique<epHandle>();
   h->comm = comm;
   EPCHECK(prepareRouting(comm, a, h.get(), stream));
+  h->ids_checked = true;
   epResult_t res = comm->backend->dispatch(a, h.get(), stream);
+  h->ids_checked = false;
   if (res != epSuccess) {
     comm->backend->releaseHandle(h.get());
     return res;

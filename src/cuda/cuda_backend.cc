@@ -641,6 +641,7 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
   p.s_blk = a.scales_block_stride ? a.scales_block_stride : 1;
   p.topk = a.topk_idx;
   p.idx64 = a.topk_idx_type == epInt64;
+  p.check_ids = h->ids_checked ? 0 : 1;
   p.topk_w = a.topk_weights;
   p.num_tokens = h->routing.num_tokens;
   p.num_topk = a.topk_idx ? a.num_topk : h->routing.num_topk;

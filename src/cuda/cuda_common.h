@@ -133,6 +133,7 @@ struct DispatchParams {
   int nb;  // scales per token (FP8), else 0
   const void* topk;  // NULL: no ids this time
   int idx64;
+  int check_ids;     // the ids are not those the routing kernel checked: range-check them
   const float* topk_w;
   int num_tokens, num_topk;
   int max_topk;  // id columns of the meta (config.max_topk, the same on every rank)

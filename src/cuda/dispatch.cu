@@ -59,6 +59,16 @@ __device__ __forceinline__ void copyRow(const int4* src, int4* my_dst, unsigned 
   }
 }
 
+// Column `lane` (< num_topk) of a row's ids into recv_topk_idx / weights and
+// the per-expert counts: a local id, or -1 (weight 0) for any code that is not.
+__device__ __forceinline__ void storeId(const DispatchParams& p, long long row, int code, float w, int lane,
+                                        int* hist) {
+  const int local = code >= 0 && code < p.cv.experts_per_rank ? code : -1;
+  if (p.recv_idx) p.recv_idx[row * p.num_topk + lane] = local;
+  if (p.recv_w) p.recv_w[row * p.num_topk + lane] = local >= 0 ? w : 0.0f;
+  if (local >= 0) atomicAdd(&hist[local], 1);
+}
+
 // A received row's id column `lane` (code from the sender's meta, w its
 // weight) into recv_topk_idx / weights and the per-expert counts, with this
 // rank's num_topk: columns past the sender's read -1 / 0. A sender with more
@@ -75,12 +85,7 @@ __device__ __forceinline__ void decodeIds(const DispatchParams& p, int src, long
     if (K < 32 && (cols >> K) != 0 && lane == 0)
       reportError(p.cv, 5 /* epInvalidUsage */, kWhatWiderTopk, src, __popc(cols), K);
   }
-  if (lane < K) {
-    const int local = code >= 0 && code < p.cv.experts_per_rank ? code : -1;
-    if (p.recv_idx) p.recv_idx[row * K + lane] = local;
-    if (p.recv_w) p.recv_w[row * K + lane] = local >= 0 ? w : 0.0f;
-    if (local >= 0) atomicAdd(&hist[local], 1);
-  }
+  if (lane < K) storeId(p, row, code, w, lane, hist);
 }
 
 // kU: 16-byte loads per lane in flight per row pass: 14 for rows of up to
@@ -155,14 +160,14 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
         if (with_topk && lane < K) {
           e = topkLoad(p.topk, p.idx64, size_t(t) * K + lane);
           if (p.topk_w) w = p.topk_w[size_t(t) * K + lane];
-          // A new routing's ids were checked by the routing kernel; a cached
-          // re-dispatch's are checked here (reported at the next call; taken as -1).
-          if (e < -1 || e >= cv.num_experts)
+          // A new routing's ids were checked by the routing kernel; other
+          // ids (a prepared handle's, a cached re-dispatch's) are checked
+          // here (reported at the next call; taken as -1).
+          if (p.check_ids && (e < -1 || e >= cv.num_experts))
             reportError(cv, 4 /* epInvalidArgument */, kWhatBadTopk, -1, (long long)t * K + lane, e);
         }
         unsigned mask = __ballot_sync(0xffffffffu, v < 0);
         if (drop) mask &= ~(1u << me);
-        if (!with_topk && (mask >> me & 1u) && lane == 0) rows_without_ids = 1;
         long long slot = lane == me ? own_base + (v & 0x7fffffff) : dst_first + (v & 0x7fffffff);
         int4* my_dst = nullptr;
         char* my_meta = nullptr;
@@ -186,21 +191,19 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
           if (lane < nb) sdst[lane] = s0;
           if (lane + 32 < nb) sdst[lane + 32] = s1;
           for (int q = lane + 64; q < nb; q += 32) sdst[q] = p.x_scales[size_t(t) * p.s_tok + size_t(q) * p.s_blk];
-          if (lane < MK) {  // column `lane`: a local id, -1, or why there is none
-            const bool mine = e >= 0 && e < cv.num_experts && int(e / EL) == d;
-            const int code = mine ? int(e - (long long)d * EL) : !with_topk ? kIdNoIds : lane < K ? -1 : kIdPastTopk;
-            const float wv = mine ? w : 0.0f;
-            if (d == me) {
-              if (lane < K) {
-                const int local = code >= 0 ? code : -1;
-                if (p.recv_idx) p.recv_idx[row * K + lane] = local;
-                if (p.recv_w) p.recv_w[row * K + lane] = wv;
-                if (local >= 0) atomicAdd(&hist[local], 1);
-              }
-            } else {
-              reinterpret_cast<int*>(meta + scale_bytes)[lane] = code;
-              reinterpret_cast<float*>(meta + scale_bytes + size_t(MK) * 4)[lane] = wv;
-            }
+          // Column `lane`: a local id, -1, or why there is none; this rank's
+          // own rows are decoded as a peer's would be.
+          const bool mine = e >= 0 && e < cv.num_experts && int(e / EL) == d;
+          const int code = mine ? int(e - (long long)d * EL) : !with_topk ? kIdNoIds : lane < K ? -1 : kIdPastTopk;
+          const float wv = mine ? w : 0.0f;
+          // (Not decodeIds: its warp votes are not needed for this rank's
+          // own num_topk, and cost registers in the send loop.)
+          if (d == me) {
+            if (lane < K) storeId(p, row, code, wv, lane, hist);
+            if (!with_topk && lane == 0) rows_without_ids = 1;
+          } else if (lane < MK) {
+            reinterpret_cast<int*>(meta + scale_bytes)[lane] = code;
+            reinterpret_cast<float*>(meta + scale_bytes + size_t(MK) * 4)[lane] = wv;
           }
         }
         v = vn;

@@ -6,7 +6,7 @@
 # revision in turn, `--rounds` times interleaved (A B C A B C ...), so that
 # drift of the machine shows as spread within a revision, not as a difference.
 #
-#   tests/gpu/ab.sh [--ll] [--ht "GPU_BENCH ARGS"] [--rounds N] [--check full|small]
+#   tests/gpu/ab.sh [--ll] [--ht "GPU_BENCH ARGS"] [--rounds N] [--check full|small|none]
 #                   [--budget SECONDS] [--build-only] REV...
 #     REV           a git revision (branch, tag, sha), WORKTREE (the working
 #                   tree as it is, uncommitted changes included), or dir:PATH
@@ -19,10 +19,13 @@
 #     --rounds N    runs per revision (default 2)
 #     --check small the tests with --small (gpu_ll_test: a few shapes, EP1 and
 #                   EP2; gpu_test: EP1 only) instead of all their cases
+#     --check none  no test pass first: for a revision older than the tests,
+#                   whose new cases it fails (gpu_bench still checks the
+#                   outputs of the cases it times; gpu_ll_test --bench does not)
 #     --budget S    start no run after S seconds from the start (what ran is
 #                   reported; a command limit then cuts nothing half-done)
 #     --build-only  build everything, run nothing (works without a GPU)
-# Every revision must pass gpu_ll_test (or gpu_test for --ht) before it is
+# Unless --check none, every revision must pass gpu_ll_test (or gpu_test for --ht) before it is
 # timed; a revision that fails is reported and skipped. Logs: $OUT or
 # build/ab-logs.
 set -uo pipefail
@@ -44,15 +47,15 @@ while [ $# -gt 0 ]; do
     --check) check="$2"; shift ;;
     --budget) budget="$2"; shift ;;
     --build-only) build_only=1 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     -*) echo "ab.sh: unknown option $1" >&2; exit 2 ;;
     *) revs+=("$1") ;;
   esac
   shift
 done
 [ ${#revs[@]} -ge 1 ] || { echo "ab.sh: name at least one revision (see --help)" >&2; exit 2; }
-case "$check" in full) check_arg="" ;; small) check_arg="--small" ;;
-  *) echo "ab.sh: --check full or small, not $check" >&2; exit 2 ;; esac
+case "$check" in full) check_arg="" ;; small) check_arg="--small" ;; none) check_arg="" ;;
+  *) echo "ab.sh: --check full, small or none, not $check" >&2; exit 2 ;; esac
 case "$budget" in ''|*[!0-9]*) echo "ab.sh: --budget takes whole seconds, not $budget" >&2; exit 2 ;; esac
 # True while the budget (if any) allows another run; says so once when spent.
 within_budget() {
@@ -137,6 +140,7 @@ for name in "${names[@]}"; do
   within_budget || break
   lib="$WORK/$name/build/lib"
   good=1
+  if [ "$check" = none ]; then ok+=("$name"); continue; fi
   if [ $ll = 1 ]; then
     # shellcheck disable=SC2086
     LD_LIBRARY_PATH="$lib" timeout 300 build/tests/ab_ll_test $check_arg >"$LOGS/check-ll-$name.log" 2>&1 || good=0
