@@ -370,11 +370,11 @@ __device__ __forceinline__ void loadRecords(const LLDispatchParams& p, int set, 
 
 // s_base[s * L + e] = rows of local expert e from sources before s (when
 // R * L <= kStagedBases); recv_count of the experts this block owns.
-__device__ __forceinline__ void stageBases(const LLDispatchParams& p, int set, int* s_base) {
+__device__ __forceinline__ void stageBases(const LLDispatchParams& p, int set, int* s_base, bool stage = true) {
   const LLView& v = p.v;
   const int R = v.nranks, L = v.local_experts;
   const int32_t* counts = llCounts(v, v.rank, set);
-  const bool staged = R * L <= kStagedBases;
+  const bool staged = stage && R * L <= kStagedBases;
   for (int e = threadIdx.x; e < L; e += kThreads) {
     if (!staged && e % gridDim.x != blockIdx.x) continue;
     int c[kMaxRanks];
@@ -420,7 +420,10 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   llPrefix(src_base, R, ntok);
   llMark(v, pair, kind, 4);
   if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
-  const bool staged = R * L <= kStagedBases;
+  // Experiment: no staged bases; a record from source s adds the counts of
+  // sources before it (s loads, none for source 0) after its header arrives,
+  // and the owned experts' recv_count is written after the copy.
+  const bool staged = false;
   const int32_t* counts = llCounts(v, v.rank, set);
   const int cap = R * M;
   const int nb = (H + 127) / 128;
@@ -432,7 +435,6 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   llShare(src_base[R], blockIdx.x, gridDim.x, lo, hi);  // this block's share of the records
   RecordLoads rl;
   if (hi > lo) loadRecords(p, set, src_base, lo, min(kRecGroup, hi - lo), rl);
-  stageBases(p, set, s_base);
   for (int c0 = lo; c0 < hi; c0 += kRecGroup) {
     const int n = min(kRecGroup, hi - c0);
     __syncthreads();  // s_base; the previous group's descriptions are no longer read
@@ -490,6 +492,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
       }
     }
   }
+  stageBases(p, set, s_base, false);  // recv_count of the owned experts only
   llMark(v, pair, kind, 7);
 }
 
