@@ -69,23 +69,27 @@ __device__ __forceinline__ void storeId(const DispatchParams& p, long long row, 
   if (local >= 0) atomicAdd(&hist[local], 1);
 }
 
+// What a block saw that is reported once, after its row loops: a branch to
+// reportError inside them would grow the loops' code and wait on its load.
+struct BlockNotes {
+  int rows_without_ids;             // a row of a sender that passed no ids came to this block
+  int wider_src, wider_cols;        // a sender with more id columns than this rank (its rank, columns)
+  unsigned long long bad_id_at;     // first token * num_topk + column with an out-of-range id
+};
+
 // A received row's id column `lane` (code from the sender's meta, w its
 // weight) into recv_topk_idx / weights and the per-expert counts, with this
 // rank's num_topk: columns past the sender's read -1 / 0. A sender with more
-// columns than this rank cannot fit its rows: reported (the host backend
-// refuses the call the same way).
+// columns than this rank cannot fit its rows: noted, reported after the loop
+// (the host backend refuses the call the same way).
 __device__ __forceinline__ void decodeIds(const DispatchParams& p, int src, long long row, int code, float w, int lane,
-                                          int* hist, int& rows_without_ids) {
-  const int K = p.num_topk, MK = p.max_topk;
-  const int first = __shfl_sync(0xffffffffu, code, 0);
-  if (first == kIdNoIds) {
-    if (lane == 0) rows_without_ids = 1;
-  } else {
-    const unsigned cols = __ballot_sync(0xffffffffu, lane < MK && code != kIdPastTopk);
-    if (K < 32 && (cols >> K) != 0 && lane == 0)
-      reportError(p.cv, 5 /* epInvalidUsage */, kWhatWiderTopk, src, __popc(cols), K);
+                                          int* hist, BlockNotes& notes) {
+  if (lane == 0 && code == kIdNoIds) notes.rows_without_ids = 1;
+  if (lane >= p.num_topk && lane < p.max_topk && code != kIdPastTopk && code != kIdNoIds) {
+    notes.wider_src = src;
+    atomicMax(&notes.wider_cols, lane + 1);
   }
-  if (lane < K) storeId(p, row, code, w, lane, hist);
+  if (lane < p.num_topk) storeId(p, row, code, w, lane, hist);
 }
 
 // kU: 16-byte loads per lane in flight per row pass: 14 for rows of up to
@@ -103,10 +107,10 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   const int T = p.num_tokens, K = p.num_topk, MK = p.max_topk;
   const bool with_topk = p.topk != nullptr;
   __shared__ int claimed[kMaxRanks];  // [source]: rows of it claimed by a warp
-  __shared__ int rows_without_ids;    // a row of a sender that passed no ids came to this block
+  __shared__ BlockNotes notes;
   for (int i = threadIdx.x; i < EL; i += blockDim.x) hist[i] = 0;
   if (threadIdx.x < kMaxRanks) claimed[threadIdx.x] = 0;
-  if (threadIdx.x == 0) rows_without_ids = 0;
+  if (threadIdx.x == 0) notes = BlockNotes{0, -1, 0, ~0ull};
   peersFinishedPrevious(cv, epoch);
 
   const long long num_recv = hs->num_recv;
@@ -160,11 +164,6 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
         if (with_topk && lane < K) {
           e = topkLoad(p.topk, p.idx64, size_t(t) * K + lane);
           if (p.topk_w) w = p.topk_w[size_t(t) * K + lane];
-          // A new routing's ids were checked by the routing kernel; other
-          // ids (a prepared handle's, a cached re-dispatch's) are checked
-          // here (reported at the next call; taken as -1).
-          if (p.check_ids && (e < -1 || e >= cv.num_experts))
-            reportError(cv, 4 /* epInvalidArgument */, kWhatBadTopk, -1, (long long)t * K + lane, e);
         }
         unsigned mask = __ballot_sync(0xffffffffu, v < 0);
         if (drop) mask &= ~(1u << me);
@@ -180,6 +179,16 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
           }
         }
         copyRow<false, kU>(reinterpret_cast<const int4*>(p.x + size_t(t) * p.x_stride), my_dst, mask, n16, lane);
+        // A new routing's ids were checked by the routing kernel; other ids (a
+        // prepared handle's, a cached re-dispatch's) are checked here, after
+        // the row's loads are issued: a branch on the id before them would
+        // wait for its load every token (+2-3% at EP2). Noted, reported at
+        // the next call; the id is taken as -1.
+        if (p.check_ids && (e < -1 || e >= cv.num_experts))
+          atomicMin(&notes.bad_id_at, (unsigned long long)t * K + lane);
+        // The rank of this column's expert (-1: none), once per token, in 32
+        // bits: a 64-bit division per destination costs ~100 instructions.
+        const int e_rank = e >= 0 && e < cv.num_experts ? int(e) / EL : -1;
         // Scales and expert ids, per destination.
         unsigned m = mask;
         while (m) {
@@ -193,14 +202,14 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
           for (int q = lane + 64; q < nb; q += 32) sdst[q] = p.x_scales[size_t(t) * p.s_tok + size_t(q) * p.s_blk];
           // Column `lane`: a local id, -1, or why there is none; this rank's
           // own rows are decoded as a peer's would be.
-          const bool mine = e >= 0 && e < cv.num_experts && int(e / EL) == d;
-          const int code = mine ? int(e - (long long)d * EL) : !with_topk ? kIdNoIds : lane < K ? -1 : kIdPastTopk;
+          const bool mine = e_rank == d;
+          const int code = mine ? int(e) - d * EL : !with_topk ? kIdNoIds : lane < K ? -1 : kIdPastTopk;
           const float wv = mine ? w : 0.0f;
           // (Not decodeIds: its warp votes are not needed for this rank's
           // own num_topk, and cost registers in the send loop.)
           if (d == me) {
             if (lane < K) storeId(p, row, code, wv, lane, hist);
-            if (!with_topk && lane == 0) rows_without_ids = 1;
+            if (!with_topk && lane == 0) notes.rows_without_ids = 1;
           } else if (lane < MK) {
             reinterpret_cast<int*>(meta + scale_bytes)[lane] = code;
             reinterpret_cast<float*>(meta + scale_bytes + size_t(MK) * 4)[lane] = wv;
@@ -268,7 +277,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
         if (lane < nb) sdst[lane] = s0;
         if (lane + 32 < nb) sdst[lane + 32] = s1;
         for (int q = lane + 64; q < nb; q += 32) sdst[q] = reinterpret_cast<const float*>(meta)[q];
-        decodeIds(p, s, row, code, w, lane, hist, rows_without_ids);
+        decodeIds(p, s, row, code, w, lane, hist, notes);
       }
       if (failed) break;
     }
@@ -276,7 +285,14 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   __syncthreads();
   for (int i = threadIdx.x; i < EL; i += blockDim.x)
     if (hist[i]) atomicAdd(&p.hv.expert_acc[i], hist[i]);
-  if (threadIdx.x == 0 && rows_without_ids) atomicOr(p.hv.rows_without_ids, 1);
+  if (threadIdx.x == 0) {
+    if (notes.rows_without_ids) atomicOr(p.hv.rows_without_ids, 1);
+    if (notes.wider_cols)
+      reportError(cv, 5 /* epInvalidUsage */, kWhatWiderTopk, notes.wider_src, notes.wider_cols, K);
+    if (notes.bad_id_at != ~0ull)
+      reportError(cv, 4 /* epInvalidArgument */, kWhatBadTopk, -1, (long long)notes.bad_id_at,
+                  topkLoad(p.topk, p.idx64, size_t(notes.bad_id_at)));
+  }
   // Rows past num_recv are marked unused, with either sizing. (num_recv read
   // again: a register less across the row loops.)
   if (!drop && p.recv_idx) {
