@@ -154,6 +154,8 @@ struct Case {
   bool null_topk_if_empty = false;  // a rank without tokens passes topk_idx = NULL (and no weights)
   int cached_without_ids = -1;      // this rank passes no topk_idx in the cached re-dispatch
   int only_rank = -1;               // every rank picks only this rank's experts (it receives every token)
+  int row_pad = 0;  // GPU run only: x, the cached x and y with rows this many bytes apart beyond
+                    // their size (x_stride / y_stride; the padding holds garbage)
   int kOf(int r) const { return Kr.empty() ? K : Kr[r]; }
 };
 
@@ -488,10 +490,27 @@ inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool 
   } else {
     a.num_recv = &host_num_recv;
   }
+  // Strided inputs: the same rows, copied row_pad bytes apart into buffers
+  // whose padding is garbage; the outputs must not change.
+  void *x_pad = nullptr, *x2_pad = nullptr, *y_pad = nullptr;
+  auto padded = [&](const void* packed, size_t row, size_t rows, void** out) {
+    const size_t pitch = row + size_t(c.row_pad);
+    CK(cudaMalloc(out, std::max<size_t>(pitch * rows, 16)));
+    CK(cudaMemsetAsync(*out, 0x5a, pitch * rows, s));
+    if (rows) CK(cudaMemcpy2DAsync(*out, pitch, packed, row, row, rows, cudaMemcpyDeviceToDevice, s));
+  };
+  if (c.row_pad) {
+    padded(d.x, g.drow, size_t(c.T[r]), &x_pad);
+    padded(d.x2, g.drow, size_t(c.T[r]), &x2_pad);
+    padded(d.y, g.crow, size_t(g.cap), &y_pad);
+    a.x = x_pad;
+    a.x_stride = g.drow + size_t(c.row_pad);
+  }
   epHandle_t h = nullptr;
   EK(comm, epDispatch(comm, &a, &h, s));
   epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
-  ca.y = d.y;
+  ca.y = c.row_pad ? y_pad : d.y;
+  ca.y_stride = c.row_pad ? g.crow + size_t(c.row_pad) : 0;
   ca.y_type = c.ct;
   ca.recv_topk_weights = c.weights ? d.recv_w : nullptr;
   ca.num_topk = c.kOf(r);
@@ -499,7 +518,7 @@ inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool 
   ca.out = d.out;
   ca.out_topk_weights = c.weights ? d.out_w : nullptr;
   EK(comm, epCombine(comm, &ca, h, s));
-  a.x = d.x2;
+  a.x = c.row_pad ? x2_pad : d.x2;
   a.x_scales = g.nb ? d.scales2 : nullptr;
   a.topk_weights = c.weights ? d.w2 : nullptr;
   a.recv_x = d.recv_x2;
@@ -531,6 +550,7 @@ inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool 
   o.in_rank = download<uint8_t>(d.in_rank, size_t(T) * c.R);
   EK(comm, epHandleDestroy(h));
   freeDev(&d);
+  for (void* p : {x_pad, x2_pad, y_pad}) cudaFree(p);
   CK(cudaStreamDestroy(s));
 }
 

@@ -396,7 +396,19 @@ int main(int argc, char** argv) {
     c.cached_without_ids = 0;
     c.align = 4;
     add(c);
+    // x, the cached x and y with strides (x_stride / y_stride): FP8 rows of
+    // 1040 bytes 48 apart beyond, BF16 rows of 2080 bytes 16 apart beyond.
+    c = Case{ep + "fp8 h1040 k4 strided x and y", R, 1040, 4, 16, std::vector<int>(R, 96)};
+    c.dt = epFloat8E4M3;
+    c.row_pad = 48;
+    c.bias = true;
+    add(c);
     if (small) continue;
+    c = Case{ep + "bf16 h1040 k6 strided x and y", R, 1040, 6, 24, std::vector<int>(R, 200)};
+    c.row_pad = 16;
+    c.neg = 0.1;
+    c.align = 4;
+    add(c);
     // Every token of every rank to rank 0: its worst-case capacity exactly full.
     c = Case{ep + "bf16 h512 k4 all to rank 0", R, 512, 4, 8 * R, std::vector<int>(R, 90)};
     c.only_rank = 0;
