@@ -47,23 +47,29 @@ struct Dsts {
   int4* to[kMaxR - 1];  // the peers' receive areas for this rank's pieces
 };
 
-// Pushes n 16-byte pieces to each of the npeers peers, the blocks split
-// evenly among them (the gridDim % npeers left over idle), kU loads in flight per thread before their stores (one
-// in flight leaves the copy bound by load latency, not by the link).
+// Pushes n 16-byte pieces to each of the npeers peers with every block (an
+// even split of blocks among peers left gridDim % npeers of them idle): each
+// thread takes the pieces of the [peer][piece] space whose flat index is its
+// own modulo the grid's threads, peer by peer, starting at a peer that
+// depends on its block so that every peer is served at once. With one peer
+// this is a plain grid-stride copy. kU loads in flight per thread before
+// their stores (one in flight leaves the copy bound by load latency, not by
+// the link).
 template <int kU>
 __global__ void smPush(const int4* __restrict__ src, Dsts d, int npeers, size_t n) {
-  const int per = gridDim.x / npeers, j = blockIdx.x % npeers, b = blockIdx.x / npeers;
-  if (b >= per) return;
-  int4* __restrict__ dst = d.to[j];
-  const size_t stride = size_t(per) * blockDim.x;
-  for (size_t i = b * size_t(blockDim.x) + threadIdx.x; i < n; i += stride * kU) {
-    int4 v[kU];
+  const size_t S = size_t(gridDim.x) * blockDim.x, tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int k = 0; k < npeers; k++) {
+    const int j = (k + int(blockIdx.x)) % npeers;
+    int4* __restrict__ dst = d.to[j];
+    for (size_t i = (tid + S - size_t(j) * n % S) % S; i < n; i += S * kU) {  // j * n + i = tid (mod S)
+      int4 v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; u++)
-      if (i + u * stride < n) v[u] = src[i + u * stride];
+      for (int u = 0; u < kU; u++)
+        if (i + u * S < n) v[u] = src[i + u * S];
 #pragma unroll
-    for (int u = 0; u < kU; u++)
-      if (i + u * stride < n) dst[i + u * stride] = v[u];
+      for (int u = 0; u < kU; u++)
+        if (i + u * S < n) dst[i + u * S] = v[u];
+    }
   }
 }
 
