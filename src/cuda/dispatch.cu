@@ -73,7 +73,8 @@ __device__ __forceinline__ void storeId(const DispatchParams& p, long long row, 
 // reportError inside them would grow the loops' code and wait on its load.
 struct BlockNotes {
   int rows_without_ids;             // a row of a sender that passed no ids came to this block
-  int wider_src, wider_cols;        // a sender with more id columns than this rank (its rank, columns)
+  int wider;                        // a sender with more id columns than this rank: columns << 8 | its
+                                    // rank, the widest (one atomicMax keeps the pair consistent)
   unsigned long long bad_id_at;     // first token * num_topk + column with an out-of-range id
 };
 
@@ -85,10 +86,8 @@ struct BlockNotes {
 __device__ __forceinline__ void decodeIds(const DispatchParams& p, int src, long long row, int code, float w, int lane,
                                           int* hist, BlockNotes& notes) {
   if (lane == 0 && code == kIdNoIds) notes.rows_without_ids = 1;
-  if (lane >= p.num_topk && lane < p.max_topk && code != kIdPastTopk && code != kIdNoIds) {
-    notes.wider_src = src;
-    atomicMax(&notes.wider_cols, lane + 1);
-  }
+  if (lane >= p.num_topk && lane < p.max_topk && code != kIdPastTopk && code != kIdNoIds)
+    atomicMax(&notes.wider, (lane + 1) << 8 | src);
   if (lane < p.num_topk) storeId(p, row, code, w, lane, hist);
 }
 
@@ -110,7 +109,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   __shared__ BlockNotes notes;
   for (int i = threadIdx.x; i < EL; i += blockDim.x) hist[i] = 0;
   if (threadIdx.x < kMaxRanks) claimed[threadIdx.x] = 0;
-  if (threadIdx.x == 0) notes = BlockNotes{0, -1, 0, ~0ull};
+  if (threadIdx.x == 0) notes = BlockNotes{0, 0, ~0ull};
   peersFinishedPrevious(cv, epoch);
 
   const long long num_recv = hs->num_recv;
@@ -287,8 +286,8 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
     if (hist[i]) atomicAdd(&p.hv.expert_acc[i], hist[i]);
   if (threadIdx.x == 0) {
     if (notes.rows_without_ids) atomicOr(p.hv.rows_without_ids, 1);
-    if (notes.wider_cols)
-      reportError(cv, 5 /* epInvalidUsage */, kWhatWiderTopk, notes.wider_src, notes.wider_cols, K);
+    if (notes.wider)
+      reportError(cv, 5 /* epInvalidUsage */, kWhatWiderTopk, notes.wider & 0xff, notes.wider >> 8, K);
     if (notes.bad_id_at != ~0ull)
       reportError(cv, 4 /* epInvalidArgument */, kWhatBadTopk, -1, (long long)notes.bad_id_at,
                   topkLoad(p.topk, p.idx64, size_t(notes.bad_id_at)));
