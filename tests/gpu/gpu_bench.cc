@@ -448,6 +448,7 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
   // handshake after the flush (else the first GPU's time includes the gap to
   // the second's start), each rank's median, the slower rank's quoted.
   std::vector<std::vector<float>> ts(R);
+  int late_enqueues = 0;
   for (int it = 0; it < kWarm + kIters; it++) {
     const int v = ++g_tick;
     for (int r = 0; r < R; r++) {
@@ -467,6 +468,10 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
       }
     }
     gend();
+    // The GPUs must still be busy with the flush when the group is enqueued:
+    // else they idled inside the timed span, counted against NCCL.
+    for (int r = 0; r < R; r++)
+      if (it >= kWarm && cudaEventQuery(e0[r]) == cudaSuccess) late_enqueues++;
     for (int r = 0; r < R; r++) {
       CK(cudaSetDevice(r));
       CK(cudaEventRecord(e1[r], s[r]));
@@ -481,6 +486,10 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
   }
   double us = 0;
   for (int r = 0; r < R; r++) us = std::max(us, median(ts[r]));
+  if (late_enqueues)
+    printf("note: nccl all-to-all %s T=%d: in %d of %d timed runs x ranks the GPU had passed its start event "
+           "before the group was enqueued (host time inside the span)\n",
+           what, T, late_enqueues, kIters * R);
   char name[128];
   snprintf(name, sizeof(name), "nccl all-to-all %s bytes T=%d", what, T);
   report(name, us, double(rt.recvRows(0)) * rowb, double(rt.linkRowsInto(0)) * rowb, 0);

@@ -191,8 +191,13 @@ void runWiderTopk(int max_ranks) {
 // A cached re-dispatch given an expert id out of range: the kernel reports it
 // at the next call (epInvalidArgument naming the entry), as the host backend
 // refuses the call itself.
-void runCachedBadId() {
-  Case c{"EP1 cached re-dispatch with a bad id", 1, 256, 4, 16, std::vector<int>(1, 50)};
+// Ids the routing kernel did not see are range-checked by the dispatch kernel
+// and reported at the next call: a cached re-dispatch's, and (prepared) the
+// first dispatch of a handle from epDispatchPrepare given other ids than the
+// prepare was.
+void runUncheckedBadId(bool prepared) {
+  Case c{prepared ? "EP1 prepared handle's dispatch with a bad id" : "EP1 cached re-dispatch with a bad id", 1,
+         256, 4, 16, std::vector<int>(1, 50)};
   epConfig_t cfg = configOf(c, epBackendCuda);
   epComm_t comm = nullptr;
   const int dev = 0;
@@ -208,19 +213,19 @@ void runCachedBadId() {
   int64_t num_recv = 0;
   a.num_recv = &num_recv;
   epHandle_t h = nullptr;
-  EK(comm, epDispatch(comm, &a, &h, nullptr));
+  EK(comm, prepared ? epDispatchPrepare(comm, &a, &h, nullptr) : epDispatch(comm, &a, &h, nullptr));
   const int64_t bad = c.E + 5;
   CK(cudaMemcpy(static_cast<int64_t*>(d.topk) + 7, &bad, 8, cudaMemcpyHostToDevice));  // token 1, entry 3
-  const epResult_t cached = epDispatch(comm, &a, &h, nullptr);
+  const epResult_t unchecked = epDispatch(comm, &a, &h, nullptr);
   CK(cudaDeviceSynchronize());  // the kernel's report is read at the next call's start
   epLayoutArgs_t la = layoutArgs(c, 0, d);
   CK(cudaMemcpy(static_cast<int64_t*>(d.topk) + 7, &ins[0].topk[7], 8, cudaMemcpyHostToDevice));
   const epResult_t next = epLayout(comm, &la, nullptr);
   const std::string msg = epGetLastError(comm);
-  const bool ok = cached == epSuccess && next == epInvalidArgument &&
+  const bool ok = unchecked == epSuccess && next == epInvalidArgument &&
                   msg.find("topk_idx entry 7 (flat index) = " + std::to_string(bad)) != std::string::npos;
   if (!ok) {
-    printf("  FAIL %s: cached dispatch %s, next call %s (%s)\n", c.name.c_str(), epGetErrorString(cached),
+    printf("  FAIL %s: dispatch %s, next call %s (%s)\n", c.name.c_str(), epGetErrorString(unchecked),
            epGetErrorString(next), msg.c_str());
     g_failures++;
   }
@@ -446,7 +451,8 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) runCase(c, max_ranks, false);
   if (!ranks || ranks == 2) runWiderTopk(max_ranks);
   if (!ranks) runTooManyExperts();
-  if (!ranks) runCachedBadId();
+  if (!ranks) runUncheckedBadId(false);
+  if (!ranks) runUncheckedBadId(true);
   if (!ranks) runBufferCapCoversBoth();
   // Graph capture, EP2 (or EP1 on one GPU; EP N with --ranks).
   {
