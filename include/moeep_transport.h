@@ -97,6 +97,8 @@ typedef struct {
   /* *done = 1 when request finished. */
   epResult_t (*test)(void *conn, uint64_t request, int *done);
   epResult_t (*close)(void *ctx, void *conn);
+  /* Not called by this version: init runs once per process and its context,
+   * like the module, is kept until the process exits. */
   epResult_t (*finalize)(void *ctx);
 } epTransport_v1_t;
 
