@@ -204,8 +204,8 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
           const bool mine = e_rank == d;
           const int code = mine ? int(e) - d * EL : !with_topk ? kIdNoIds : lane < K ? -1 : kIdPastTopk;
           const float wv = mine ? w : 0.0f;
-          // (Not decodeIds: its warp votes are not needed for this rank's
-          // own num_topk, and cost registers in the send loop.)
+          // (Not decodeIds: its checks of a peer's columns cannot fail for
+          // this rank's own, and in the send loop they spill registers.)
           if (d == me) {
             if (lane < K) storeId(p, row, code, wv, lane, hist);
             if (!with_topk && lane == 0) notes.rows_without_ids = 1;
