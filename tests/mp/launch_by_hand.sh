@@ -8,13 +8,17 @@
 set -uo pipefail
 BUILD=${1:-build}
 unset OMPI_MCA_ess_base_jobid PMIX_NAMESPACE PMI_JOBID SLURM_JOB_ID EP_COMM_ID
+# Rank $1 of 2 of a small ep_bench run, with Open MPI's rank variables;
+# TIMEOUT seconds at most (default 60); output to the caller's redirections.
+bench_rank() {
+  OMPI_COMM_WORLD_RANK=$1 OMPI_COMM_WORLD_SIZE=2 timeout "${TIMEOUT:-60}" "$BUILD/bin/ep_bench" \
+    --shape 64:2:4:16 --timeout-ms 5000
+}
 for run in 1 2; do
   start=$(date +%s)
-  OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 timeout 60 "$BUILD/bin/ep_bench" --shape 64:2:4:16 \
-    --timeout-ms 5000 >/dev/null 2>&1 &
+  bench_rank 1 >/dev/null 2>&1 &
   other=$!
-  OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 timeout 60 "$BUILD/bin/ep_bench" --shape 64:2:4:16 \
-    --timeout-ms 5000 >/dev/null 2>&1
+  bench_rank 0 >/dev/null 2>&1
   rc0=$?
   wait $other
   rc1=$?
@@ -27,13 +31,11 @@ done
 export OMPI_MCA_ess_base_jobid=by-hand-$$
 idfile=/tmp/moeep-launch-by-hand-$$-$(id -u).id
 trap 'rm -rf "$idfile" "$idfile.tmp"' EXIT
-OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 timeout 60 "$BUILD/bin/ep_bench" --shape 64:2:4:16 \
-  --timeout-ms 5000 >/dev/null 2>&1 &
+bench_rank 0 >/dev/null 2>&1 &
 root=$!
 for _ in $(seq 200); do [ -e "$idfile" ] && break; sleep 0.05; done
 mode=$(stat -c %a "$idfile" 2>/dev/null)
-OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 timeout 60 "$BUILD/bin/ep_bench" --shape 64:2:4:16 \
-  --timeout-ms 5000 >/dev/null 2>&1
+bench_rank 1 >/dev/null 2>&1
 rc1=$?
 wait $root
 rc0=$?
@@ -45,8 +47,7 @@ echo "id file: mode ${mode:-none} while rank 0 waited; ranks exit $rc0, $rc1"
 # rank 0 at once with the reason; its peers would have waited for it in vain.
 mkdir "$idfile"
 start=$(date +%s)
-msg=$(OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 timeout 30 "$BUILD/bin/ep_bench" --shape 64:2:4:16 \
-  --timeout-ms 5000 2>&1 >/dev/null)
+msg=$(TIMEOUT=30 bench_rank 0 2>&1 >/dev/null)
 rc0=$?
 echo "id file name taken by a directory: rank 0 exit $rc0 ($(( $(date +%s) - start )) s): $msg"
 [ "$rc0" -ne 0 ] && [ "$rc0" -ne 124 ] && [[ "$msg" == *"cannot rename"* ]] || exit 1

@@ -231,14 +231,19 @@ int caseIpv6() {
   return happyJob(3);
 }
 
-int caseCommId() {
-  // A port that was free a moment ago.
-  ep::SocketAddress bound;
+// A loopback address whose port was free a moment ago (bound, then released).
+bool freeLoopbackAddress(ep::SocketAddress* addr, std::string* err) {
   ep::Fd probe;
-  std::string err;
-  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &probe, &bound, &err), "%s", err.c_str());
-  std::string comm_id = bound.toString();
+  if (!listenOnFreePort("127.0.0.1:0", AF_INET, &probe, addr, err)) return false;
   probe.reset();
+  return true;
+}
+
+int caseCommId() {
+  ep::SocketAddress bound;
+  std::string err;
+  CHECK(freeLoopbackAddress(&bound, &err), "%s", err.c_str());
+  std::string comm_id = bound.toString();
   setenv("EP_COMM_ID", comm_id.c_str(), 1);
   epUniqueId id;
   CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "getUniqueId with EP_COMM_ID=%s: %s", comm_id.c_str(),
@@ -253,10 +258,8 @@ int caseCommId() {
 // listener after the reply, and the retry's bind found it taken).
 int caseCommIdRetryAtOnce() {
   ep::SocketAddress bound;
-  ep::Fd probe;
   std::string err;
-  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &probe, &bound, &err), "%s", err.c_str());
-  probe.reset();
+  CHECK(freeLoopbackAddress(&bound, &err), "%s", err.c_str());
   setenv("EP_COMM_ID", bound.toString().c_str(), 1);
   epUniqueId id;
   CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
@@ -276,10 +279,8 @@ int caseCommIdRetryAtOnce() {
 // joining the first job (its ids differ by the job id the launcher sets).
 int caseCommIdOtherJob() {
   ep::SocketAddress bound;
-  ep::Fd probe;
   std::string err;
-  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &probe, &bound, &err), "%s", err.c_str());
-  probe.reset();
+  CHECK(freeLoopbackAddress(&bound, &err), "%s", err.c_str());
   setenv("EP_COMM_ID", bound.toString().c_str(), 1);
   auto rankOfJob = [](const char* job, int rank) {
     setenv("OMPI_MCA_ess_base_jobid", job, 1);
@@ -310,10 +311,8 @@ int caseCommIdOtherJob() {
 // address does, and the refusal says that every rank must spell it alike.
 int caseCommIdSpelling() {
   ep::SocketAddress bound;
-  ep::Fd probe;
   std::string err;
-  CHECK(listenOnFreePort("127.0.0.1:0", AF_INET, &probe, &bound, &err), "%s", err.c_str());
-  probe.reset();
+  CHECK(freeLoopbackAddress(&bound, &err), "%s", err.c_str());
   const std::string addr = bound.toString(), port = std::to_string(bound.port());
   auto rankWith = [](const std::string& comm_id, int rank, int timeout_ms, epResult_t want,
                      const char* text) {
