@@ -188,9 +188,26 @@ void runWiderTopk(int max_ranks) {
   fflush(stdout);
 }
 
-// A cached re-dispatch given an expert id out of range: the kernel reports it
-// at the next call (epInvalidArgument naming the entry), as the host backend
-// refuses the call itself.
+// One rank on GPU 0 with case c's inputs on the device, for the single-rank
+// checks below.
+struct OneRank {
+  epComm_t comm = nullptr;
+  std::vector<RankIn> ins;
+  DevBufs d;
+  OneRank(const Case& c, uint64_t seed) {
+    epConfig_t cfg = configOf(c, epBackendCuda);
+    const int dev = 0;
+    EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
+    makeInputs(c, seed, &ins);
+    allocDev(c, ins[0], 0, &d);
+    uploadInputs(c, ins[0], &d, nullptr);
+  }
+  ~OneRank() {
+    freeDev(&d);
+    epCommDestroy(comm);
+  }
+};
+
 // Ids the routing kernel did not see are range-checked by the dispatch kernel
 // and reported at the next call: a cached re-dispatch's, and (prepared) the
 // first dispatch of a handle from epDispatchPrepare given other ids than the
@@ -198,15 +215,10 @@ void runWiderTopk(int max_ranks) {
 void runUncheckedBadId(bool prepared) {
   Case c{prepared ? "EP1 prepared handle's dispatch with a bad id" : "EP1 cached re-dispatch with a bad id", 1,
          256, 4, 16, std::vector<int>(1, 50)};
-  epConfig_t cfg = configOf(c, epBackendCuda);
-  epComm_t comm = nullptr;
-  const int dev = 0;
-  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
-  std::vector<RankIn> ins;
-  makeInputs(c, 4, &ins);
-  DevBufs d;
-  allocDev(c, ins[0], 0, &d);
-  uploadInputs(c, ins[0], &d, nullptr);
+  OneRank one(c, 4);
+  epComm_t comm = one.comm;
+  const std::vector<RankIn>& ins = one.ins;
+  DevBufs& d = one.d;
   epDispatchArgs_t a = dispatchArgs(c, ins[0], 0, d.x, d.scales, d.topk, d.w);
   a.recv_x = d.recv_x;
   a.recv_topk_idx = d.recv_idx;
@@ -230,8 +242,6 @@ void runUncheckedBadId(bool prepared) {
     g_failures++;
   }
   epHandleDestroy(h);
-  freeDev(&d);
-  epCommDestroy(comm);
   printf("%s %s: reported at the next call\n", ok ? "PASS" : "FAIL", c.name.c_str());
 }
 
@@ -240,15 +250,10 @@ void runUncheckedBadId(bool prepared) {
 // the communicator itself is made (its low-latency calls have no such limit).
 void runTooManyExperts() {
   Case c{"EP1 2^20 experts", 1, 128, 8, 1 << 20, std::vector<int>(1, 4)};
-  epConfig_t cfg = configOf(c, epBackendCuda);
-  epComm_t comm = nullptr;
-  const int dev = 0;
-  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
-  std::vector<RankIn> ins;
-  makeInputs(c, 3, &ins);
-  DevBufs d;
-  allocDev(c, ins[0], 0, &d);
-  uploadInputs(c, ins[0], &d, nullptr);
+  OneRank one(c, 3);
+  epComm_t comm = one.comm;
+  const std::vector<RankIn>& ins = one.ins;
+  DevBufs& d = one.d;
   epLayoutArgs_t la = layoutArgs(c, 0, d);
   const epResult_t lres = epLayout(comm, &la, nullptr);
   const std::string lmsg = epGetLastError(comm);
@@ -267,15 +272,17 @@ void runTooManyExperts() {
            lmsg.c_str(), epGetErrorString(dres), dmsg.c_str());
     g_failures++;
   }
-  freeDev(&d);
-  epCommDestroy(comm);
   printf("%s %s: layout and dispatch refuse it\n", ok ? "PASS" : "FAIL", c.name.c_str());
-  // Low latency with 2^20 experts x 4096 tokens: more rows than the kernels'
-  // 32-bit indices reach; init refuses it.
+}
+
+// Low latency with 2^20 experts x 4096 tokens: more rows than the kernels'
+// 32-bit indices reach; init refuses it.
+void runTooManyLowLatencyRows() {
   Case big{"EP1 LL 2^20 experts x 4096 tokens", 1, 128, 8, 1 << 20, std::vector<int>(1, 4096)};
-  cfg = configOf(big, epBackendCuda);
+  epConfig_t cfg = configOf(big, epBackendCuda);
   cfg.low_latency = 1;
-  comm = nullptr;
+  epComm_t comm = nullptr;
+  const int dev = 0;
   const epResult_t res = epCommInitAll(&comm, 1, &dev, &cfg);
   const std::string msg = epGetLastError(nullptr);
   const bool ll_ok = res == epNotSupported && msg.find("below 2^31") != std::string::npos;
@@ -451,6 +458,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) runCase(c, max_ranks, false);
   if (!ranks || ranks == 2) runWiderTopk(max_ranks);
   if (!ranks) runTooManyExperts();
+  if (!ranks) runTooManyLowLatencyRows();
   if (!ranks) runUncheckedBadId(false);
   if (!ranks) runUncheckedBadId(true);
   if (!ranks) runBufferCapCoversBoth();
