@@ -356,7 +356,7 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
                       fn);
     if (a.topk_idx == nullptr) a.num_topk = existing->routing.num_topk;  // without ids, the handle's K applies
     EPCHECK(checkDispatchArgs(comm, fn, a, false));
-    EPCHECK(comm->backend->dispatch(a, existing, stream));
+    EPCHECK(comm->backend->dispatch(a, existing, false, stream));
     existing->dispatched = true;
     return epSuccess;
   }
@@ -364,9 +364,7 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
   auto h = std::make_unique<epHandle>();
   h->comm = comm;
   EPCHECK(prepareRouting(comm, a, h.get(), stream));
-  h->ids_checked = true;
-  epResult_t res = comm->backend->dispatch(a, h.get(), stream);
-  h->ids_checked = false;
+  epResult_t res = comm->backend->dispatch(a, h.get(), true, stream);
   if (res != epSuccess) {
     comm->backend->releaseHandle(h.get());
     return res;

@@ -24,7 +24,10 @@ class Backend {
   // counts with every rank and fills the receive side (counts_known = true).
   virtual epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) = 0;
   // Moves rows with the routing of h (prepared, or cached from an earlier dispatch).
-  virtual epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) = 0;
+  // ids_routed: args.topk_idx are the very ids prepare() just routed (and
+  // checked) in this call; other ids (a prepared handle's, a cached
+  // re-dispatch's) are the backend's to check.
+  virtual epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, bool ids_routed, epStream_t stream) = 0;
   virtual epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) = 0;
   // Low latency (config.low_latency = 1). send_only: return once the data is
   // on its way; complete() then finishes the receive half.

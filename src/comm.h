@@ -135,11 +135,6 @@ struct epHandle {
   ep::Routing routing;  // host view of where every token goes and comes from
   bool counts_known = false;
   bool dispatched = false;  // a dispatch ran: combine and cached re-dispatch are allowed
-  // The dispatch in flight passes the very ids its routing was computed (and
-  // checked) from: a new routing made by epDispatch itself. A prepared
-  // handle's dispatch or a cached re-dispatch may pass other ids, which the
-  // backend then checks.
-  bool ids_checked = false;
   bool ll_combined = false;  // low latency: each dispatch is combined once
   int ll_set = 0;            // low latency: the buffer set of its pair (epComm::ll_uncombined)
   void* backend_state = nullptr;

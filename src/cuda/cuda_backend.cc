@@ -93,7 +93,7 @@ class CudaBackend : public Backend {
   size_t bufferBytes() const override { return buffer_bytes_ + (ll_ ? ll_->bytes() : 0); }
   epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) override;
   epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
-  epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, bool ids_routed, epStream_t stream) override;
   epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
   void releaseHandle(epHandle* h) override;
   void abort() override {
@@ -618,7 +618,7 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   return epSuccess;
 }
 
-epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
+epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool ids_routed, epStream_t stream) {
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   // A bad expert id of this very dispatch (exact sizing) is reported after the
@@ -641,7 +641,7 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStrea
   p.s_blk = a.scales_block_stride ? a.scales_block_stride : 1;
   p.topk = a.topk_idx;
   p.idx64 = a.topk_idx_type == epInt64;
-  p.check_ids = h->ids_checked ? 0 : 1;
+  p.check_ids = ids_routed ? 0 : 1;
   p.topk_w = a.topk_weights;
   p.num_tokens = h->routing.num_tokens;
   p.num_topk = a.topk_idx ? a.num_topk : h->routing.num_topk;

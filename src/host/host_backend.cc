@@ -99,7 +99,7 @@ class HostBackend : public Backend {
   size_t bufferBytes() const override { return geo_.segmentBytes(); }
   epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) override;
   epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
-  epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, bool ids_routed, epStream_t stream) override;
   epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
                         epStream_t) override {
@@ -233,7 +233,7 @@ epResult_t HostBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   return epSuccess;
 }
 
-epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, epStream_t) {
+epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool, epStream_t) {
   const Config& cfg = comm_->cfg;
   const int R = comm_->nranks, K = a.num_topk;
   const Routing& rt = h->routing;
