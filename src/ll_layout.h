@@ -10,6 +10,11 @@
 //                     than two ranks, a weight and one expert's BF16 row)
 //   counts            [R][E / R] int32: rows each source sends to each local
 //                     expert (the receiver's slot bases)
+//   flagged records   [R][kLLFlagTokens]: the records of calls of at most
+//                     kLLFlagTokens tokens, every 4 bytes of payload in an
+//                     8-byte word whose other half is the call's tag, so that
+//                     a receiver sees each word arrive without a signal
+//                     (src/cuda/ll_flagged.cuh)
 // before the two sets: a 4096-byte control area of signal words.
 #pragma once
 
@@ -39,8 +44,25 @@ inline size_t llCountsOffset(int nranks, int max_tokens, int hidden, int max_top
          llAlign(size_t(nranks) * size_t(max_tokens) * llCombineRowBytes(hidden), 4096);
 }
 
-inline size_t llSetBytes(int nranks, int max_tokens, int hidden, int max_topk, int num_experts) {
+// Tokens a call may send as flagged records (the CUDA backend sends calls of
+// at most this many tokens that way, EP_CUDA_LL_FLAGGED).
+constexpr int kLLFlagTokens = 4;
+
+// A flagged record: the header words (K, then max_topk ids, then max_topk
+// weights), the row in 8-byte pieces (room for BF16), the FP8 scales; every
+// 4-byte value in an 8-byte word.
+inline size_t llFlagHeaderBytes(int max_topk) { return llAlign(8 * (1 + 2 * size_t(max_topk)), 16); }
+inline size_t llFlagRecordBytes(int hidden, int max_topk) {
+  return llFlagHeaderBytes(max_topk) + size_t(hidden) * 2 * 2 + llAlign(size_t((hidden + 127) / 128) * 8, 16);
+}
+
+inline size_t llFlagOffset(int nranks, int max_tokens, int hidden, int max_topk, int num_experts) {
   return llCountsOffset(nranks, max_tokens, hidden, max_topk) + llAlign(size_t(num_experts) * 4, 4096);
+}
+
+inline size_t llSetBytes(int nranks, int max_tokens, int hidden, int max_topk, int num_experts) {
+  return llFlagOffset(nranks, max_tokens, hidden, max_topk, num_experts) +
+         llAlign(size_t(nranks) * kLLFlagTokens * llFlagRecordBytes(hidden, max_topk), 4096);
 }
 
 inline size_t llBufferBytes(int nranks, int max_tokens, int hidden, int max_topk, int num_experts) {

@@ -63,13 +63,17 @@ struct LLCtrl {
 // The wire type rides in ntok, which every receiving block reads anyway: a
 // receiver finds a source of the other type without loading anything more.
 constexpr uint32_t kLLNtokFp8 = 1u << 31;
+// The source sent flagged records (ll_flagged.cuh): no dispatch signal to wait
+// for, its records come with their tags.
+constexpr uint32_t kLLNtokFlagged = 1u << 30;
+constexpr uint32_t kLLNtokCount = kLLNtokFlagged - 1u;  // the tokens field
 // ntok word of a dispatch: the pair's record tag (high half), then its tokens
 // | kLLNtokFp8 for FP8 rows. With the tag a receiver may load the word before
 // its wait for the source's signal: when the tag is this pair's, the word is
 // this pair's (each pair writes it once), and the record loads after the wait
 // need no second dependent load.
-inline __host__ __device__ uint64_t llNtokWord(uint32_t tag, int tokens, bool fp8) {
-  return (uint64_t(tag) << 32) | uint32_t(tokens) | (fp8 ? kLLNtokFp8 : 0u);
+inline __host__ __device__ uint64_t llNtokWord(uint32_t tag, int tokens, bool fp8, bool flagged = false) {
+  return (uint64_t(tag) << 32) | uint32_t(tokens) | (fp8 ? kLLNtokFp8 : 0u) | (flagged ? kLLNtokFlagged : 0u);
 }
 
 // What a low-latency kernel was doing when it reported an error
@@ -124,6 +128,9 @@ struct LLView {
   size_t rec_bytes;        // dispatch record
   size_t hdr_bytes;        // record header (row follows)
   size_t crow_bytes;       // combine row
+  size_t flag_off;         // flagged records [R][kLLFlagTokens] within a set
+  size_t flag_rec_bytes;   // flagged record
+  size_t flag_hdr_bytes;   // its header words (the row's pieces follow)
   LLLocal* local;
   ErrorInfo* err;
   unsigned long long timeout_ns;
@@ -148,6 +155,7 @@ struct LLDispatchParams {
   const float* weights;
   int num_tokens, num_topk;
   int fp8, pow2;
+  int flagged;  // this call sends flagged records (num_tokens <= kLLFlagTokens, EP_CUDA_LL_FLAGGED)
   // receive half
   uint8_t* recv_x;
   float* recv_scales;

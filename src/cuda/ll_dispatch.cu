@@ -9,14 +9,14 @@ namespace cuda {
 namespace {
 
 template <bool kSingles>
-__global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(LLDispatchParams p) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   dispatchSendPhase<kSingles>(p, pair);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
-__global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(LLDispatchParams p) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindDispatchRecv);
   dispatchRecvPhase(p, pair, kLLKindDispatchRecv);
@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(LLDispatchPa
 // blocks are resident: blocks waiting in the receive half never keep a
 // sending block from running.
 template <bool kSingles>
-__global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LLDispatchParams p) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   dispatchSendPhase<kSingles>(p, pair);
@@ -40,10 +40,11 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(LLDispatchParams
 
 // Small calls (tokens at most a quarter of the grid: at least two row blocks
 // per token) send through the row-slice kernels unless EP_CUDA_LL_SLICES
-// says otherwise (`slices`: -1 auto, 0 never, 1 always). Either kernel is
-// correct for any call; this only picks the faster.
+// says otherwise (`slices`: -1 auto, 0 never, 1 always); calls sending
+// flagged records always do (only those kernels send them). Either kernel is
+// correct for any other call; this only picks the faster.
 static bool useSlices(const LLDispatchParams& p, int sms, int slices) {
-  return slices > 0 || (slices < 0 && 4 * p.num_tokens <= llGrid(sms));
+  return p.flagged || slices > 0 || (slices < 0 && 4 * p.num_tokens <= llGrid(sms));
 }
 
 int launchLLDispatchSend(const LLDispatchParams& p, int sms, int slices, void* stream) {

@@ -24,6 +24,7 @@
 
 #include "fp8_soft.h"
 #include "ll_device.cuh"
+#include "ll_flagged.cuh"
 
 namespace ep {
 namespace cuda {
@@ -368,6 +369,315 @@ __device__ __forceinline__ void loadRecords(const LLDispatchParams& p, int set, 
   loadRecordRows(p, set, src_base, c0, n, 0, rl.raw);
 }
 
+// ---- receive of calls with flagged sources (ll_flagged.cuh) ----
+
+// Pieces (16 bytes) of a record row a receiving slice takes at least, and its
+// alignment: 8 pieces are one FP8 scale block of 128 values.
+constexpr int kRecvSliceStep = 32;
+constexpr int kRecvSliceAlign = 8;
+
+// What a receiving block keeps of the flagged sources' headers.
+struct FlagHeaders {
+  int k[kMaxRanks][kLLFlagTokens];
+  int id[kMaxRanks][kLLFlagTokens][32];  // expert ids as sent (-1: none)
+  float w[kMaxRanks][kLLFlagTokens][32];
+};
+
+// Tokens t' < t_end of flagged source q that chose global expert e (once each).
+__device__ __forceinline__ int flagCount(const FlagHeaders& fh, int q, int t_end, int e) {
+  int n = 0;
+#pragma unroll 1
+  for (int t = 0; t < t_end; t++) {
+    bool has = false;
+#pragma unroll 1
+    for (int k = 0; k < fh.k[q][t]; k++) has |= fh.id[q][t][k] == e;
+    n += has;
+  }
+  return n;
+}
+
+// Rows of local expert le from source q: its count (plain source) or the
+// tokens whose headers name it (flagged source).
+__device__ __forceinline__ int sourceCount(const LLDispatchParams& p, const FlagHeaders& fh, const int32_t* counts,
+                                           const int* src_base, unsigned flagged, int q, int le) {
+  if (flagged >> q & 1u) return flagCount(fh, q, src_base[q + 1] - src_base[q], p.v.first_expert + le);
+  return counts[q * p.v.local_experts + le];
+}
+
+// The flagged receive of a small call whose sources all sent flagged records
+// and whose records fit the grid with at most one slice per block and one
+// piece per thread (flaggedSliceFits): its piece, its scale and the header
+// words of every record are loaded at once and only then checked for this
+// pair's tag (polled where one was not there yet). A record's slot for expert
+// e is the number of records before it in (source, token) order that chose
+// e. Loops are kept rolled: this code runs cold (once per call) and its size
+// is what it costs (docs/BENCHMARKS.md, instruction-cache misses).
+__device__ __forceinline__ bool flaggedSliceFits(const LLDispatchParams& p, int N) {
+  const int pieces = (p.fp8 ? p.v.hidden : p.v.hidden * 2) / 16;
+  return N < int(gridDim.x) && llSlicesOf(N, pieces, gridDim.x, kRecvSliceStep, kRecvSliceAlign).chunk <= kThreads;
+}
+
+// Records (q, t') before (s, t) whose header names expert `id` (once each).
+__device__ __forceinline__ int flagRecordsBefore(const FlagHeaders& fh, const int* src_base, int s, int t, int id) {
+  int n = 0;
+#pragma unroll 1
+  for (int q = 0; q <= s; q++) {
+    const int end = q < s ? src_base[q + 1] - src_base[q] : t;
+#pragma unroll 1
+    for (int tt = 0; tt < end; tt++) {
+      bool has = false;
+#pragma unroll 4
+      for (int k = 0; k < fh.k[q][tt]; k++) has |= fh.id[q][tt][k] == id;
+      n += has;
+    }
+  }
+  return n;
+}
+
+__device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind,
+                                                 const int* src_base) {
+  const LLView& v = p.v;
+  const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts, G = gridDim.x;
+  const int set = int(pair & 1u);
+  const uint32_t tag = uint32_t(pair + 1);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int words = 1 + 2 * v.max_topk, N = src_base[R], cap = R * M, nb = (H + 127) / 128;
+  const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
+  const LLSliceShare sl = llSliceShare(N, int(row_bytes / 16), blockIdx.x, G, kRecvSliceStep, kRecvSliceAlign);
+  const bool mine = sl.hi > sl.lo;
+  const int src = mine ? llSourceOf(src_base, sl.lo) : 0, t = mine ? sl.lo - src_base[src] : 0;
+  uint64_t* frec = llFlagRecord(v, v.rank, set, src, t);
+  const bool has_piece = mine && int(threadIdx.x) < sl.width;
+  const int b = sl.plo / kRecvSliceAlign + int(threadIdx.x);
+  const bool has_scale =
+      p.fp8 && mine && int(threadIdx.x) < (sl.width + kRecvSliceAlign - 1) / kRecvSliceAlign && b < nb;
+  __shared__ FlagHeaders fh;
+  // Loads first: the piece, the scale, and (warp w) the first words of records w, w + 8, ...
+  const uint64_t* piece = llFlagRow(v, frec) + 4 * size_t(sl.plo + int(threadIdx.x));
+  const uint64_t* scale_word = llFlagScales(v, frec) + b;
+  const uint64_t none = uint64_t(tag ^ 1u) << 32;  // not this pair's: polled if used
+  uint64_t w0 = none, w1 = none, w2 = none, w3 = none, sw = none, hw = none;
+  if (has_piece) {
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(piece) : "memory");
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w2), "=l"(w3) : "l"(piece + 2) : "memory");
+  }
+  if (has_scale) asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(sw) : "l"(scale_word) : "memory");
+  int s0 = warp < N ? llSourceOf(src_base, warp) : 0;
+  if (warp < N && lane < words)
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];"
+                 : "=l"(hw)
+                 : "l"(llFlagRecord(v, v.rank, set, s0, warp - src_base[s0]) + lane)
+                 : "memory");
+  // The header words, checked, into fh (the first 32 of the first record of
+  // each warp as loaded above, the others loaded here).
+#pragma unroll 1
+  for (int c = warp; c < N; c += kWarps) {
+    const int s = llSourceOf(src_base, c), tt = c - src_base[s];
+#pragma unroll 1
+    for (int wi = lane; wi < words; wi += 32) {
+      uint32_t val = uint32_t(hw), unused = 0;
+      if ((c != warp || wi != lane) || uint32_t(hw >> 32) != tag)
+        if (!llPollFlag(v, llFlagRecord(v, v.rank, set, s, tt) + wi, 1, tag, s, val, unused)) val = wi == 0 ? 0u : ~0u;
+      if (wi == 0) fh.k[s][tt] = min(int(val), v.max_topk);
+      else if (wi <= v.max_topk) fh.id[s][tt][wi - 1] = int(val);
+      else fh.w[s][tt][wi - 1 - v.max_topk] = __uint_as_float(val);
+    }
+  }
+  __syncthreads();
+  llMark(v, pair, kind, 5);
+  __shared__ int s_n;
+  __shared__ int s_dst[32];  // local expert * cap + slot
+  if (warp == 0) {
+    int le = -1, slot = 0;
+    const int k = mine ? fh.k[src][t] : 0;
+    const int id = lane < k ? fh.id[src][t][lane] : -1;
+    if (id >= v.first_expert && id < v.first_expert + L) {
+      le = id - v.first_expert;
+      slot = flagRecordsBefore(fh, src_base, src, t, id);
+      if (sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = src * M + t;
+    }
+    const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
+    if (le >= 0) s_dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
+    if (lane == 0) s_n = __popc(local);
+    if (sl.plo == 0 && local != 0) {  // the header in the plain layout, for the combine
+      char* rec = llRecord(v, v.rank, set, src, t);
+      if (lane < k) {
+        llIds(v, rec)[lane] = id;
+        llWeights(v, rec)[lane] = fh.w[src][t][lane];
+        llSlots(v, rec)[lane] = slot;
+      }
+      if (lane == 0) {
+        LLRecordHeader* hp = reinterpret_cast<LLRecordHeader*>(rec);
+        hp->token = t;
+        hp->num_topk = uint32_t(k);
+        hp->tag = tag;
+      }
+    }
+  }
+  __syncthreads();
+  llMark(v, pair, kind, 6);
+  const int n = s_n;
+  if (n > 0 && has_piece) {  // a flagged row comes only to the ranks the token chose
+    uint32_t a = uint32_t(w0), bb = uint32_t(w1), c = uint32_t(w2), d = uint32_t(w3);
+    if (uint32_t(w0 >> 32) != tag || uint32_t(w1 >> 32) != tag) llPollFlag(v, piece, 2, tag, src, a, bb);
+    if (uint32_t(w2 >> 32) != tag || uint32_t(w3 >> 32) != tag) llPollFlag(v, piece + 2, 2, tag, src, c, d);
+    const int4 raw = make_int4(int(a), int(bb), int(c), int(d));
+#pragma unroll 1
+    for (int q = 0; q < n; q++)
+      reinterpret_cast<int4*>(p.recv_x + size_t(s_dst[q]) * row_bytes)[sl.plo + threadIdx.x] = raw;
+  }
+  if (n > 0 && has_scale) {
+    uint32_t bits = uint32_t(sw), unused;
+    if (uint32_t(sw >> 32) != tag) llPollFlag(v, scale_word, 1, tag, src, bits, unused);
+#pragma unroll 1
+    for (int q = 0; q < n; q++) {
+      const int e = s_dst[q] / cap, sd = s_dst[q] - e * cap;
+      p.recv_scales[(size_t(e) * nb + b) * cap + sd] = __uint_as_float(bits);
+    }
+  }
+  // recv_count of the experts this block owns: records that named them.
+#pragma unroll 1
+  for (int le = blockIdx.x + threadIdx.x * G; le < L; le += kThreads * G)
+    p.recv_count[le] = flagRecordsBefore(fh, src_base, R, 0, v.first_expert + le);
+  llMark(v, pair, kind, 7);
+}
+
+// The receive half of a call in which at least one source sent flagged
+// records (bit s of `flagged`; src_base: where each source's records start).
+// Plain sources were waited for by the caller (their signal orders their
+// records and counts). A record's slot for local expert e is, as everywhere,
+// the rows of e from earlier sources plus the record's number among its
+// source's tokens that chose e; for a flagged source both come from its
+// headers, which every block stages. Records are cut into slices over blocks
+// only when every source is flagged: a plain record's slot field holds the
+// sender's numbers until its block writes the absolute slots over them for
+// the combine, which with several slices per record would race. A flagged
+// record's header is written out in the plain layout (tag, token, K, ids,
+// weights, slots) for the combine. Not inlined: the plain receive keeps its
+// code, and this runs only for calls with a flagged source. Marks 4-7 of
+// `kind` as dispatchRecvPhase's (5: headers staged).
+__device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind,
+                                                      const int* src_base, unsigned flagged) {
+  const LLView& v = p.v;
+  const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts, G = gridDim.x;
+  const int set = int(pair & 1u);
+  const uint32_t tag = uint32_t(pair + 1);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int words = 1 + 2 * v.max_topk;  // header words of a flagged record
+  __shared__ FlagHeaders fh;
+  llMark(v, pair, kind, 4);
+  const unsigned all = R >= 32 ? ~0u : (1u << R) - 1u;
+  const int N = src_base[R];
+  const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
+  const int pieces = int(row_bytes / 16);
+  for (int s = 0; s < R; s++) {
+    if (!(flagged >> s & 1u)) continue;
+    const int n = (src_base[s + 1] - src_base[s]) * words;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const int t = i / words, w = i - t * words;
+      uint32_t a = 0, unused = 0;
+      if (!llPollFlag(v, llFlagRecord(v, v.rank, set, s, t) + w, 1, tag, s, a, unused)) a = w == 0 ? 0u : ~0u;
+      if (w == 0) fh.k[s][t] = min(int(a), v.max_topk);
+      else if (w <= v.max_topk) fh.id[s][t][w - 1] = int(a);
+      else fh.w[s][t][w - 1 - v.max_topk] = __uint_as_float(a);
+    }
+  }
+  __syncthreads();
+  llMark(v, pair, kind, 5);
+  const int32_t* counts = llCounts(v, v.rank, set);
+  const int cap = R * M, nb = (H + 127) / 128;
+  LLSliceShare sl{0, 0, 0, pieces};
+  if ((flagged & all) == all) sl = llSliceShare(N, pieces, blockIdx.x, G, kRecvSliceStep, kRecvSliceAlign);
+  else llShare(N, blockIdx.x, G, sl.lo, sl.hi);
+  __shared__ int s_n;
+  __shared__ int s_dst[32];  // local expert * cap + slot
+  for (int c = sl.lo; c < sl.hi; c++) {
+    const int s = llSourceOf(src_base, c), t = c - src_base[s];
+    const bool fl = flagged >> s & 1u;
+    char* rec = llRecord(v, v.rank, set, s, t);
+    if (warp == 0) {
+      int k = 0, id = -1, number = 0;
+      float w = 0.0f;
+      if (fl) {
+        k = fh.k[s][t];
+        if (lane < k) {
+          id = fh.id[s][t][lane];
+          w = fh.w[s][t][lane];
+          if (id >= v.first_expert && id < v.first_expert + L) number = flagCount(fh, s, t, id);
+        }
+      } else {
+        LLHeader h;
+        llLoadHeader(v, rec, lane, h);
+        k = h.tag == tag ? h.k : 0;
+        if (lane < k) {
+          id = h.id;
+          number = h.slot;
+        }
+      }
+      int le = lane < k ? id - v.first_expert : -1;
+      if (le >= L) le = -1;
+      int slot = number;
+      if (le >= 0) {
+        for (int q = 0; q < s; q++) slot += sourceCount(p, fh, counts, src_base, flagged, q, le);
+        if (sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = s * M + t;
+      }
+      const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
+      if (le >= 0) s_dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
+      if (lane == 0) s_n = __popc(local);
+      if (fl && sl.plo == 0 && local != 0) {  // the header in the plain layout, for the combine
+        if (lane < k) {
+          llIds(v, rec)[lane] = id;
+          llWeights(v, rec)[lane] = w;
+          llSlots(v, rec)[lane] = slot;
+        }
+        if (lane == 0) {
+          LLRecordHeader* hp = reinterpret_cast<LLRecordHeader*>(rec);
+          hp->token = t;
+          hp->num_topk = uint32_t(k);
+          hp->tag = tag;
+        }
+      } else if (!fl && le >= 0) {
+        llSlots(v, rec)[lane] = slot;  // absolute, for combine (a plain record is never sliced)
+      }
+    }
+    __syncthreads();
+    const int n = s_n;
+    if (n > 0) {  // a flagged row comes only to the ranks the token chose
+      uint64_t* frow = fl ? llFlagRow(v, llFlagRecord(v, v.rank, set, s, t)) : nullptr;
+      for (int j = sl.plo + threadIdx.x; j < sl.plo + sl.width; j += kThreads) {
+        int4 raw;
+        if (fl) {
+          raw = llFlagPiece(v, frow, j, tag, s);
+        } else {
+          raw = ldStaged(reinterpret_cast<const int4*>(rec + v.hdr_bytes) + j);
+        }
+        for (int d = 0; d < n; d++) reinterpret_cast<int4*>(p.recv_x + size_t(s_dst[d]) * row_bytes)[j] = raw;
+      }
+      if (p.fp8) {
+        const int b0 = sl.plo / kRecvSliceAlign, b1 = min(nb, (sl.plo + sl.width + kRecvSliceAlign - 1) / kRecvSliceAlign);
+        for (int b = b0 + threadIdx.x; b < b1; b += kThreads) {
+          uint32_t bits = 0, unused;
+          if (fl) llPollFlag(v, llFlagScales(v, llFlagRecord(v, v.rank, set, s, t)) + b, 1, tag, s, bits, unused);
+          else bits = __float_as_uint(reinterpret_cast<const float*>(rec + v.hdr_bytes + size_t(H) * 2)[b]);
+          for (int d = 0; d < n; d++) {
+            const int e = s_dst[d] / cap, sd = s_dst[d] - e * cap;
+            p.recv_scales[(size_t(e) * nb + b) * cap + sd] = __uint_as_float(bits);
+          }
+        }
+      }
+    }
+    __syncthreads();  // s_dst of this record is no longer read
+  }
+  llMark(v, pair, kind, 6);
+  // recv_count of the experts this block owns.
+  for (int le = blockIdx.x + threadIdx.x * G; le < L; le += kThreads * G) {
+    int run = 0;
+    for (int q = 0; q < R; q++) run += sourceCount(p, fh, counts, src_base, flagged, q, le);
+    p.recv_count[le] = run;
+  }
+  llMark(v, pair, kind, 7);
+}
+
 // s_base[s * L + e] = rows of local expert e from sources before s (when
 // `stage` and R * L <= kStagedBases); recv_count of the experts this block owns.
 __device__ __forceinline__ void stageBases(const LLDispatchParams& p, int set, int* s_base, bool stage = true) {
@@ -390,6 +700,32 @@ __device__ __forceinline__ void stageBases(const LLDispatchParams& p, int set, i
   }
 }
 
+// Start of every receive: thread s < R gets source s's ntok word of this pair
+// (loaded first, polled until it carries the pair's tag: a source writes it
+// before its records) and, for a source of plain records, waits for its
+// dispatch signal; s_flagged (written by lane 0, published by the caller's
+// next barrier): the sources that sent flagged records.
+__device__ __forceinline__ uint64_t llSourceWord(const LLDispatchParams& p, uint64_t pair, unsigned& s_flagged) {
+  const LLView& v = p.v;
+  const int R = v.nranks, set = int(pair & 1u);
+  const uint32_t tag = uint32_t(pair + 1);
+  uint64_t word = 0;
+  bool flagged = false;
+  if (threadIdx.x < R) {
+    const uint64_t* w = &llCtrl(v, v.rank)->ntok[set][threadIdx.x];
+    word = *reinterpret_cast<const volatile uint64_t*>(w);
+    if (uint32_t(word >> 32) != tag) word = llPollNtok(v, w, tag, threadIdx.x);
+    flagged = (uint32_t(word) & kLLNtokFlagged) != 0;
+    if (!flagged) llWait(v, llCounter(v, v.rank, kLLDispatchSent, set, threadIdx.x), llTarget(pair), kLLWhatDispatch,
+                         threadIdx.x);
+  }
+  if (threadIdx.x < 32) {
+    const unsigned f = __ballot_sync(0xffffffffu, flagged);
+    if (threadIdx.x == 0) s_flagged = f;
+  }
+  return word;
+}
+
 // The receive half of pair `pair`.
 // Marks 4-7 of `kind`: arrived, first group started, its slots, rows copied.
 __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind) {
@@ -399,16 +735,14 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ int src_base[kMaxRanks + 1];
-  // Thread s loads source s's ntok word before its wait (see llNtokWord) and
-  // again after it only when the word was not yet this pair's.
-  volatile uint64_t* ntok_word = &llCtrl(v, v.rank)->ntok[set][threadIdx.x < R ? threadIdx.x : 0];
-  uint64_t word = threadIdx.x < R ? *ntok_word : 0;
-  llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
+  __shared__ unsigned s_flagged;
+  // Thread s: source s's ntok word, loaded before anything else (see
+  // llNtokWord), and then its dispatch signal unless it sent flagged records.
+  const uint64_t word = llSourceWord(p, pair, s_flagged);
   int ntok = 0;
   if (threadIdx.x < R) {
-    if (uint32_t(word >> 32) != tag) word = *ntok_word;
     const uint32_t sent = uint32_t(word);
-    ntok = int(sent & ~kLLNtokFp8);
+    ntok = int(sent & kLLNtokCount);
     // Rows of another wire type than this rank asked for cannot be read as its
     // rows: reported (at the next call), and the source's records not copied.
     if (((sent & kLLNtokFp8) != 0) != (p.fp8 != 0)) {
@@ -417,8 +751,12 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
     }
   }
   llPrefix(src_base, R, ntok);
-  llMark(v, pair, kind, 4);
   if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
+  if (s_flagged != 0) {
+    dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged);
+    return;
+  }
+  llMark(v, pair, kind, 4);
   // No slot bases staged in shared memory: a record from source s adds the
   // counts of the sources before it (s loads, none for source 0) after its
   // header arrives (EP2: receive half -0.06 us; not measured above EP2), and

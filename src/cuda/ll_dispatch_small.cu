@@ -85,6 +85,128 @@ __device__ __forceinline__ void storeSlicePiece(const LLDispatchParams& p, int s
   }
 }
 
+// Stores this thread's piece j of row t as flagged words (ll_flagged.cuh)
+// into the flagged record of every destination rank in `mask`: FP8 codes (a
+// half-warp per scale block, every lane comes for the shuffles) or the BF16
+// piece as is.
+__device__ __forceinline__ void storeFlaggedPiece(const LLDispatchParams& p, int set, uint32_t tag, int t, int j,
+                                                  bool active, int4 raw, unsigned mask) {
+  const LLView& v = p.v;
+  const int me = v.rank, lane = threadIdx.x & 31;
+  if (!p.fp8) {
+    if (active)
+      for (unsigned bits = mask; bits; bits &= bits - 1) {
+        uint64_t* row = llFlagRow(v, llFlagRecord(v, __ffs(bits) - 1, set, me, t)) + 4 * size_t(j);
+        llStFlag2(row, tag, uint32_t(raw.x), uint32_t(raw.y));
+        llStFlag2(row + 2, tag, uint32_t(raw.z), uint32_t(raw.w));
+      }
+    return;
+  }
+  float f[8];
+  float amax = 0.0f;
+  if (active) {
+    const uint32_t words[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      f[2 * q] = bf16ToFloat(words[q] & 0xffffu);
+      f[2 * q + 1] = bf16ToFloat(words[q] >> 16);
+    }
+#pragma unroll
+    for (int q = 0; q < 8; q++) amax = fmaxf(amax, fabsf(f[q]));
+  }
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  float scale = fmaxf(amax, 1e-4f) / 448.0f;
+  if (p.pow2) scale = roundScalePow2(scale);
+  const float inv = 1.0f / scale;
+  if (!active) return;
+  const uint32_t lo = packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv);
+  const uint32_t hi = packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv);
+  for (unsigned bits = mask; bits; bits &= bits - 1) {
+    uint64_t* rec = llFlagRecord(v, __ffs(bits) - 1, set, me, t);
+    llStFlag2(llFlagRow(v, rec) + 2 * size_t(j), tag, lo, hi);
+    if ((lane & 15) == 0) llStFlag(llFlagScales(v, rec) + j / 16, tag, __float_as_uint(scale));
+  }
+}
+
+// The send half of a call of at most kLLFlagTokens tokens: flagged records
+// (ll_flagged.cuh), no numbering, no signal to wait for. Every token's pieces
+// are cut into slices over the blocks as in dispatchSendSlicesPhase; the first
+// slice of a token also sends its header words to every rank.
+template <bool kSingles>
+__device__ __forceinline__ void dispatchSendFlaggedPhase(const LLDispatchParams& p, uint64_t pair) {
+  const LLView& v = p.v;
+  const int set = int(pair & 1u);
+  const uint32_t tag = uint32_t(pair + 1);
+  const int K = p.num_topk, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const LLSliceShare sl = llSliceShare(p.num_tokens, piecesPerToken(p), blockIdx.x, gridDim.x, kThreads, 16);
+  TokenLoads tl;
+  if (sl.hi > sl.lo) {
+    loadSliceIds(p, sl.lo, tl);
+    loadSlicePiece(p, sl.lo, sl.plo, sl.width, 0, tl.raw[0]);
+  }
+  // Pair - 2 used this set: every peer must have finished its combine send of it.
+  if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
+  if (blockIdx.x == 0) {
+    if (threadIdx.x < v.nranks)
+      llStRelaxed64(&llCtrl(v, threadIdx.x)->ntok[set][v.rank], llNtokWord(tag, p.num_tokens, p.fp8, true));
+    if (threadIdx.x == 0) {
+      p.hd->pair = pair;
+      p.hd->num_tokens = p.num_tokens;
+    }
+  }
+  __shared__ unsigned s_mask;
+  for (int t = sl.lo; t < sl.hi; t++) {
+    __syncthreads();  // the wait above; s_mask of the previous token is no longer read
+    if (t != sl.lo) {
+      loadSliceIds(p, t, tl);
+      loadSlicePiece(p, t, sl.plo, sl.width, 0, tl.raw[0]);
+    }
+    if (warp == 0) {
+      const long long e = tl.id[0];  // -1 for lanes >= K
+      if (lane < K && (e < -1 || e >= v.num_experts)) llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
+      const int id = (e < 0 || e >= v.num_experts) ? -1 : int(e);
+      const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
+      if (kSingles) {  // ranks holding exactly one of the token's (k) entries, as writeHeaders
+        const int dest = id >= 0 ? id / v.local_experts : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, id >= 0 ? dest : -1 - lane);
+        const unsigned singles = __reduce_or_sync(0xffffffffu, id >= 0 && __popc(same) == 1 ? 1u << dest : 0u);
+        if (lane == 0) llSingles(v, p.hd)[t] = uint8_t(singles);
+      }
+      if (lane == 0) {
+        p.hd->mask[t] = uint8_t(mask);
+        s_mask = mask;
+      }
+      if (sl.plo == 0)
+        for (int r = 0; r < v.nranks; r++) {
+          uint64_t* h = llFlagRecord(v, r, set, v.rank, t);
+          if (lane == 0) llStFlag(h, tag, uint32_t(K));
+          if (lane < v.max_topk) {
+            llStFlag(h + 1 + lane, tag, uint32_t(id));
+            llStFlag(h + 1 + v.max_topk + lane, tag, __float_as_uint(lane < K ? tl.w[0] : 0.0f));
+          }
+        }
+    }
+    __syncthreads();
+    for (int base = 0; base < sl.width; base += kThreads) {
+      if (base != 0) loadSlicePiece(p, t, sl.plo, sl.width, base, tl.raw[0]);
+      int j;
+      const bool active = slicePiece(p, sl.plo, sl.width, base, j);
+      storeFlaggedPiece(p, set, tag, t, j, active, tl.raw[0], s_mask);
+    }
+  }
+  llMark(v, pair, kLLKindDispatch, 1);  // rows stored
+  llCountRelaxed(v, kLLDispatchSent, set);
+  // The kernel bumps v.local->pairs at its end (llBumpPair): not between the
+  // halves, where the last-block count's round trip would delay the receive.
+}
+
+// The last block of a flagged send's kernel bumps the pair counter, at the
+// kernel's end (every block read it at its start).
+__device__ __forceinline__ void llBumpPair(const LLView& v, uint64_t pair) {
+  if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
+}
+
 // The send half of a small call: dispatchSendPhase with slices for rows.
 // Every slice of a token writes its headers (the same values: the extra
 // stores are a few hundred bytes, and no block waits for another).
@@ -146,11 +268,6 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
 
 // ---- receive ----
 
-// Pieces (16 bytes) of a record row a receiving slice takes at least, and its
-// alignment: 8 pieces are one FP8 scale block of 128 values.
-constexpr int kRecvSliceStep = 32;
-constexpr int kRecvSliceAlign = 8;
-
 // The receive half of a small call (few records: at most half a grid): each
 // record's row cut into slices over several blocks (llSliceShare), a slice
 // of at most one piece per thread, which each of the block's threads stores
@@ -171,19 +288,26 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
   const int lane = threadIdx.x & 31;
   __shared__ int src_base[kMaxRanks + 1];
   __shared__ int s_base[kStagedBases];
-  volatile uint64_t* ntok_word = &llCtrl(v, v.rank)->ntok[set][threadIdx.x < R ? threadIdx.x : 0];
-  uint64_t word = threadIdx.x < R ? *ntok_word : 0;
-  llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
+  __shared__ unsigned s_flagged;
+  const uint64_t word = llSourceWord(p, pair, s_flagged);
   int ntok = 0;
   bool wrong_wire = false;
   if (threadIdx.x < R) {
-    if (uint32_t(word >> 32) != tag) word = *ntok_word;
     const uint32_t sent = uint32_t(word);
-    ntok = int(sent & ~kLLNtokFp8);
+    ntok = int(sent & kLLNtokCount);
     wrong_wire = ((sent & kLLNtokFp8) != 0) != (p.fp8 != 0);
     if (wrong_wire) ntok = 0;
   }
   llPrefix(src_base, R, ntok);
+  if (s_flagged != 0) {
+    if (wrong_wire && blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);
+    if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
+    const unsigned all = (1u << R) - 1u;  // R <= kMaxRanks
+    llMark(v, pair, kind, 4);
+    if (s_flagged == all && flaggedSliceFits(p, src_base[R])) recvFlaggedSlice(p, pair, kind, src_base);
+    else dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged);
+    return;
+  }
   const int N = src_base[R];
   const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
   const int pieces = int(row_bytes / 16), nb = (H + 127) / 128, cap = R * M;
@@ -263,25 +387,32 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
 }
 
 template <bool kSingles>
-__global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(LLDispatchParams p) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
-  dispatchSendSlicesPhase<kSingles>(p, pair);
+  if (p.flagged) {
+    dispatchSendFlaggedPhase<kSingles>(p, pair);
+    llBumpPair(p.v, pair);
+  } else {
+    dispatchSendSlicesPhase<kSingles>(p, pair);
+  }
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
 // Both halves in one launch (see llDispatchKernel).
 template <bool kSingles>
-__global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(LLDispatchParams p) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
-  dispatchSendSlicesPhase<kSingles>(p, pair);
-  dispatchRecvSlicesPhase(p, pair, kLLKindDispatch);
+  if (p.flagged) dispatchSendFlaggedPhase<kSingles>(p, pair);
+  else dispatchSendSlicesPhase<kSingles>(p, pair);
+  dispatchRecvSlicesPhase(p, pair, kLLKindDispatch);  // one copy of the receive for both
+  if (p.flagged) llBumpPair(p.v, pair);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
 // The receive half of a split small call.
-__global__ void __launch_bounds__(kThreads, 1) llDispatchRecvSlicesKernel(LLDispatchParams p) {
+__global__ void __launch_bounds__(kThreads, 1) llDispatchRecvSlicesKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindDispatchRecv);
   dispatchRecvSlicesPhase(p, pair, kLLKindDispatchRecv);

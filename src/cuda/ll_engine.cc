@@ -143,9 +143,13 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.hdr_bytes = llRecordHeaderBytes(c.max_topk);
   view_.crow_bytes = llCombineRowBytes(c.hidden);
   view_.comb_off = llCombineOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
+  view_.flag_off = llFlagOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
+  view_.flag_rec_bytes = llFlagRecordBytes(c.hidden, c.max_topk);
+  view_.flag_hdr_bytes = llFlagHeaderBytes(c.max_topk);
   view_.cnt_off = llCountsOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.timeout_ns = (unsigned long long)c.timeout_ms * 1000000ull;
   slices_ = int(param::CUDA_LL_SLICES());
+  flag_tokens_ = int(std::min<int64_t>(std::max<int64_t>(param::CUDA_LL_FLAGGED(), 0), kLLFlagTokens));
   if (param::CUDA_LL_TIMING() != 0) {
     void* tp = nullptr;
     CUDACHECK(cudaMalloc(&tp, sizeof(LLTiming)));
@@ -277,6 +281,7 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   p.num_topk = a.num_topk;
   p.fp8 = a.wire_type == epFloat8E4M3;
   p.pow2 = (a.flags & EP_LL_ROUND_SCALE_POW2) != 0;
+  p.flagged = a.num_tokens <= flag_tokens_;
   p.recv_x = static_cast<uint8_t*>(a.recv_x);
   p.recv_scales = a.recv_scales;
   p.recv_count = a.recv_count;

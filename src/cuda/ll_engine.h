@@ -43,6 +43,7 @@ class LLEngine {
   int dev_;
   int sms_;
   int slices_ = -1;  // EP_CUDA_LL_SLICES, read once at init
+  int flag_tokens_ = 0;  // calls of at most this many tokens send flagged records (EP_CUDA_LL_FLAGGED)
   size_t bytes_ = 0;
   LLView view_{};
   const TransportEntry* ipc_ = nullptr;

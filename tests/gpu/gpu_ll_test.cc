@@ -467,7 +467,8 @@ int main(int argc, char** argv) {
       zero[0] = 0;
       const Shape small[] = {{512, 4, 4 * R, 40, zero, true, false, true},
                              {2048, 9, 16 * R, 64, std::vector<int>(R, 50), true, true, false},
-                             {512, 4, 4 * R, 40, std::vector<int>(R, 40), true, false, false, true}};
+                             {512, 4, 4 * R, 40, std::vector<int>(R, 40), true, false, false, true},
+                             {512, 4, 4 * R, 8, std::vector<int>(R, 3), true, false, true}};  // flagged records
       for (const Shape& s : small) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
       // A graph of kGraphLayers layers (its pool grows under capture), small.
       ((runShape({512, 4, 4 * R, 16, std::vector<int>(R, 16), true, false, true}, R, 9, true) == 0) ? passed : failed)++;
@@ -515,11 +516,23 @@ int main(int argc, char** argv) {
       last[R - 1] = 0;
       shapes.push_back({512, 4, 4 * R, 40, last, true, false, false});
     }
+    if (R > 1) {  // small calls (flagged records) beside large ones (plain records) in one call
+      std::vector<int> mixed(R);
+      for (int r = 0; r < R; r++) mixed[r] = r % 2 ? 100 : 1 + r % 4;
+      shapes.push_back({7168, 8, 288, 128, mixed, true, false, false});
+      shapes.push_back({7168, 8, 288, 128, mixed, true, true, true});
+      shapes.push_back({1040, 32, 36 * R, 128, mixed, false, false, false, true});
+    }
+    // Flagged records at the largest flagged call, top-32, repeats, BF16 and FP8 split.
+    shapes.push_back({1040, 32, 36 * R, 8, std::vector<int>(R, 4), false, false, true, true});
+    shapes.push_back({1040, 32, 36 * R, 8, std::vector<int>(R, 4), true, true, true});
     for (const Shape& s : shapes) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
     Shape gs{7168, 8, 288, 64, std::vector<int>(R, 64), true, false, true};
     ((runShape(gs, R, 11, true) == 0) ? passed : failed)++;
     gs.split = false;
     ((runShape(gs, R, 12, true) == 0) ? passed : failed)++;
+    gs.tokens.assign(R, 2);  // flagged records in a graph
+    ((runShape(gs, R, 14, true) == 0) ? passed : failed)++;
     // Three layers of their own in one graph (alternating sets, each checked).
     ((runDistinctLayers({7168, 8, 288, 64, std::vector<int>(R, 64), true, false, false}, R, 21) == 0) ? passed
                                                                                                         : failed)++;

@@ -14,7 +14,12 @@
 // reductions (what the release costs), (j) as (h), but the blocks count
 // themselves with a GPU-scope acq_rel atomic and only the last one releases
 // at system scope (faster here than (b), but slower in the library's kernels,
-// where the blocks do not all signal at once: docs/BENCHMARKS.md).
+// where the blocks do not all signal at once: docs/BENCHMARKS.md), (k) no
+// counter: block b stores one 16-byte line of two (value, tag) words into
+// line [me][b] of every GPU (relaxed, no fence) and polls line [src][b] of
+// its own GPU for every source until both tags are this round's: the data
+// carries its own arrival, as in NCCL's LL protocol.
+// With one GPU, every variant runs on it alone (the peer is itself).
 // Build: nvcc -O2 -arch=sm_90 tests/gpu/ll_floor.cu -o build/ll_floor
 #include <cuda_runtime.h>
 
@@ -32,6 +37,9 @@ struct Peers {
 constexpr int kLanes = 8;         // (g): counters per source
 constexpr int kLaneStride = 16;   // u64 per counter: one 128-byte line each
 constexpr int kLocalCount = 512;  // (h): u64 index of the local block count
+constexpr int kLinesAt = 1024;    // (k): u64 index of the lines [src][block], two u64 each
+constexpr int kMaxBlocks = 256;
+constexpr size_t kCtrBytes = (kLinesAt + 2 * 2 * kMaxBlocks) * sizeof(unsigned long long);
 
 __global__ void emptyKernel() {}
 __global__ void emptyPdlKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -103,40 +111,56 @@ __global__ void signalLastKernel(Peers p, unsigned long long round) {
   __syncthreads();
 }
 
+// (k): the line of block b carries (b, round) twice; no fence, no counter.
+__global__ void flaggedLineKernel(Peers p, unsigned long long round) {
+  const unsigned long long word = (round << 32) | blockIdx.x;
+  if (threadIdx.x < p.n) {
+    unsigned long long* line = p.ctr[threadIdx.x] + kLinesAt + 2 * (p.me * kMaxBlocks + blockIdx.x);
+    asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(line), "l"(word), "l"(word) : "memory");
+    const unsigned long long* mine = p.ctr[p.me] + kLinesAt + 2 * (threadIdx.x * kMaxBlocks + blockIdx.x);
+    unsigned long long a, b;
+    do {
+      asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(mine) : "memory");
+    } while ((a >> 32) != round || (b >> 32) != round);
+  }
+  __syncthreads();
+}
+
 int main() {
   int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
-    printf("SKIPPED ll_floor: needs 2 GPUs\n");
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+    printf("SKIPPED ll_floor: no GPU\n");
     return 0;
   }
+  const int ng = ndev >= 2 ? 2 : 1;  // GPUs that take part
   const int kernels = 200;
-  unsigned long long* ctr[2];
-  for (int d = 0; d < 2; d++) {
+  unsigned long long* ctr[2] = {nullptr, nullptr};
+  for (int d = 0; d < ng; d++) {
     CK(cudaSetDevice(d));
-    CK(cudaDeviceEnablePeerAccess(1 - d, 0));
-    CK(cudaMalloc(&ctr[d], 8192));
-    CK(cudaMemset(ctr[d], 0, 8192));
+    if (ng == 2) CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+    CK(cudaMalloc(&ctr[d], kCtrBytes));
+    CK(cudaMemset(ctr[d], 0, kCtrBytes));
   }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int variant = 0; variant < 10; variant++) {
+  for (int variant = 0; variant < 11; variant++) {
     const int blocks = variant == 2 ? 1 : sms;
     float per_kernel[2] = {0, 0};
     // Counter rounds go on from the previous variant: reset both first.
-    for (int d = 0; d < 2; d++) {
+    for (int d = 0; d < ng; d++) {
       CK(cudaSetDevice(d));
-      CK(cudaMemset(ctr[d], 0, 8192));
+      CK(cudaMemset(ctr[d], 0, kCtrBytes));
       CK(cudaDeviceSynchronize());
     }
     std::vector<std::thread> th;
-    for (int d = 0; d < 2; d++)
+    for (int d = 0; d < ng; d++)
       th.emplace_back([&, d] {
         CK(cudaSetDevice(d));
         cudaStream_t s;
         CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         int* sink;
         CK(cudaMalloc(&sink, 4));
-        Peers p{{ctr[0], ctr[1]}, d, 2};
+        Peers p{{ctr[0], ctr[1]}, d, ng};
         cudaGraph_t g;
         cudaGraphExec_t ge;
         unsigned long long round = 0;
@@ -150,6 +174,7 @@ int main() {
             else if (variant == 7) signalLastKernel<true><<<blocks, 256, 0, s>>>(p, ++round);
             else if (variant == 8) signalWaitKernel<false><<<blocks, 256, 0, s>>>(p, ++round, 0);
             else if (variant == 9) signalLastKernel<false><<<blocks, 256, 0, s>>>(p, ++round);
+            else if (variant == 10) flaggedLineKernel<<<blocks, 256, 0, s>>>(p, ++round);
             else if (variant >= 4) {
               cudaLaunchConfig_t cfg = {};
               cudaLaunchAttribute attr[1];
@@ -189,9 +214,13 @@ int main() {
     const char* names[] = {"empty kernel", "signal + wait, one block per SM", "signal + wait, 1 block",
                            "empty, 29 KB / 8 KB shared alternating", "empty, PDL", "signal + wait, PDL",
                            "signal + wait, 8 spread counters", "signal + wait, last block signals",
-                           "signal + wait, relaxed reductions", "signal + wait, last block releases"};
-    printf("ll_floor: %-40s %d blocks: %.2f / %.2f us per kernel (GPU 0 / 1)\n", names[variant], blocks,
-           per_kernel[0], per_kernel[1]);
+                           "signal + wait, relaxed reductions", "signal + wait, last block releases",
+                           "flagged lines, no counter"};
+    if (ng == 2)
+      printf("ll_floor: %-40s %d blocks: %.2f / %.2f us per kernel (GPU 0 / 1)\n", names[variant], blocks,
+             per_kernel[0], per_kernel[1]);
+    else
+      printf("ll_floor: %-40s %d blocks: %.2f us per kernel (one GPU)\n", names[variant], blocks, per_kernel[0]);
   }
   return 0;
 }
