@@ -736,9 +736,21 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ int src_base[kMaxRanks + 1];
   __shared__ unsigned s_flagged;
-  // Thread s: source s's ntok word, loaded before anything else (see
-  // llNtokWord), and then its dispatch signal unless it sent flagged records.
-  const uint64_t word = llSourceWord(p, pair, s_flagged);
+  // Thread s loads source s's ntok word before its wait (see llNtokWord) and
+  // polls it after the wait only when the word was not yet this pair's. The
+  // wait is for every source: a flagged source's blocks count too (relaxed,
+  // so the count orders nothing, and its word is polled for its tag). This
+  // kernel takes the calls of large receivers; the small ones' kernel
+  // (llSourceWord) waits for plain sources only.
+  volatile uint64_t* ntok_word = &llCtrl(v, v.rank)->ntok[set][threadIdx.x < R ? threadIdx.x : 0];
+  uint64_t word = threadIdx.x < R ? *ntok_word : 0;
+  llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
+  if (threadIdx.x < R && uint32_t(word >> 32) != tag)
+    word = llPollNtok(v, const_cast<const uint64_t*>(ntok_word), tag, threadIdx.x);
+  if (warp == 0) {
+    const unsigned f = __ballot_sync(0xffffffffu, threadIdx.x < R && (uint32_t(word) & kLLNtokFlagged) != 0);
+    if (lane == 0) s_flagged = f;
+  }
   int ntok = 0;
   if (threadIdx.x < R) {
     const uint32_t sent = uint32_t(word);
