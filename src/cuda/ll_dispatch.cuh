@@ -376,21 +376,35 @@ __device__ __forceinline__ void loadRecords(const LLDispatchParams& p, int set, 
 constexpr int kRecvSliceStep = 32;
 constexpr int kRecvSliceAlign = 8;
 
-// What a receiving block keeps of the flagged sources' headers.
-struct FlagHeaders {
-  int k[kMaxRanks][kLLFlagTokens];
-  int id[kMaxRanks][kLLFlagTokens][32];  // expert ids as sent (-1: none)
-  float w[kMaxRanks][kLLFlagTokens][32];
+// What a receiving block keeps of the flagged sources' headers, in shared
+// memory its caller lends (the receive kernels' own arrays, unused on this
+// path: a kernel's shared memory size sets the L1 / shared split, and a
+// split that changes between consecutive kernels costs each launch).
+// Record (s, t) is entry s * kLLFlagTokens + t.
+struct FlagStage {
+  int* k;    // [kMaxRanks * kLLFlagTokens]: K
+  int* id;   // [kMaxRanks * kLLFlagTokens][32]: expert ids as sent (-1: none)
+  float* w;  // the same for the weights; null: read from the record when needed
+  int* n;    // [1]: local experts of the record a block copies
+  int* dst;  // [32]: their local expert * cap + slot
 };
+constexpr int kFlagStageInts = kMaxRanks * kLLFlagTokens * (1 + 32);  // k and id
+__device__ __forceinline__ int& fsK(const FlagStage& fs, int s, int t) { return fs.k[s * kLLFlagTokens + t]; }
+__device__ __forceinline__ int& fsId(const FlagStage& fs, int s, int t, int k) {
+  return fs.id[(s * kLLFlagTokens + t) * 32 + k];
+}
+__device__ __forceinline__ float& fsW(const FlagStage& fs, int s, int t, int k) {
+  return fs.w[(s * kLLFlagTokens + t) * 32 + k];
+}
 
 // Tokens t' < t_end of flagged source q that chose global expert e (once each).
-__device__ __forceinline__ int flagCount(const FlagHeaders& fh, int q, int t_end, int e) {
+__device__ __forceinline__ int flagCount(const FlagStage& fh, int q, int t_end, int e) {
   int n = 0;
 #pragma unroll 1
   for (int t = 0; t < t_end; t++) {
     bool has = false;
-#pragma unroll 1
-    for (int k = 0; k < fh.k[q][t]; k++) has |= fh.id[q][t][k] == e;
+#pragma unroll 4
+    for (int k = 0; k < fsK(fh, q, t); k++) has |= fsId(fh, q, t, k) == e;
     n += has;
   }
   return n;
@@ -398,7 +412,7 @@ __device__ __forceinline__ int flagCount(const FlagHeaders& fh, int q, int t_end
 
 // Rows of local expert le from source q: its count (plain source) or the
 // tokens whose headers name it (flagged source).
-__device__ __forceinline__ int sourceCount(const LLDispatchParams& p, const FlagHeaders& fh, const int32_t* counts,
+__device__ __forceinline__ int sourceCount(const LLDispatchParams& p, const FlagStage& fh, const int32_t* counts,
                                            const int* src_base, unsigned flagged, int q, int le) {
   if (flagged >> q & 1u) return flagCount(fh, q, src_base[q + 1] - src_base[q], p.v.first_expert + le);
   return counts[q * p.v.local_experts + le];
@@ -418,24 +432,15 @@ __device__ __forceinline__ bool flaggedSliceFits(const LLDispatchParams& p, int 
 }
 
 // Records (q, t') before (s, t) whose header names expert `id` (once each).
-__device__ __forceinline__ int flagRecordsBefore(const FlagHeaders& fh, const int* src_base, int s, int t, int id) {
-  int n = 0;
+__device__ __forceinline__ int flagRecordsBefore(const FlagStage& fh, const int* src_base, int s, int t, int id) {
+  int n = flagCount(fh, s, t, id);
 #pragma unroll 1
-  for (int q = 0; q <= s; q++) {
-    const int end = q < s ? src_base[q + 1] - src_base[q] : t;
-#pragma unroll 1
-    for (int tt = 0; tt < end; tt++) {
-      bool has = false;
-#pragma unroll 4
-      for (int k = 0; k < fh.k[q][tt]; k++) has |= fh.id[q][tt][k] == id;
-      n += has;
-    }
-  }
+  for (int q = 0; q < s; q++) n += flagCount(fh, q, src_base[q + 1] - src_base[q], id);
   return n;
 }
 
 __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind,
-                                                 const int* src_base) {
+                                                 const int* src_base, const FlagStage& fh) {
   const LLView& v = p.v;
   const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts, G = gridDim.x;
   const int set = int(pair & 1u);
@@ -451,7 +456,6 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
   const int b = sl.plo / kRecvSliceAlign + int(threadIdx.x);
   const bool has_scale =
       p.fp8 && mine && int(threadIdx.x) < (sl.width + kRecvSliceAlign - 1) / kRecvSliceAlign && b < nb;
-  __shared__ FlagHeaders fh;
   // Loads first: the piece, the scale, and (warp w) the first words of records w, w + 8, ...
   const uint64_t* piece = llFlagRow(v, frec) + 4 * size_t(sl.plo + int(threadIdx.x));
   const uint64_t* scale_word = llFlagScales(v, frec) + b;
@@ -478,32 +482,30 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
       uint32_t val = uint32_t(hw), unused = 0;
       if ((c != warp || wi != lane) || uint32_t(hw >> 32) != tag)
         if (!llPollFlag(v, llFlagRecord(v, v.rank, set, s, tt) + wi, 1, tag, s, val, unused)) val = wi == 0 ? 0u : ~0u;
-      if (wi == 0) fh.k[s][tt] = min(int(val), v.max_topk);
-      else if (wi <= v.max_topk) fh.id[s][tt][wi - 1] = int(val);
-      else fh.w[s][tt][wi - 1 - v.max_topk] = __uint_as_float(val);
+      if (wi == 0) fsK(fh, s, tt) = min(int(val), v.max_topk);
+      else if (wi <= v.max_topk) fsId(fh, s, tt, wi - 1) = int(val);
+      else fsW(fh, s, tt, wi - 1 - v.max_topk) = __uint_as_float(val);
     }
   }
   __syncthreads();
   llMark(v, pair, kind, 5);
-  __shared__ int s_n;
-  __shared__ int s_dst[32];  // local expert * cap + slot
   if (warp == 0) {
     int le = -1, slot = 0;
-    const int k = mine ? fh.k[src][t] : 0;
-    const int id = lane < k ? fh.id[src][t][lane] : -1;
+    const int k = mine ? fsK(fh, src, t) : 0;
+    const int id = lane < k ? fsId(fh, src, t, lane) : -1;
     if (id >= v.first_expert && id < v.first_expert + L) {
       le = id - v.first_expert;
       slot = flagRecordsBefore(fh, src_base, src, t, id);
       if (sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = src * M + t;
     }
     const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
-    if (le >= 0) s_dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
-    if (lane == 0) s_n = __popc(local);
+    if (le >= 0) fh.dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
+    if (lane == 0) *fh.n = __popc(local);
     if (sl.plo == 0 && local != 0) {  // the header in the plain layout, for the combine
       char* rec = llRecord(v, v.rank, set, src, t);
       if (lane < k) {
         llIds(v, rec)[lane] = id;
-        llWeights(v, rec)[lane] = fh.w[src][t][lane];
+        llWeights(v, rec)[lane] = fsW(fh, src, t, lane);
         llSlots(v, rec)[lane] = slot;
       }
       if (lane == 0) {
@@ -516,7 +518,7 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
   }
   __syncthreads();
   llMark(v, pair, kind, 6);
-  const int n = s_n;
+  const int n = *fh.n;
   if (n > 0 && has_piece) {  // a flagged row comes only to the ranks the token chose
     uint32_t a = uint32_t(w0), bb = uint32_t(w1), c = uint32_t(w2), d = uint32_t(w3);
     if (uint32_t(w0 >> 32) != tag || uint32_t(w1 >> 32) != tag) llPollFlag(v, piece, 2, tag, src, a, bb);
@@ -524,14 +526,14 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
     const int4 raw = make_int4(int(a), int(bb), int(c), int(d));
 #pragma unroll 1
     for (int q = 0; q < n; q++)
-      reinterpret_cast<int4*>(p.recv_x + size_t(s_dst[q]) * row_bytes)[sl.plo + threadIdx.x] = raw;
+      reinterpret_cast<int4*>(p.recv_x + size_t(fh.dst[q]) * row_bytes)[sl.plo + threadIdx.x] = raw;
   }
   if (n > 0 && has_scale) {
     uint32_t bits = uint32_t(sw), unused;
     if (uint32_t(sw >> 32) != tag) llPollFlag(v, scale_word, 1, tag, src, bits, unused);
 #pragma unroll 1
     for (int q = 0; q < n; q++) {
-      const int e = s_dst[q] / cap, sd = s_dst[q] - e * cap;
+      const int e = fh.dst[q] / cap, sd = fh.dst[q] - e * cap;
       p.recv_scales[(size_t(e) * nb + b) * cap + sd] = __uint_as_float(bits);
     }
   }
@@ -557,14 +559,13 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
 // code, and this runs only for calls with a flagged source. Marks 4-7 of
 // `kind` as dispatchRecvPhase's (5: headers staged).
 __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind,
-                                                      const int* src_base, unsigned flagged) {
+                                                      const int* src_base, unsigned flagged, FlagStage fh) {
   const LLView& v = p.v;
   const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts, G = gridDim.x;
   const int set = int(pair & 1u);
   const uint32_t tag = uint32_t(pair + 1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int words = 1 + 2 * v.max_topk;  // header words of a flagged record
-  __shared__ FlagHeaders fh;
   llMark(v, pair, kind, 4);
   const unsigned all = R >= 32 ? ~0u : (1u << R) - 1u;
   const int N = src_base[R];
@@ -572,14 +573,15 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
   const int pieces = int(row_bytes / 16);
   for (int s = 0; s < R; s++) {
     if (!(flagged >> s & 1u)) continue;
-    const int n = (src_base[s + 1] - src_base[s]) * words;
+    const int staged = fh.w != nullptr ? words : 1 + v.max_topk;  // without room for weights: K and ids
+    const int n = (src_base[s + 1] - src_base[s]) * staged;
     for (int i = threadIdx.x; i < n; i += kThreads) {
-      const int t = i / words, w = i - t * words;
+      const int t = i / staged, w = i - t * staged;
       uint32_t a = 0, unused = 0;
       if (!llPollFlag(v, llFlagRecord(v, v.rank, set, s, t) + w, 1, tag, s, a, unused)) a = w == 0 ? 0u : ~0u;
-      if (w == 0) fh.k[s][t] = min(int(a), v.max_topk);
-      else if (w <= v.max_topk) fh.id[s][t][w - 1] = int(a);
-      else fh.w[s][t][w - 1 - v.max_topk] = __uint_as_float(a);
+      if (w == 0) fsK(fh, s, t) = min(int(a), v.max_topk);
+      else if (w <= v.max_topk) fsId(fh, s, t, w - 1) = int(a);
+      else fsW(fh, s, t, w - 1 - v.max_topk) = __uint_as_float(a);
     }
   }
   __syncthreads();
@@ -589,8 +591,6 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
   LLSliceShare sl{0, 0, 0, pieces};
   if ((flagged & all) == all) sl = llSliceShare(N, pieces, blockIdx.x, G, kRecvSliceStep, kRecvSliceAlign);
   else llShare(N, blockIdx.x, G, sl.lo, sl.hi);
-  __shared__ int s_n;
-  __shared__ int s_dst[32];  // local expert * cap + slot
   for (int c = sl.lo; c < sl.hi; c++) {
     const int s = llSourceOf(src_base, c), t = c - src_base[s];
     const bool fl = flagged >> s & 1u;
@@ -599,10 +599,16 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
       int k = 0, id = -1, number = 0;
       float w = 0.0f;
       if (fl) {
-        k = fh.k[s][t];
+        k = fsK(fh, s, t);
         if (lane < k) {
-          id = fh.id[s][t][lane];
-          w = fh.w[s][t][lane];
+          id = fsId(fh, s, t, lane);
+          if (fh.w != nullptr) {
+            w = fsW(fh, s, t, lane);
+          } else {
+            uint32_t bits = 0, unused;
+            llPollFlag(v, llFlagRecord(v, v.rank, set, s, t) + 1 + v.max_topk + lane, 1, tag, s, bits, unused);
+            w = __uint_as_float(bits);
+          }
           if (id >= v.first_expert && id < v.first_expert + L) number = flagCount(fh, s, t, id);
         }
       } else {
@@ -622,8 +628,8 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
         if (sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = s * M + t;
       }
       const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
-      if (le >= 0) s_dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
-      if (lane == 0) s_n = __popc(local);
+      if (le >= 0) fh.dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
+      if (lane == 0) *fh.n = __popc(local);
       if (fl && sl.plo == 0 && local != 0) {  // the header in the plain layout, for the combine
         if (lane < k) {
           llIds(v, rec)[lane] = id;
@@ -641,7 +647,7 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
       }
     }
     __syncthreads();
-    const int n = s_n;
+    const int n = *fh.n;
     if (n > 0) {  // a flagged row comes only to the ranks the token chose
       uint64_t* frow = fl ? llFlagRow(v, llFlagRecord(v, v.rank, set, s, t)) : nullptr;
       for (int j = sl.plo + threadIdx.x; j < sl.plo + sl.width; j += kThreads) {
@@ -651,7 +657,7 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
         } else {
           raw = ldStaged(reinterpret_cast<const int4*>(rec + v.hdr_bytes) + j);
         }
-        for (int d = 0; d < n; d++) reinterpret_cast<int4*>(p.recv_x + size_t(s_dst[d]) * row_bytes)[j] = raw;
+        for (int d = 0; d < n; d++) reinterpret_cast<int4*>(p.recv_x + size_t(fh.dst[d]) * row_bytes)[j] = raw;
       }
       if (p.fp8) {
         const int b0 = sl.plo / kRecvSliceAlign, b1 = min(nb, (sl.plo + sl.width + kRecvSliceAlign - 1) / kRecvSliceAlign);
@@ -660,7 +666,7 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
           if (fl) llPollFlag(v, llFlagScales(v, llFlagRecord(v, v.rank, set, s, t)) + b, 1, tag, s, bits, unused);
           else bits = __float_as_uint(reinterpret_cast<const float*>(rec + v.hdr_bytes + size_t(H) * 2)[b]);
           for (int d = 0; d < n; d++) {
-            const int e = s_dst[d] / cap, sd = s_dst[d] - e * cap;
+            const int e = fh.dst[d] / cap, sd = fh.dst[d] - e * cap;
             p.recv_scales[(size_t(e) * nb + b) * cap + sd] = __uint_as_float(bits);
           }
         }
@@ -736,6 +742,10 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ int src_base[kMaxRanks + 1];
   __shared__ unsigned s_flagged;
+  __shared__ int s_n[kRecGroup];
+  __shared__ int s_dst[kRecGroup][32];  // local expert * cap + slot
+  __shared__ int s_flag_dst[1 + 32];    // FlagStage n and dst (its k and ids: s_n and s_dst)
+  static_assert(kRecGroup >= kMaxRanks * kLLFlagTokens, "s_n holds the flagged records' K");
   // Thread s loads source s's ntok word before its wait (see llNtokWord) and
   // polls it after the wait only when the word was not yet this pair's. The
   // wait is for every source: a flagged source's blocks count too (relaxed,
@@ -765,7 +775,8 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   llPrefix(src_base, R, ntok);
   if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
   if (s_flagged != 0) {
-    dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged);
+    dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged,
+                             FlagStage{s_n, &s_dst[0][0], nullptr, s_flag_dst, s_flag_dst + 1});
     return;
   }
   llMark(v, pair, kind, 4);
@@ -778,8 +789,6 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   const int nb = (H + 127) / 128;
   const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
   const int pieces = int(row_bytes / 16);
-  __shared__ int s_n[kRecGroup];
-  __shared__ int s_dst[kRecGroup][32];  // local expert * cap + slot
   int lo, hi;
   llShare(src_base[R], blockIdx.x, gridDim.x, lo, hi);  // this block's share of the records
   RecordLoads rl;

@@ -45,20 +45,11 @@ __device__ __forceinline__ void loadSliceIds(const LLDispatchParams& p, int t, T
   }
 }
 
-// Stores this thread's piece j of row t (quantised for FP8) into the record
-// of every destination rank in `mask` (storeRowPieces for one unit). For
-// FP8 every lane comes, for the shuffles: a half-warp is all in or all out.
-__device__ __forceinline__ void storeSlicePiece(const LLDispatchParams& p, int set, int t, int j, bool active,
-                                                int4 raw, unsigned mask) {
-  const LLView& v = p.v;
-  const int H = v.hidden, me = v.rank, lane = threadIdx.x & 31;
-  if (!p.fp8) {
-    if (active)
-      for (unsigned bits = mask; bits; bits &= bits - 1)
-        reinterpret_cast<int4*>(llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes)[j] = raw;
-    return;
-  }
-  float f[8];
+// The FP8 scale of this thread's half-warp (128 values) and the piece's 8
+// values as floats (f; only when active). Every lane must come, for the
+// shuffles: a half-warp is all in or all out of range.
+__device__ __forceinline__ void fp8PieceScale(const LLDispatchParams& p, bool active, int4 raw, float (&f)[8],
+                                              float& scale, float& inv) {
   float amax = 0.0f;
   if (active) {
     const uint32_t words[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
@@ -72,9 +63,26 @@ __device__ __forceinline__ void storeSlicePiece(const LLDispatchParams& p, int s
   }
 #pragma unroll
   for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  float scale = fmaxf(amax, 1e-4f) / 448.0f;
+  scale = fmaxf(amax, 1e-4f) / 448.0f;
   if (p.pow2) scale = roundScalePow2(scale);
-  const float inv = 1.0f / scale;
+  inv = 1.0f / scale;
+}
+
+// Stores this thread's piece j of row t (quantised for FP8) into the record
+// of every destination rank in `mask` (storeRowPieces for one unit). For
+// FP8 every lane comes, for the shuffles: a half-warp is all in or all out.
+__device__ __forceinline__ void storeSlicePiece(const LLDispatchParams& p, int set, int t, int j, bool active,
+                                                int4 raw, unsigned mask) {
+  const LLView& v = p.v;
+  const int H = v.hidden, me = v.rank, lane = threadIdx.x & 31;
+  if (!p.fp8) {
+    if (active)
+      for (unsigned bits = mask; bits; bits &= bits - 1)
+        reinterpret_cast<int4*>(llRecord(v, __ffs(bits) - 1, set, me, t) + v.hdr_bytes)[j] = raw;
+    return;
+  }
+  float f[8], scale, inv;
+  fp8PieceScale(p, active, raw, f, scale, inv);
   if (!active) return;
   const uint2 q = make_uint2(packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv),
                              packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv));
@@ -102,23 +110,8 @@ __device__ __forceinline__ void storeFlaggedPiece(const LLDispatchParams& p, int
       }
     return;
   }
-  float f[8];
-  float amax = 0.0f;
-  if (active) {
-    const uint32_t words[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      f[2 * q] = bf16ToFloat(words[q] & 0xffffu);
-      f[2 * q + 1] = bf16ToFloat(words[q] >> 16);
-    }
-#pragma unroll
-    for (int q = 0; q < 8; q++) amax = fmaxf(amax, fabsf(f[q]));
-  }
-#pragma unroll
-  for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  float scale = fmaxf(amax, 1e-4f) / 448.0f;
-  if (p.pow2) scale = roundScalePow2(scale);
-  const float inv = 1.0f / scale;
+  float f[8], scale, inv;
+  fp8PieceScale(p, active, raw, f, scale, inv);
   if (!active) return;
   const uint32_t lo = packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv);
   const uint32_t hi = packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv);
@@ -304,8 +297,13 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
     if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
     const unsigned all = (1u << R) - 1u;  // R <= kMaxRanks
     llMark(v, pair, kind, 4);
-    if (s_flagged == all && flaggedSliceFits(p, src_base[R])) recvFlaggedSlice(p, pair, kind, src_base);
-    else dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged);
+    // The staged bases' array is free on this path: the flagged headers go there.
+    static_assert(kFlagStageInts + kMaxRanks * kLLFlagTokens * 32 + 1 + 32 <= kStagedBases, "flagged stage");
+    const FlagStage fs{s_base, s_base + kMaxRanks * kLLFlagTokens, reinterpret_cast<float*>(s_base + kFlagStageInts),
+                       s_base + kFlagStageInts + kMaxRanks * kLLFlagTokens * 32,
+                       s_base + kFlagStageInts + kMaxRanks * kLLFlagTokens * 32 + 1};
+    if (s_flagged == all && flaggedSliceFits(p, src_base[R])) recvFlaggedSlice(p, pair, kind, src_base, fs);
+    else dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged, fs);
     return;
   }
   const int N = src_base[R];
