@@ -95,21 +95,21 @@ __device__ __forceinline__ bool peerGone(const uint8_t* gone, int peer) {
   return peer >= 0 && peer < kMaxRanks && reinterpret_cast<const volatile uint8_t*>(gone)[peer] != 0;
 }
 
-// The one spin loop of every wait (high throughput and low latency): loads
-// the word at p until done(word). Every 64 spins it looks at the clock (the
-// timeout: report(8 /* epTimeout */, word)), at local->timed_out (another
+// The one spin loop of every wait (high throughput and low latency): sets
+// *word = load() until done(*word). Every 64 spins it looks at the clock (the
+// timeout: report(8 /* epTimeout */, *word)), at local->timed_out (another
 // wait of this rank failed, or epCommAbort: leave unreported) and at
 // local->gone[peer] (its process exited: what it sent before has landed by
-// then, so the word is looked at once more before report(6 /* epRemoteError
-// */, word)). True when done; *word is the last value read. Every word it
-// reads is device memory: spinning warps never read host memory (sysmem
-// reads from hundreds of pollers clog the SMs' memory pipelines).
-template <typename Local, typename Done, typename Report>
-__device__ __forceinline__ bool spinWait(const uint64_t* p, Local* local, unsigned long long timeout_ns, int peer,
-                                         uint64_t* word, Done done, Report report) {
+// then, so it loads once more before report(6 /* epRemoteError */, *word)).
+// True when done; *word is the last value read. Every word it reads is device
+// memory: spinning warps never read host memory (sysmem reads from hundreds of
+// pollers clog the SMs' memory pipelines).
+template <typename Word, typename Local, typename Load, typename Done, typename Report>
+__device__ __forceinline__ bool spinLoop(Local* local, unsigned long long timeout_ns, int peer, Word* word, Load load,
+                                         Done done, Report report) {
   unsigned long long deadline = 0;
   for (uint32_t spins = 0;; spins++) {
-    *word = ldAcquireSys(p);
+    *word = load();
     if (done(*word)) return true;
     if ((spins & 63) != 63) continue;
     const unsigned long long now = globalTimer();
@@ -121,12 +121,19 @@ __device__ __forceinline__ bool spinWait(const uint64_t* p, Local* local, unsign
     }
     if (*reinterpret_cast<volatile int*>(&local->timed_out)) return false;
     if (peerGone(local->gone, peer)) {
-      *word = ldAcquireSys(p);
+      *word = load();
       if (done(*word)) return true;
       report(6, *word);
       return false;
     }
   }
+}
+
+// spinLoop on the word at p, loaded with acquire.
+template <typename Local, typename Done, typename Report>
+__device__ __forceinline__ bool spinWait(const uint64_t* p, Local* local, unsigned long long timeout_ns, int peer,
+                                         uint64_t* word, Done done, Report report) {
+  return spinLoop(local, timeout_ns, peer, word, [p] { return ldAcquireSys(p); }, done, report);
 }
 
 // Spins until the tagged word at p reaches epoch and value >= min_value; returns

@@ -156,6 +156,7 @@ struct LLDispatchParams {
   int num_tokens, num_topk;
   int fp8, pow2;
   int flagged;  // this call sends flagged records (num_tokens <= kLLFlagTokens, EP_CUDA_LL_FLAGGED)
+  int flag_sources;  // some rank may send flagged records (EP_CUDA_LL_FLAGGED above 0 on any rank)
   // receive half
   uint8_t* recv_x;
   float* recv_scales;

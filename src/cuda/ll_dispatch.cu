@@ -16,10 +16,11 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(const __grid
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
+template <bool kFlagSources>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindDispatchRecv);
-  dispatchRecvPhase(p, pair, kLLKindDispatchRecv);
+  dispatchRecvPhase<kFlagSources>(p, pair, kLLKindDispatchRecv);
   llTimeEnd(p.v, pair, kLLKindDispatchRecv);
 }
 
@@ -27,12 +28,13 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(const __grid
 // share, then receives. The grid is at most one block per SM so that all
 // blocks are resident: blocks waiting in the receive half never keep a
 // sending block from running.
-template <bool kSingles>
+// kFlagSources: as dispatchRecvPhase's.
+template <bool kSingles, bool kFlagSources>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   dispatchSendPhase<kSingles>(p, pair);
-  dispatchRecvPhase(p, pair, kLLKindDispatch);
+  dispatchRecvPhase<kFlagSources>(p, pair, kLLKindDispatch);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
@@ -55,20 +57,25 @@ int launchLLDispatchSend(const LLDispatchParams& p, int sms, int slices, void* s
 
 int launchLLDispatch(const LLDispatchParams& p, int sms, int slices, void* stream) {
   if (useSlices(p, sms, slices)) return launchLLDispatchSlices(p, sms, stream, false);
-  return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true>, p, kThreads, sms, stream)
-                            : llLaunch(llDispatchKernel<false>, p, kThreads, sms, stream);
+  if (p.flag_sources)
+    return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true, true>, p, kThreads, sms, stream)
+                              : llLaunch(llDispatchKernel<false, true>, p, kThreads, sms, stream);
+  return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true, false>, p, kThreads, sms, stream)
+                            : llLaunch(llDispatchKernel<false, false>, p, kThreads, sms, stream);
 }
 
 // The receive half of a call whose send took the row slices: the receive
 // slices where the records are few (decided in the kernel).
 int launchLLDispatchRecv(const LLDispatchParams& p, int sms, int slices, void* stream) {
   if (useSlices(p, sms, slices)) return launchLLDispatchRecvSlices(p, sms, stream);
-  return llLaunch(llDispatchRecvKernel, p, kThreads, sms, stream);
+  return p.flag_sources ? llLaunch(llDispatchRecvKernel<true>, p, kThreads, sms, stream)
+                        : llLaunch(llDispatchRecvKernel<false>, p, kThreads, sms, stream);
 }
 
 int preloadLLDispatchKernels() {
-  return preloadKernels(llDispatchSendKernel<true>, llDispatchSendKernel<false>, llDispatchRecvKernel,
-                        llDispatchKernel<true>, llDispatchKernel<false>);
+  return preloadKernels(llDispatchSendKernel<true>, llDispatchSendKernel<false>, llDispatchRecvKernel<true>,
+                        llDispatchRecvKernel<false>, llDispatchKernel<true, true>, llDispatchKernel<false, true>,
+                        llDispatchKernel<true, false>, llDispatchKernel<false, false>);
 }
 
 }  // namespace cuda

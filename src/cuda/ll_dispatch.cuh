@@ -112,6 +112,29 @@ __device__ __forceinline__ void loadTokens(const LLDispatchParams& p, int t0, in
   loadRowPieces(p, t0, n, 0, tl.raw);
 }
 
+// One warp, lane k holding entry k of token t's top-k (e: -1 for lanes >= K):
+// reports an id out of range (the entry then counts as -1), sets id (the
+// lane's expert or -1) and returns the destination ranks of the token (bit
+// r), which it keeps in the handle for the combine, with (kSingles) the
+// ranks holding exactly one of the token's entries.
+template <bool kSingles>
+__device__ __forceinline__ unsigned routeToken(const LLDispatchParams& p, int t, long long e, int& id) {
+  const LLView& v = p.v;
+  const int lane = threadIdx.x & 31;
+  if (lane < p.num_topk && (e < -1 || e >= v.num_experts))
+    llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
+  id = (e < 0 || e >= v.num_experts) ? -1 : int(e);
+  const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
+  if (kSingles) {
+    const int dest = id >= 0 ? id / v.local_experts : -1;
+    const unsigned same = __match_any_sync(0xffffffffu, id >= 0 ? dest : -1 - lane);
+    const unsigned singles = __reduce_or_sync(0xffffffffu, id >= 0 && __popc(same) == 1 ? 1u << dest : 0u);
+    if (lane == 0) llSingles(v, p.hd)[t] = uint8_t(singles);
+  }
+  if (lane == 0) p.hd->mask[t] = uint8_t(mask);
+  return mask;
+}
+
 // Headers of tokens [t0, t0 + n); s_mask[i] = destination ranks of token t0 + i.
 // kSingles (more than two ranks): also the ranks holding exactly one of each
 // token's (k) entries, whose combine rows come back as BF16 (ll_combine.cu).
@@ -125,20 +148,9 @@ __device__ __forceinline__ void writeHeaders(const LLDispatchParams& p, int set,
     const int i = warp + m * kWarps;
     if (i >= n) break;
     const int t = t0 + i;
-    const long long e = tl.id[m];
-    if (lane < K && (e < -1 || e >= v.num_experts)) llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
-    const int id = (e < 0 || e >= v.num_experts) ? -1 : int(e);
-    const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
-    if (kSingles) {  // ranks holding exactly one of the token's (k) entries
-      const int dest = id >= 0 ? id / v.local_experts : -1;
-      const unsigned same = __match_any_sync(0xffffffffu, id >= 0 ? dest : -1 - lane);
-      const unsigned singles = __reduce_or_sync(0xffffffffu, id >= 0 && __popc(same) == 1 ? 1u << dest : 0u);
-      if (lane == 0) llSingles(v, p.hd)[t] = uint8_t(singles);
-    }
-    if (lane == 0) {
-      p.hd->mask[t] = uint8_t(mask);
-      s_mask[i] = mask;
-    }
+    int id;
+    const unsigned mask = routeToken<kSingles>(p, t, tl.id[m], id);
+    if (lane == 0) s_mask[i] = mask;
     for (unsigned bits = mask; bits; bits &= bits - 1) {
       char* rec = llRecord(v, __ffs(bits) - 1, set, v.rank, t);
       if (lane < K) {
@@ -397,6 +409,17 @@ __device__ __forceinline__ float& fsW(const FlagStage& fs, int s, int t, int k) 
   return fs.w[(s * kLLFlagTokens + t) * 32 + k];
 }
 
+// Header word w of flagged record (s, t) into fh: w = 0 is K, then the
+// max_topk ids, then the weights. After a failed poll (ok false, reported)
+// the record counts as one without entries.
+__device__ __forceinline__ void fsStage(const LLView& v, const FlagStage& fh, int s, int t, int w, bool ok,
+                                        uint32_t val) {
+  if (!ok) val = w == 0 ? 0u : ~0u;
+  if (w == 0) fsK(fh, s, t) = min(int(val), v.max_topk);
+  else if (w <= v.max_topk) fsId(fh, s, t, w - 1) = int(val);
+  else fsW(fh, s, t, w - 1 - v.max_topk) = __uint_as_float(val);
+}
+
 // Tokens t' < t_end of flagged source q that chose global expert e (once each).
 __device__ __forceinline__ int flagCount(const FlagStage& fh, int q, int t_end, int e) {
   int n = 0;
@@ -480,11 +503,10 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
 #pragma unroll 1
     for (int wi = lane; wi < words; wi += 32) {
       uint32_t val = uint32_t(hw), unused = 0;
+      bool ok = true;
       if ((c != warp || wi != lane) || uint32_t(hw >> 32) != tag)
-        if (!llPollFlag(v, llFlagRecord(v, v.rank, set, s, tt) + wi, 1, tag, s, val, unused)) val = wi == 0 ? 0u : ~0u;
-      if (wi == 0) fsK(fh, s, tt) = min(int(val), v.max_topk);
-      else if (wi <= v.max_topk) fsId(fh, s, tt, wi - 1) = int(val);
-      else fsW(fh, s, tt, wi - 1 - v.max_topk) = __uint_as_float(val);
+        ok = llPollFlag(v, llFlagRecord(v, v.rank, set, s, tt) + wi, 1, tag, s, val, unused);
+      fsStage(v, fh, s, tt, wi, ok, val);
     }
   }
   __syncthreads();
@@ -578,10 +600,8 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
     for (int i = threadIdx.x; i < n; i += kThreads) {
       const int t = i / staged, w = i - t * staged;
       uint32_t a = 0, unused = 0;
-      if (!llPollFlag(v, llFlagRecord(v, v.rank, set, s, t) + w, 1, tag, s, a, unused)) a = w == 0 ? 0u : ~0u;
-      if (w == 0) fsK(fh, s, t) = min(int(a), v.max_topk);
-      else if (w <= v.max_topk) fsId(fh, s, t, w - 1) = int(a);
-      else fsW(fh, s, t, w - 1 - v.max_topk) = __uint_as_float(a);
+      const bool ok = llPollFlag(v, llFlagRecord(v, v.rank, set, s, t) + w, 1, tag, s, a, unused);
+      fsStage(v, fh, s, t, w, ok, a);
     }
   }
   __syncthreads();
@@ -732,8 +752,13 @@ __device__ __forceinline__ uint64_t llSourceWord(const LLDispatchParams& p, uint
   return word;
 }
 
-// The receive half of pair `pair`.
+// The receive half of pair `pair`. kFlagSources: some rank of the
+// communicator may send flagged records (EP_CUDA_LL_FLAGGED above 0 on any
+// rank, agreed at init); without it the kernel keeps none of their code: the
+// branch to their receive and the poll of a late ntok word cost the 128-token
+// calls 1-2% when present.
 // Marks 4-7 of `kind`: arrived, first group started, its slots, rows copied.
+template <bool kFlagSources>
 __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind) {
   const LLView& v = p.v;
   const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts;
@@ -747,17 +772,18 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   __shared__ int s_flag_dst[1 + 32];    // FlagStage n and dst (its k and ids: s_n and s_dst)
   static_assert(kRecGroup >= kMaxRanks * kLLFlagTokens, "s_n holds the flagged records' K");
   // Thread s loads source s's ntok word before its wait (see llNtokWord) and
-  // polls it after the wait only when the word was not yet this pair's. The
-  // wait is for every source: a flagged source's blocks count too (relaxed,
-  // so the count orders nothing, and its word is polled for its tag). This
+  // looks again after the wait only when the word was not yet this pair's.
+  // The wait is for every source: a flagged source's blocks count too
+  // (relaxed, so the count orders nothing, and its word is polled for its
+  // tag); a plain source's release makes its word visible by then. This
   // kernel takes the calls of large receivers; the small ones' kernel
   // (llSourceWord) waits for plain sources only.
   volatile uint64_t* ntok_word = &llCtrl(v, v.rank)->ntok[set][threadIdx.x < R ? threadIdx.x : 0];
   uint64_t word = threadIdx.x < R ? *ntok_word : 0;
   llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
   if (threadIdx.x < R && uint32_t(word >> 32) != tag)
-    word = llPollNtok(v, const_cast<const uint64_t*>(ntok_word), tag, threadIdx.x);
-  if (warp == 0) {
+    word = kFlagSources ? llPollNtok(v, const_cast<const uint64_t*>(ntok_word), tag, threadIdx.x) : *ntok_word;
+  if (kFlagSources && warp == 0) {
     const unsigned f = __ballot_sync(0xffffffffu, threadIdx.x < R && (uint32_t(word) & kLLNtokFlagged) != 0);
     if (lane == 0) s_flagged = f;
   }
@@ -774,7 +800,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   }
   llPrefix(src_base, R, ntok);
   if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
-  if (s_flagged != 0) {
+  if (kFlagSources && s_flagged != 0) {
     dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged,
                              FlagStage{s_n, &s_dst[0][0], nullptr, s_flag_dst, s_flag_dst + 1});
     return;

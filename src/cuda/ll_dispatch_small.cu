@@ -156,20 +156,9 @@ __device__ __forceinline__ void dispatchSendFlaggedPhase(const LLDispatchParams&
       loadSlicePiece(p, t, sl.plo, sl.width, 0, tl.raw[0]);
     }
     if (warp == 0) {
-      const long long e = tl.id[0];  // -1 for lanes >= K
-      if (lane < K && (e < -1 || e >= v.num_experts)) llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
-      const int id = (e < 0 || e >= v.num_experts) ? -1 : int(e);
-      const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
-      if (kSingles) {  // ranks holding exactly one of the token's (k) entries, as writeHeaders
-        const int dest = id >= 0 ? id / v.local_experts : -1;
-        const unsigned same = __match_any_sync(0xffffffffu, id >= 0 ? dest : -1 - lane);
-        const unsigned singles = __reduce_or_sync(0xffffffffu, id >= 0 && __popc(same) == 1 ? 1u << dest : 0u);
-        if (lane == 0) llSingles(v, p.hd)[t] = uint8_t(singles);
-      }
-      if (lane == 0) {
-        p.hd->mask[t] = uint8_t(mask);
-        s_mask = mask;
-      }
+      int id;
+      const unsigned mask = routeToken<kSingles>(p, t, tl.id[0], id);  // tl.id: -1 for lanes >= K
+      if (lane == 0) s_mask = mask;
       if (sl.plo == 0)
         for (int r = 0; r < v.nranks; r++) {
           uint64_t* h = llFlagRecord(v, r, set, v.rank, t);
@@ -311,7 +300,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
   const int pieces = int(row_bytes / 16), nb = (H + 127) / 128, cap = R * M;
   const LLSlices cut = llSlicesOf(N, pieces, G, kRecvSliceStep, kRecvSliceAlign);
   if (cut.S < 2 || cut.chunk > kThreads || R * L > kStagedBases) {
-    dispatchRecvPhase(p, pair, kind);
+    dispatchRecvPhase<true>(p, pair, kind);  // (<false> is no faster here and grows these kernels)
     return;
   }
   if (wrong_wire && blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);

@@ -160,11 +160,20 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   }
 
   // One grid size on every rank: a receiver counts the sender's blocks. At most
-  // one block per SM of the smallest GPU, so a fused kernel's blocks are all resident.
-  std::vector<int> sms(R, 0);
-  sms[me] = sms_;
-  EPCHECK(bootstrapAllGather(comm_->bootstrap, sms.data(), sizeof(int)));
-  for (int s : sms) sms_ = std::min(sms_, s);
+  // one block per SM of the smallest GPU, so a fused kernel's blocks are all
+  // resident. And whether any rank may send flagged records: if none may, the
+  // whole-row receive kernels are the ones without their code.
+  struct Agreed {
+    int sms, flag_tokens;
+  };
+  std::vector<Agreed> agreed(R, Agreed{0, 0});
+  agreed[me] = Agreed{sms_, flag_tokens_};
+  EPCHECK(bootstrapAllGather(comm_->bootstrap, agreed.data(), sizeof(Agreed)));
+  flag_sources_ = false;
+  for (const Agreed& a : agreed) {
+    sms_ = std::min(sms_, a.sms);
+    flag_sources_ = flag_sources_ || a.flag_tokens > 0;
+  }
 
   void* mem = nullptr;
   CUDACHECK(cudaMalloc(&mem, sizeof(LLLocal)));
@@ -281,7 +290,8 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   p.num_topk = a.num_topk;
   p.fp8 = a.wire_type == epFloat8E4M3;
   p.pow2 = (a.flags & EP_LL_ROUND_SCALE_POW2) != 0;
-  p.flagged = a.num_tokens <= flag_tokens_;
+  p.flagged = flag_tokens_ > 0 && a.num_tokens <= flag_tokens_;  // 0: never, not even a call of 0 tokens
+  p.flag_sources = flag_sources_;
   p.recv_x = static_cast<uint8_t*>(a.recv_x);
   p.recv_scales = a.recv_scales;
   p.recv_count = a.recv_count;

@@ -78,35 +78,26 @@ __device__ __forceinline__ void llCountRelaxed(const LLView& v, LLCounter kind, 
 // Polls until the word at p (n = 1) or both words at p (n = 2, 16-byte
 // aligned) carry `tag`; the payloads in a (and b). False after the timeout or
 // once the source's process exited (reported, what = kLLWhatDispatch), or
-// when another wait of this rank failed.
+// when another wait of this rank failed (device.cuh: spinLoop).
 __device__ __noinline__ bool llPollFlag(const LLView& v, const uint64_t* p, int n, uint32_t tag, int peer,
                                         uint32_t& a, uint32_t& b) {
-  unsigned long long deadline = 0;
-  for (uint32_t spins = 0;; spins++) {
-    uint64_t w0, w1 = uint64_t(tag) << 32;
-    if (n == 2)
-      asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(p) : "memory");
-    else
-      asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(w0) : "l"(p) : "memory");
-    if (uint32_t(w0 >> 32) == tag && uint32_t(w1 >> 32) == tag) {
-      a = uint32_t(w0);
-      b = uint32_t(w1);
-      return true;
-    }
-    if ((spins & 63) != 63) continue;
-    const unsigned long long now = globalTimer();
-    if (deadline == 0) {
-      deadline = now + v.timeout_ns;
-    } else if (now > deadline) {
-      llReport(v, 8 /* epTimeout */, kLLWhatDispatch, peer, tag, (long long)(w0 >> 32));
-      return false;
-    }
-    if (*reinterpret_cast<volatile int*>(&v.local->timed_out)) return false;
-    if (peerGone(v.local->gone, peer)) {
-      llReport(v, 6 /* epRemoteError */, kLLWhatDispatch, peer, tag, (long long)(w0 >> 32));
-      return false;
-    }
-  }
+  ulonglong2 w;
+  const bool ok = spinLoop(
+      v.local, v.timeout_ns, peer, &w,
+      [&] {
+        ulonglong2 r;
+        r.y = uint64_t(tag) << 32;  // the second word of n = 1: passes the test below
+        if (n == 2)
+          asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(r.x), "=l"(r.y) : "l"(p) : "memory");
+        else
+          asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(r.x) : "l"(p) : "memory");
+        return r;
+      },
+      [&](const ulonglong2& r) { return uint32_t(r.x >> 32) == tag && uint32_t(r.y >> 32) == tag; },
+      [&](int code, const ulonglong2& r) { llReport(v, code, kLLWhatDispatch, peer, tag, (long long)(r.x >> 32)); });
+  a = uint32_t(w.x);
+  b = uint32_t(w.y);
+  return ok;
 }
 
 // Output piece j (16 bytes) of a flagged row: both word pairs loaded at once,

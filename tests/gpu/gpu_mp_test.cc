@@ -19,7 +19,9 @@
 //     of gpu_ll_test): per local expert the count, then for each valid row its
 //     source, its bytes and (FP8) its scales, and the combine output; FP8 and
 //     BF16 wires, split halves (EP_LL_SEND_ONLY + epLowLatencyComplete), two
-//     rounds per case (both buffer sets).
+//     rounds per case (both buffer sets); the ranks other than 0 run with
+//     EP_CUDA_LL_FLAGGED=0, and in one case rank 0 sends 2 tokens (flagged
+//     records to ranks that never send them).
 // Shapes: hidden 7168, top-8 of 256 experts; and hidden 2056 / 2064, top-5 of
 // 8R experts, 100 + 37 r tokens on rank r (a 2056-element row is 2056 bytes in
 // FP8, not a multiple of 16, so the FP8 cases of that shape use 2064).
@@ -108,6 +110,12 @@ std::vector<MpCase> makeCases(int R) {
   addHt(c);
   addLl(ep + "LL fp8 h2064 k5 e" + std::to_string(8 * R) + " pow2 split",
         {2064, 5, 8 * R, odd_max, t_odd, true, true, true});
+  // Rank 0 sends flagged records (2 tokens) to ranks that themselves never
+  // send any (rankMain: EP_CUDA_LL_FLAGGED=0 there): they must still take
+  // the receive that reads flagged sources (agreed at init).
+  std::vector<int> t_mixed = t_ll;
+  t_mixed[0] = 2;
+  addLl(ep + "LL fp8 h7168 k8 e256 flagged rank 0 only", {7168, 8, 256, 128, t_mixed, true, false, false});
   return cases;
 }
 
@@ -323,6 +331,9 @@ void timeLlLayers(int R, int rank, const epUniqueId& id) {
 // Rank `rank`: every case in order; results[case * R + rank] = 0 passed, 1 failed.
 int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vector<epUniqueId>& ids, int* results) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // whole lines from each rank in the shared log
+  // Only rank 0 may send flagged records (small low-latency calls); the
+  // library reads the variable at the first low-latency init of this process.
+  if (rank != 0) setenv("EP_CUDA_LL_FLAGGED", "0", 1);
   CK(cudaSetDevice(gpuOf(rank)));
   bool all = true;
   for (size_t i = 0; i < cases.size(); i++) {
