@@ -261,7 +261,10 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
 // waits and reads the counts again (passing at once). The wait and the
 // token counts are dispatchRecvPhase's lines repeated, like the send steps
 // above, so that the whole-row kernels keep the code that was measured.
-// Marks 4-7 of `kind` as dispatchRecvPhase's.
+// Marks 4-7 of `kind` as dispatchRecvPhase's. kSelfFlagged: this rank sent
+// flagged records (p.flagged), so a source did and the flagged receive takes
+// the call: the kernel carries no plain receive.
+template <bool kSelfFlagged>
 __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind) {
   const LLView& v = p.v;
   const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts, G = gridDim.x;
@@ -281,7 +284,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
     if (wrong_wire) ntok = 0;
   }
   llPrefix(src_base, R, ntok);
-  if (s_flagged != 0) {
+  if (kSelfFlagged || s_flagged != 0) {
     if (wrong_wire && blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);
     if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
     const unsigned all = (1u << R) - 1u;  // R <= kMaxRanks
@@ -373,11 +376,13 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
   llMark(v, pair, kind, 7);
 }
 
-template <bool kSingles>
+// kFlagged: the call sends flagged records (p.flagged); each kernel carries
+// one kind of send only.
+template <bool kSingles, bool kFlagged>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
-  if (p.flagged) {
+  if (kFlagged) {
     dispatchSendFlaggedPhase<kSingles>(p, pair);
     llBumpPair(p.v, pair);
   } else {
@@ -387,42 +392,53 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(const 
 }
 
 // Both halves in one launch (see llDispatchKernel).
-template <bool kSingles>
+template <bool kSingles, bool kFlagged>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
-  if (p.flagged) dispatchSendFlaggedPhase<kSingles>(p, pair);
+  if (kFlagged) dispatchSendFlaggedPhase<kSingles>(p, pair);
   else dispatchSendSlicesPhase<kSingles>(p, pair);
-  dispatchRecvSlicesPhase(p, pair, kLLKindDispatch);  // one copy of the receive for both
-  if (p.flagged) llBumpPair(p.v, pair);
+  dispatchRecvSlicesPhase<kFlagged>(p, pair, kLLKindDispatch);
+  if (kFlagged) llBumpPair(p.v, pair);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
-// The receive half of a split small call.
+// The receive half of a split small call (kSelfFlagged: as
+// dispatchRecvSlicesPhase's).
+template <bool kSelfFlagged>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvSlicesKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindDispatchRecv);
-  dispatchRecvSlicesPhase(p, pair, kLLKindDispatchRecv);
+  dispatchRecvSlicesPhase<kSelfFlagged>(p, pair, kLLKindDispatchRecv);
   llTimeEnd(p.v, pair, kLLKindDispatchRecv);
 }
 
 }  // namespace
 
 int launchLLDispatchRecvSlices(const LLDispatchParams& p, int sms, void* stream) {
-  return llLaunch(llDispatchRecvSlicesKernel, p, kThreads, sms, stream);
+  return p.flagged ? llLaunch(llDispatchRecvSlicesKernel<true>, p, kThreads, sms, stream)
+                   : llLaunch(llDispatchRecvSlicesKernel<false>, p, kThreads, sms, stream);
+}
+
+template <bool kFlagged>
+static int launchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
+  if (llUsesSingles(p.v))
+    return send_only ? llLaunch(llDispatchSlicesSendKernel<true, kFlagged>, p, kThreads, sms, stream)
+                     : llLaunch(llDispatchSlicesKernel<true, kFlagged>, p, kThreads, sms, stream);
+  return send_only ? llLaunch(llDispatchSlicesSendKernel<false, kFlagged>, p, kThreads, sms, stream)
+                   : llLaunch(llDispatchSlicesKernel<false, kFlagged>, p, kThreads, sms, stream);
 }
 
 int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
-  if (llUsesSingles(p.v))
-    return send_only ? llLaunch(llDispatchSlicesSendKernel<true>, p, kThreads, sms, stream)
-                     : llLaunch(llDispatchSlicesKernel<true>, p, kThreads, sms, stream);
-  return send_only ? llLaunch(llDispatchSlicesSendKernel<false>, p, kThreads, sms, stream)
-                   : llLaunch(llDispatchSlicesKernel<false>, p, kThreads, sms, stream);
+  return p.flagged ? launchSlices<true>(p, sms, stream, send_only) : launchSlices<false>(p, sms, stream, send_only);
 }
 
 int preloadLLDispatchSlicesKernels() {
-  return preloadKernels(llDispatchSlicesSendKernel<true>, llDispatchSlicesSendKernel<false>,
-                        llDispatchSlicesKernel<true>, llDispatchSlicesKernel<false>, llDispatchRecvSlicesKernel);
+  return preloadKernels(llDispatchSlicesSendKernel<true, false>, llDispatchSlicesSendKernel<false, false>,
+                        llDispatchSlicesSendKernel<true, true>, llDispatchSlicesSendKernel<false, true>,
+                        llDispatchSlicesKernel<true, false>, llDispatchSlicesKernel<false, false>,
+                        llDispatchSlicesKernel<true, true>, llDispatchSlicesKernel<false, true>,
+                        llDispatchRecvSlicesKernel<false>, llDispatchRecvSlicesKernel<true>);
 }
 
 }  // namespace cuda

@@ -244,6 +244,72 @@ int runWireMismatch(int R) {
   return failed ? 1 : 0;
 }
 
+// Rank 0 passes an expert id out of range in device memory, which only the
+// kernel sees: the dispatch counts the entry as -1 and rank 0's next call (its
+// combine) returns epInvalidArgument naming the token and the id, doing
+// nothing more (docs/SEMANTICS.md). The communicator stays usable: rank 0
+// calls the combine again, which runs, so the peers' combines (waiting for
+// rank 0's sums) finish well within the timeout. Every output must equal the
+// host reference with that entry -1. tokens = 1: a flagged send.
+int runBadId(int R, int tokens) {
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, tokens), true, false, false};
+  std::vector<RankData> in(R);
+  std::vector<Outputs> ref(R);
+  std::vector<GpuRank> g(R);
+  std::vector<epComm_t> comms(R);
+  epConfig_t cfg = configFor(s, epBackendCuda);
+  cfg.timeout_ms = 20000;  // a peer left waiting fails the case in 20 s, not 60
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+  randomInputs(s, R, 31, in);
+  const int t_bad = tokens / 2, k_bad = 1;
+  const long long bad_id = s.experts + 7;
+  in[0].topk[size_t(t_bad) * s.topk + k_bad] = -1;
+  runHost(s, R, in, ref);
+  in[0].topk[size_t(t_bad) * s.topk + k_bad] = bad_id;
+  const std::string want = "topk_idx of token " + std::to_string(t_bad) + " = " + std::to_string(bad_id);
+  std::vector<int> bad(R, 0);
+  runRanks(R, [&](int r) {
+    g[r].comm = comms[r];
+    allocRank(s, R, r, g[r]);
+    upload(s, r, in[r], g[r]);
+    poison(s, R, g[r]);
+    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);
+    epHandle_t h = nullptr;
+    EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
+    CK(cudaStreamSynchronize(g[r].stream));  // the kernel's report is in by now
+    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+    c.y = g[r].y;
+    c.out = g[r].out;
+    epResult_t res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);
+    if (r == 0) {
+      const std::string msg = epGetLastError(comms[r]);
+      if (res != epInvalidArgument || msg.find(want) == std::string::npos) {
+        printf("rank 0: combine after a bad expert id gave %d (%s), expected epInvalidArgument naming \"%s\"\n",
+               int(res), msg.c_str(), want.c_str());
+        bad[r] = 1;
+      }
+      res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);  // again: it runs now
+    }
+    if (res != epSuccess) {
+      printf("rank %d: combine gave %d (%s)\n", r, int(res), epGetLastError(comms[r]));
+      bad[r] = 1;
+    }
+    CK(cudaStreamSynchronize(g[r].stream));
+    epHandleDestroy(h);
+  });
+  long long wrong = 0;
+  for (int r = 0; r < R; r++) {
+    CK(cudaSetDevice(gpuOf(r)));
+    wrong += compare(s, R, r, g[r], ref[r], "bad id");
+    freeRank(g[r]);
+    epCommDestroy(comms[r]);
+  }
+  const bool failed = wrong != 0 || std::count(bad.begin(), bad.end(), 1) != 0;
+  printf("eager  R=%d T=%d expert id %lld on rank 0 (token %d): %s\n", R, tokens, bad_id, t_bad,
+         failed ? "FAILED" : "OK (reported, then combined)");
+  return failed ? 1 : 0;
+}
+
 // Rank 0 in a low-latency dispatch, the other ranks in a high-throughput one
 // (calls out of step): every rank must get an error, within a few timeouts,
 // not hang and not report success.
@@ -539,6 +605,8 @@ int main(int argc, char** argv) {
     ((runDistinctLayers({2048, 9, 16 * R, 32, std::vector<int>(R, 30), false, false, true}, R, 22) == 0) ? passed
                                                                                                           : failed)++;
     if (R >= 2) ((runWireMismatch(R) == 0) ? passed : failed)++;
+    if (R >= 2) ((runBadId(R, 40) == 0) ? passed : failed)++;
+    if (R >= 2) ((runBadId(R, 1) == 0) ? passed : failed)++;
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runSendHalfDoesNotWait(R) == 0) ? passed : failed)++;
