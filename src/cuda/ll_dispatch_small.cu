@@ -261,11 +261,17 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
 // waits and reads the counts again (passing at once). The wait and the
 // token counts are dispatchRecvPhase's lines repeated, like the send steps
 // above, so that the whole-row kernels keep the code that was measured.
-// Marks 4-7 of `kind` as dispatchRecvPhase's. kSelfFlagged: this rank sent
-// flagged records (p.flagged), so a source did and the flagged receive takes
-// the call: the kernel carries no plain receive.
-template <bool kSelfFlagged>
+// Marks 4-7 of `kind` as dispatchRecvPhase's. kSources: which kinds of
+// records the sources may have sent (a kernel carries only the receives it
+// may need).
+enum LLSources {
+  kSourcesPlain = 0,        // no rank sends flagged records (p.flag_sources == 0)
+  kSourcesMixed = 1,        // this rank sent plain records, a peer may have sent flagged ones
+  kSourcesSelfFlagged = 2,  // this rank sent flagged records: the flagged receive takes the call
+};
+template <int kSources>
 __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& p, uint64_t pair, LLKernelKind kind) {
+  constexpr bool kSelfFlagged = kSources == kSourcesSelfFlagged;
   const LLView& v = p.v;
   const int R = v.nranks, M = v.max_tokens, H = v.hidden, L = v.local_experts, G = gridDim.x;
   const int set = int(pair & 1u);
@@ -274,7 +280,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
   __shared__ int src_base[kMaxRanks + 1];
   __shared__ int s_base[kStagedBases];
   __shared__ unsigned s_flagged;
-  const uint64_t word = llSourceWord(p, pair, s_flagged);
+  const uint64_t word = llSourceWord<kSources == kSourcesPlain>(p, pair, s_flagged);
   int ntok = 0;
   bool wrong_wire = false;
   if (threadIdx.x < R) {
@@ -284,7 +290,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
     if (wrong_wire) ntok = 0;
   }
   llPrefix(src_base, R, ntok);
-  if (kSelfFlagged || s_flagged != 0) {
+  if (kSelfFlagged || (kSources == kSourcesMixed && s_flagged != 0)) {
     if (wrong_wire && blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);
     if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
     const unsigned all = (1u << R) - 1u;  // R <= kMaxRanks
@@ -303,7 +309,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
   const int pieces = int(row_bytes / 16), nb = (H + 127) / 128, cap = R * M;
   const LLSlices cut = llSlicesOf(N, pieces, G, kRecvSliceStep, kRecvSliceAlign);
   if (cut.S < 2 || cut.chunk > kThreads || R * L > kStagedBases) {
-    dispatchRecvPhase<true>(p, pair, kind);  // (<false> is no faster here and grows these kernels)
+    dispatchRecvPhase<kSources != kSourcesPlain>(p, pair, kind);
     return;
   }
   if (wrong_wire && blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);
@@ -391,54 +397,71 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(const 
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
-// Both halves in one launch (see llDispatchKernel).
-template <bool kSingles, bool kFlagged>
+// Both halves in one launch (see llDispatchKernel); kSources as
+// dispatchRecvSlicesPhase's, which also says the kind of send.
+template <bool kSingles, int kSources>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(const __grid_constant__ LLDispatchParams p) {
+  constexpr bool kFlagged = kSources == kSourcesSelfFlagged;
   const uint64_t pair = p.v.local->pairs;
   llTimeStart(p.v, pair, kLLKindDispatch);
   if (kFlagged) dispatchSendFlaggedPhase<kSingles>(p, pair);
   else dispatchSendSlicesPhase<kSingles>(p, pair);
-  dispatchRecvSlicesPhase<kFlagged>(p, pair, kLLKindDispatch);
+  dispatchRecvSlicesPhase<kSources>(p, pair, kLLKindDispatch);
   if (kFlagged) llBumpPair(p.v, pair);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
-// The receive half of a split small call (kSelfFlagged: as
-// dispatchRecvSlicesPhase's).
-template <bool kSelfFlagged>
+// The receive half of a split small call.
+template <int kSources>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvSlicesKernel(const __grid_constant__ LLDispatchParams p) {
   const uint64_t pair = p.hd->pair;
   llTimeStart(p.v, pair, kLLKindDispatchRecv);
-  dispatchRecvSlicesPhase<kSelfFlagged>(p, pair, kLLKindDispatchRecv);
+  dispatchRecvSlicesPhase<kSources>(p, pair, kLLKindDispatchRecv);
   llTimeEnd(p.v, pair, kLLKindDispatchRecv);
 }
 
 }  // namespace
 
-int launchLLDispatchRecvSlices(const LLDispatchParams& p, int sms, void* stream) {
-  return p.flagged ? llLaunch(llDispatchRecvSlicesKernel<true>, p, kThreads, sms, stream)
-                   : llLaunch(llDispatchRecvSlicesKernel<false>, p, kThreads, sms, stream);
+// The sources a call's receive must read (LLSources).
+static int sourcesOf(const LLDispatchParams& p) {
+  return p.flagged ? kSourcesSelfFlagged : p.flag_sources ? kSourcesMixed : kSourcesPlain;
 }
 
-template <bool kFlagged>
+int launchLLDispatchRecvSlices(const LLDispatchParams& p, int sms, void* stream) {
+  switch (sourcesOf(p)) {
+    case kSourcesSelfFlagged: return llLaunch(llDispatchRecvSlicesKernel<kSourcesSelfFlagged>, p, kThreads, sms, stream);
+    case kSourcesMixed: return llLaunch(llDispatchRecvSlicesKernel<kSourcesMixed>, p, kThreads, sms, stream);
+    default: return llLaunch(llDispatchRecvSlicesKernel<kSourcesPlain>, p, kThreads, sms, stream);
+  }
+}
+
+template <bool kSingles>
 static int launchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
-  if (llUsesSingles(p.v))
-    return send_only ? llLaunch(llDispatchSlicesSendKernel<true, kFlagged>, p, kThreads, sms, stream)
-                     : llLaunch(llDispatchSlicesKernel<true, kFlagged>, p, kThreads, sms, stream);
-  return send_only ? llLaunch(llDispatchSlicesSendKernel<false, kFlagged>, p, kThreads, sms, stream)
-                   : llLaunch(llDispatchSlicesKernel<false, kFlagged>, p, kThreads, sms, stream);
+  if (send_only)
+    return p.flagged ? llLaunch(llDispatchSlicesSendKernel<kSingles, true>, p, kThreads, sms, stream)
+                     : llLaunch(llDispatchSlicesSendKernel<kSingles, false>, p, kThreads, sms, stream);
+  switch (sourcesOf(p)) {
+    case kSourcesSelfFlagged:
+      return llLaunch(llDispatchSlicesKernel<kSingles, kSourcesSelfFlagged>, p, kThreads, sms, stream);
+    case kSourcesMixed: return llLaunch(llDispatchSlicesKernel<kSingles, kSourcesMixed>, p, kThreads, sms, stream);
+    default: return llLaunch(llDispatchSlicesKernel<kSingles, kSourcesPlain>, p, kThreads, sms, stream);
+  }
 }
 
 int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
-  return p.flagged ? launchSlices<true>(p, sms, stream, send_only) : launchSlices<false>(p, sms, stream, send_only);
+  return llUsesSingles(p.v) ? launchSlices<true>(p, sms, stream, send_only)
+                            : launchSlices<false>(p, sms, stream, send_only);
 }
 
 int preloadLLDispatchSlicesKernels() {
-  return preloadKernels(llDispatchSlicesSendKernel<true, false>, llDispatchSlicesSendKernel<false, false>,
-                        llDispatchSlicesSendKernel<true, true>, llDispatchSlicesSendKernel<false, true>,
-                        llDispatchSlicesKernel<true, false>, llDispatchSlicesKernel<false, false>,
-                        llDispatchSlicesKernel<true, true>, llDispatchSlicesKernel<false, true>,
-                        llDispatchRecvSlicesKernel<false>, llDispatchRecvSlicesKernel<true>);
+  return preloadKernels(
+      llDispatchSlicesSendKernel<true, false>, llDispatchSlicesSendKernel<false, false>,
+      llDispatchSlicesSendKernel<true, true>, llDispatchSlicesSendKernel<false, true>,
+      llDispatchSlicesKernel<true, kSourcesPlain>, llDispatchSlicesKernel<false, kSourcesPlain>,
+      llDispatchSlicesKernel<true, kSourcesMixed>, llDispatchSlicesKernel<false, kSourcesMixed>,
+      llDispatchSlicesKernel<true, kSourcesSelfFlagged>, llDispatchSlicesKernel<false, kSourcesSelfFlagged>,
+      llDispatchRecvSlicesKernel<kSourcesPlain>, llDispatchRecvSlicesKernel<kSourcesMixed>,
+      llDispatchRecvSlicesKernel<kSourcesSelfFlagged>);
 }
 
 }  // namespace cuda
