@@ -582,6 +582,12 @@ int main(int argc, char** argv) {
       last[R - 1] = 0;
       shapes.push_back({512, 4, 4 * R, 40, last, true, false, false});
     }
+    if (R > 1) {  // small calls of plain records beside large ones, no flagged source (the whole-row receive)
+      std::vector<int> small_plain(R);
+      for (int r = 0; r < R; r++) small_plain[r] = r % 2 ? 100 : 8;
+      shapes.push_back({7168, 8, 288, 128, small_plain, true, false, false});
+      shapes.push_back({7168, 8, 288, 128, small_plain, false, false, true});
+    }
     if (R > 1) {  // small calls (flagged records) beside large ones (plain records) in one call
       std::vector<int> mixed(R);
       for (int r = 0; r < R; r++) mixed[r] = r % 2 ? 100 : 1 + r % 4;
