@@ -13,7 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -65,6 +67,36 @@ inline int ranksOption(int argc, char** argv, const char* prog) {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   return n;
 }
+
+// A barrier of the ranks' threads. The tests pass it once every rank has set
+// up (allocated, uploaded, poisoned, synchronised its stream) and before any
+// rank makes its first call: a rank's thread that allocates or copies from
+// pageable memory (calls that may wait for the whole GPU) while a peer's
+// kernel already waits for this rank would wait for that kernel, which waits
+// for this rank's call: stuck until the timeout (docs/SEMANTICS.md, ranks
+// sharing a GPU).
+class RankBarrier {
+ public:
+  explicit RankBarrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const unsigned long long gen = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      gen_++;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != gen; });
+  }
+
+ private:
+  const int n_;
+  int arrived_ = 0;
+  unsigned long long gen_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
 
 inline void runRanks(int R, const std::function<void(int)>& fn) {
   std::vector<std::thread> th;

@@ -82,6 +82,7 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   const int rounds = graph ? 3 : 2;  // graph: 3 replays of the graph
   std::vector<cudaGraphExec_t> exec(R, nullptr);
   std::vector<std::vector<epHandle_t>> graph_handles(R);
+  RankBarrier ready(R);
   for (int round = 0; round < rounds; round++) {
     randomInputs(s, R, seed + round, in);
     runHost(s, R, in, ref);
@@ -89,6 +90,8 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
       CK(cudaSetDevice(gpuOf(r)));
       upload(s, r, in[r], g[r]);
       poison(s, R, g[r]);
+      CK(cudaStreamSynchronize(g[r].stream));
+      ready.wait();  // no rank's call waits for a peer that still copies
       if (!graph) {
         epHandle_t h = nullptr;
         enqueueLayer(s, r, g[r], &h);
@@ -148,6 +151,7 @@ int runDistinctLayers(const Shape& s, int R, uint64_t seed) {
   std::vector<cudaGraphExec_t> exec(R, nullptr);
   std::vector<std::vector<epHandle_t>> handles(R, std::vector<epHandle_t>(kLayers, nullptr));
   long long bad = 0;
+  RankBarrier ready(R);
   for (int replay = 0; replay < 2; replay++) {
     std::vector<std::vector<RankData>> in(kLayers, std::vector<RankData>(R));
     std::vector<std::vector<Outputs>> ref(kLayers, std::vector<Outputs>(R));
@@ -164,6 +168,8 @@ int runDistinctLayers(const Shape& s, int R, uint64_t seed) {
         upload(s, r, in[l][r], gl);
         poison(s, R, gl);
       }
+      CK(cudaStreamSynchronize(st));
+      ready.wait();  // no rank's call waits for a peer that still copies
       if (exec[r] == nullptr) {
         CK(cudaStreamSynchronize(st));
         cudaGraph_t def;
@@ -213,10 +219,13 @@ int runWireMismatch(int R) {
   EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
   randomInputs(s, R, 21, in);
   std::vector<int> bad(R, 0);
+  RankBarrier ready(R);
   runRanks(R, [&](int r) {
     g[r].comm = comms[r];
     allocRank(s, R, r, g[r]);  // BF16-sized: fits either wire type
     upload(s, r, in[r], g[r]);
+    CK(cudaStreamSynchronize(g[r].stream));
+    ready.wait();
     Shape mine = s;
     mine.fp8 = r == 0;
     epLowLatencyDispatchArgs_t a = ll::dispatchArgs(mine, r, g[r]);
@@ -268,11 +277,14 @@ int runBadId(int R, int tokens) {
   in[0].topk[size_t(t_bad) * s.topk + k_bad] = bad_id;
   const std::string want = "topk_idx of token " + std::to_string(t_bad) + " = " + std::to_string(bad_id);
   std::vector<int> bad(R, 0);
+  RankBarrier ready(R);
   runRanks(R, [&](int r) {
     g[r].comm = comms[r];
     allocRank(s, R, r, g[r]);
     upload(s, r, in[r], g[r]);
     poison(s, R, g[r]);
+    CK(cudaStreamSynchronize(g[r].stream));
+    ready.wait();
     epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);
     epHandle_t h = nullptr;
     EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
@@ -325,10 +337,13 @@ int runModeMismatch(int R) {
   std::vector<epResult_t> res(R, epSuccess);
   std::vector<std::string> msg(R);
   std::vector<double> secs(R, 0.0);
+  RankBarrier ready(R);
   runRanks(R, [&](int r) {
     g[r].comm = comms[r];
     allocRank(s, R, r, g[r]);
     upload(s, r, in[r], g[r]);
+    CK(cudaStreamSynchronize(g[r].stream));
+    ready.wait();
     const auto t0 = std::chrono::steady_clock::now();
     epHandle_t h = nullptr;
     if (r == 0) {
@@ -431,10 +446,13 @@ int runSendHalfDoesNotWait(int R) {
   runHost(s, R, in, ref);
   std::vector<double> send_ms(R, 0.0);
   long long bad = 0;
+  RankBarrier ready(R);
   runRanks(R, [&](int r) {
     g[r].comm = comms[r];
     allocRank(s, R, r, g[r]);
     upload(s, r, in[r], g[r]);
+    CK(cudaStreamSynchronize(g[r].stream));
+    ready.wait();
     epHandle_t warm = nullptr;  // a first layer: kernels loaded, sets in use
     ll::enqueueLayer(s, r, g[r], &warm, [&](int) {});
     CK(cudaStreamSynchronize(g[r].stream));
