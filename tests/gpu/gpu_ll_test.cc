@@ -110,6 +110,7 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
         CK(cudaGraphDestroy(graph_def));
         // The handles' device state is used by the graph: kept for its life.
       }
+      ready.wait();  // every rank captured (the capture grows the handle pool: cudaMalloc)
       CK(cudaGraphLaunch(exec[r], g[r].stream));
       CK(cudaStreamSynchronize(g[r].stream));
     });
@@ -184,6 +185,7 @@ int runDistinctLayers(const Shape& s, int R, uint64_t seed) {
         CK(cudaGraphInstantiate(&exec[r], def, 0));
         CK(cudaGraphDestroy(def));
       }
+      ready.wait();  // every rank captured (the capture may grow the handle pool: cudaMalloc)
       CK(cudaGraphLaunch(exec[r], st));
       CK(cudaStreamSynchronize(st));
     });
