@@ -429,7 +429,8 @@ static int sourcesOf(const LLDispatchParams& p) {
 
 int launchLLDispatchRecvSlices(const LLDispatchParams& p, int sms, void* stream) {
   switch (sourcesOf(p)) {
-    case kSourcesSelfFlagged: return llLaunch(llDispatchRecvSlicesKernel<kSourcesSelfFlagged>, p, kThreads, sms, stream);
+    case kSourcesSelfFlagged:
+      return llLaunch(llDispatchRecvSlicesKernel<kSourcesSelfFlagged>, p, kThreads, sms, stream);
     case kSourcesMixed: return llLaunch(llDispatchRecvSlicesKernel<kSourcesMixed>, p, kThreads, sms, stream);
     default: return llLaunch(llDispatchRecvSlicesKernel<kSourcesPlain>, p, kThreads, sms, stream);
   }
