@@ -420,6 +420,34 @@ __device__ __forceinline__ void fsStage(const LLView& v, const FlagStage& fh, in
   else fsW(fh, s, t, w - 1 - v.max_topk) = __uint_as_float(val);
 }
 
+// One warp, lane k for entry k of a record (le >= 0: a local expert, its
+// row going to `slot`): the record's destinations, in lane order, into
+// fh.dst and their number into *fh.n. Returns the lanes that have one.
+__device__ __forceinline__ unsigned flagListLocal(const FlagStage& fh, int lane, int le, int cap, int slot) {
+  const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
+  if (le >= 0) fh.dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
+  if (lane == 0) *fh.n = __popc(local);
+  return local;
+}
+
+// One warp: a flagged record's header (K, the ids, the weights, the absolute
+// slots) written into the plain record `rec` of its (source, token t), where
+// the combine reads it.
+__device__ __forceinline__ void flagHeaderToPlain(const LLView& v, char* rec, int lane, int k, int id, float w,
+                                                  int slot, int t, uint32_t tag) {
+  if (lane < k) {
+    llIds(v, rec)[lane] = id;
+    llWeights(v, rec)[lane] = w;
+    llSlots(v, rec)[lane] = slot;
+  }
+  if (lane == 0) {
+    LLRecordHeader* hp = reinterpret_cast<LLRecordHeader*>(rec);
+    hp->token = t;
+    hp->num_topk = uint32_t(k);
+    hp->tag = tag;
+  }
+}
+
 // Tokens t' < t_end of flagged source q that chose global expert e (once each).
 __device__ __forceinline__ int flagCount(const FlagStage& fh, int q, int t_end, int e) {
   int n = 0;
@@ -520,23 +548,10 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
       slot = flagRecordsBefore(fh, src_base, src, t, id);
       if (sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = src * M + t;
     }
-    const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
-    if (le >= 0) fh.dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
-    if (lane == 0) *fh.n = __popc(local);
-    if (sl.plo == 0 && local != 0) {  // the header in the plain layout, for the combine
-      char* rec = llRecord(v, v.rank, set, src, t);
-      if (lane < k) {
-        llIds(v, rec)[lane] = id;
-        llWeights(v, rec)[lane] = fsW(fh, src, t, lane);
-        llSlots(v, rec)[lane] = slot;
-      }
-      if (lane == 0) {
-        LLRecordHeader* hp = reinterpret_cast<LLRecordHeader*>(rec);
-        hp->token = t;
-        hp->num_topk = uint32_t(k);
-        hp->tag = tag;
-      }
-    }
+    const unsigned local = flagListLocal(fh, lane, le, cap, slot);
+    if (sl.plo == 0 && local != 0)  // the header in the plain layout, for the combine
+      flagHeaderToPlain(v, llRecord(v, v.rank, set, src, t), lane, k, id, lane < k ? fsW(fh, src, t, lane) : 0.0f,
+                        slot, t, tag);
   }
   __syncthreads();
   llMark(v, pair, kind, 6);
@@ -647,21 +662,9 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
         for (int q = 0; q < s; q++) slot += sourceCount(p, fh, counts, src_base, flagged, q, le);
         if (sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = s * M + t;
       }
-      const unsigned local = __ballot_sync(0xffffffffu, le >= 0);
-      if (le >= 0) fh.dst[__popc(local & ((1u << lane) - 1u))] = le * cap + slot;
-      if (lane == 0) *fh.n = __popc(local);
+      const unsigned local = flagListLocal(fh, lane, le, cap, slot);
       if (fl && sl.plo == 0 && local != 0) {  // the header in the plain layout, for the combine
-        if (lane < k) {
-          llIds(v, rec)[lane] = id;
-          llWeights(v, rec)[lane] = w;
-          llSlots(v, rec)[lane] = slot;
-        }
-        if (lane == 0) {
-          LLRecordHeader* hp = reinterpret_cast<LLRecordHeader*>(rec);
-          hp->token = t;
-          hp->num_topk = uint32_t(k);
-          hp->tag = tag;
-        }
+        flagHeaderToPlain(v, rec, lane, k, id, w, slot, t, tag);
       } else if (!fl && le >= 0) {
         llSlots(v, rec)[lane] = slot;  // absolute, for combine (a plain record is never sliced)
       }
