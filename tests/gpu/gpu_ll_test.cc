@@ -57,6 +57,19 @@ void allocRank(const Shape& s, int R, int r, GpuRank& g) {
   ll::allocRank(s, R, g, 64 << 20);  // busyKernel's 16 << 20 floats
 }
 
+// Rank r's buffers allocated on its GPU and its inputs uploaded (its outputs
+// poisoned when asked), then the barrier of the ranks: no rank makes a call
+// while another still allocates or copies (RankBarrier).
+void setUpRank(const Shape& s, int R, int r, epComm_t comm, const RankData& in, GpuRank& g, RankBarrier& ready,
+               bool poison_outputs = false) {
+  g.comm = comm;
+  allocRank(s, R, r, g);
+  upload(s, r, in, g);
+  if (poison_outputs) poison(s, R, g);
+  CK(cudaStreamSynchronize(g.stream));
+  ready.wait();
+}
+
 // Enqueues one dispatch + combine (halves split by other work when asked).
 void enqueueLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h) {
   ll::enqueueLayer(s, r, g, h, [&](int) { busyKernel<<<64, 256, 0, g.stream>>>(g.scratch, 16 << 20); });
@@ -223,11 +236,7 @@ int runWireMismatch(int R) {
   std::vector<int> bad(R, 0);
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
-    g[r].comm = comms[r];
-    allocRank(s, R, r, g[r]);  // BF16-sized: fits either wire type
-    upload(s, r, in[r], g[r]);
-    CK(cudaStreamSynchronize(g[r].stream));
-    ready.wait();
+    setUpRank(s, R, r, comms[r], in[r], g[r], ready);  // BF16-sized: fits either wire type
     Shape mine = s;
     mine.fp8 = r == 0;
     epLowLatencyDispatchArgs_t a = ll::dispatchArgs(mine, r, g[r]);
@@ -281,12 +290,7 @@ int runBadId(int R, int tokens) {
   std::vector<int> bad(R, 0);
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
-    g[r].comm = comms[r];
-    allocRank(s, R, r, g[r]);
-    upload(s, r, in[r], g[r]);
-    poison(s, R, g[r]);
-    CK(cudaStreamSynchronize(g[r].stream));
-    ready.wait();
+    setUpRank(s, R, r, comms[r], in[r], g[r], ready, true);
     epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);
     epHandle_t h = nullptr;
     EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
@@ -341,11 +345,7 @@ int runModeMismatch(int R) {
   std::vector<double> secs(R, 0.0);
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
-    g[r].comm = comms[r];
-    allocRank(s, R, r, g[r]);
-    upload(s, r, in[r], g[r]);
-    CK(cudaStreamSynchronize(g[r].stream));
-    ready.wait();
+    setUpRank(s, R, r, comms[r], in[r], g[r], ready);
     const auto t0 = std::chrono::steady_clock::now();
     epHandle_t h = nullptr;
     if (r == 0) {
@@ -450,11 +450,7 @@ int runSendHalfDoesNotWait(int R) {
   long long bad = 0;
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
-    g[r].comm = comms[r];
-    allocRank(s, R, r, g[r]);
-    upload(s, r, in[r], g[r]);
-    CK(cudaStreamSynchronize(g[r].stream));
-    ready.wait();
+    setUpRank(s, R, r, comms[r], in[r], g[r], ready);
     epHandle_t warm = nullptr;  // a first layer: kernels loaded, sets in use
     ll::enqueueLayer(s, r, g[r], &warm, [&](int) {});
     CK(cudaStreamSynchronize(g[r].stream));
