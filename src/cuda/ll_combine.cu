@@ -275,8 +275,7 @@ __device__ __forceinline__ void combineRecvUnits(const LLCombineParams& p, LLKer
 
 template <bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombineParams p) {
-  const uint64_t pair = p.hd->pair;
-  llTimeStart(p.v, pair, kLLKindCombine);
+  const uint64_t pair = llEnter(p.v, &p.hd->pair, kLLKindCombine);
   combineSendPhase<kSingles>(p);
   llTimeEnd(p.v, pair, kLLKindCombine);
 }
@@ -287,8 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineSendKernel(LLCombinePara
 // two ranks): BF16 rows from ranks that hold one of a token's experts.
 template <int MR, bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombineParams p) {
-  const uint64_t pair = p.hd->pair;
-  llTimeStart(p.v, pair, kLLKindCombineRecv);
+  const uint64_t pair = llEnter(p.v, &p.hd->pair, kLLKindCombineRecv);
   combineRecvUnits<MR, kSingles>(p, kLLKindCombineRecv);
   llTimeEnd(p.v, pair, kLLKindCombineRecv);
 }
@@ -296,8 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineRecvKernel(LLCombinePara
 // Both halves in one launch; at most one block per SM (see llDispatchKernel).
 template <int MR, bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p) {
-  const uint64_t pair = p.hd->pair;
-  llTimeStart(p.v, pair, kLLKindCombine);
+  const uint64_t pair = llEnter(p.v, &p.hd->pair, kLLKindCombine);
   combineSendPhase<kSingles>(p);
   combineRecvUnits<MR, kSingles>(p, kLLKindCombine);
   llTimeEnd(p.v, pair, kLLKindCombine);
@@ -305,9 +302,9 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p
 
 }  // namespace
 
-int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream) {
-  return llUsesSingles(p.v) ? llLaunch(llCombineSendKernel<true>, p, kThreads, sms, stream)
-                         : llLaunch(llCombineSendKernel<false>, p, kThreads, sms, stream);
+int launchLLCombineSend(const LLCombineParams& p, const LLLaunch& l) {
+  return llUsesSingles(p.v) ? llLaunch(llCombineSendKernel<true>, p, kThreads, l)
+                         : llLaunch(llCombineSendKernel<false>, p, kThreads, l);
 }
 
 // The receive with several units in flight (MR = 2) only where it has them:
@@ -319,16 +316,16 @@ static bool llCombinePipelined(const LLCombineParams& p, int sms, int tokens) {
   return p.v.nranks <= 2 && (long long)tokens * (p.v.hidden / 8) > (long long)llGrid(sms) * kThreads;
 }
 
-int launchLLCombine(const LLCombineParams& p, int sms, int tokens, void* stream) {
-  if (llUsesSingles(p.v)) return llLaunch(llCombineKernel<kMaxRanks, true>, p, kThreads, sms, stream);
-  return llCombinePipelined(p, sms, tokens) ? llLaunch(llCombineKernel<2, false>, p, kThreads, sms, stream)
-                                            : llLaunch(llCombineKernel<kMaxRanks, false>, p, kThreads, sms, stream);
+int launchLLCombine(const LLCombineParams& p, const LLLaunch& l, int tokens) {
+  if (llUsesSingles(p.v)) return llLaunch(llCombineKernel<kMaxRanks, true>, p, kThreads, l);
+  return llCombinePipelined(p, l.sms, tokens) ? llLaunch(llCombineKernel<2, false>, p, kThreads, l)
+                                            : llLaunch(llCombineKernel<kMaxRanks, false>, p, kThreads, l);
 }
 
-int launchLLCombineRecv(const LLCombineParams& p, int sms, int tokens, void* stream) {
-  if (llUsesSingles(p.v)) return llLaunch(llCombineRecvKernel<kMaxRanks, true>, p, kThreads, sms, stream);
-  return llCombinePipelined(p, sms, tokens) ? llLaunch(llCombineRecvKernel<2, false>, p, kThreads, sms, stream)
-                                            : llLaunch(llCombineRecvKernel<kMaxRanks, false>, p, kThreads, sms, stream);
+int launchLLCombineRecv(const LLCombineParams& p, const LLLaunch& l, int tokens) {
+  if (llUsesSingles(p.v)) return llLaunch(llCombineRecvKernel<kMaxRanks, true>, p, kThreads, l);
+  return llCombinePipelined(p, l.sms, tokens) ? llLaunch(llCombineRecvKernel<2, false>, p, kThreads, l)
+                                            : llLaunch(llCombineRecvKernel<kMaxRanks, false>, p, kThreads, l);
 }
 
 int preloadLLCombineKernels() {

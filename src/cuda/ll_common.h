@@ -175,17 +175,29 @@ struct LLCombineParams {
 // kernels wait inside for blocks of the same grid).
 inline int llGrid(int sms) { return sms < 1 ? 1 : sms; }
 
-int launchLLDispatchSend(const LLDispatchParams& p, int sms, int slices, void* stream);  // slices: EP_CUDA_LL_SLICES
-int launchLLDispatch(const LLDispatchParams& p, int sms, int slices, void* stream);  // both halves, one kernel
-int launchLLDispatchRecv(const LLDispatchParams& p, int sms, int slices, void* stream);
+// How a call's kernel is launched: llGrid(sms) blocks; slices as
+// EP_CUDA_LL_SLICES (-1 auto, 0 never, 1 always; dispatch only); pdl: with
+// programmatic dependent launch (EP_CUDA_LL_PDL), the kernel may be placed
+// on the GPU while the previous kernel on the stream finishes, and waits for
+// it in llEnter before it reads anything.
+struct LLLaunch {
+  int sms;
+  int slices;
+  bool pdl;
+  void* stream;
+};
+
+int launchLLDispatchSend(const LLDispatchParams& p, const LLLaunch& l);
+int launchLLDispatch(const LLDispatchParams& p, const LLLaunch& l);  // both halves, one kernel
+int launchLLDispatchRecv(const LLDispatchParams& p, const LLLaunch& l);
 // The row-slice kernels of small calls (ll_dispatch_small.cu): the send half, or both halves;
 // the receive half of a split small call.
-int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only);
-int launchLLDispatchRecvSlices(const LLDispatchParams& p, int sms, void* stream);
-int launchLLCombineSend(const LLCombineParams& p, int sms, void* stream);
+int launchLLDispatchSlices(const LLDispatchParams& p, const LLLaunch& l, bool send_only);
+int launchLLDispatchRecvSlices(const LLDispatchParams& p, const LLLaunch& l);
+int launchLLCombineSend(const LLCombineParams& p, const LLLaunch& l);
 // tokens: this rank's tokens (the combine's output rows), to pick the receive's kernel.
-int launchLLCombine(const LLCombineParams& p, int sms, int tokens, void* stream);  // both halves, one kernel
-int launchLLCombineRecv(const LLCombineParams& p, int sms, int tokens, void* stream);
+int launchLLCombine(const LLCombineParams& p, const LLLaunch& l, int tokens);  // both halves, one kernel
+int launchLLCombineRecv(const LLCombineParams& p, const LLLaunch& l, int tokens);
 // Load every kernel of a file now (preload.cuh says why).
 int preloadLLDispatchKernels();
 int preloadLLDispatchSlicesKernels();

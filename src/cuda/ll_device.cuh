@@ -190,11 +190,36 @@ __device__ __forceinline__ void llTimeEnd(const LLView& v, uint64_t pair, LLKern
   if (threadIdx.x == 0) atomicMax(&v.timing->end[pair % kLLTimingSlots][kind], globalTimer());
 }
 
-// Launches an LL kernel with llGrid(sms) blocks on the stream.
+// Every LL kernel's first step. Launched with programmatic dependent launch
+// (LLLaunch::pdl), a kernel may start while the previous kernel on its
+// stream still runs; griddepcontrol.wait holds it until that kernel has
+// finished and its stores are visible, so nothing of the call (the pair
+// word included) is read before. Launched the usual way, the wait is a no-op.
+// Returns the call's pair, read from `pair_word`.
+__device__ __forceinline__ uint64_t llEnter(const LLView& v, const uint64_t* pair_word, LLKernelKind kind) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  const uint64_t pair = *pair_word;
+  llTimeStart(v, pair, kind);
+  return pair;
+}
+
+// Launches an LL kernel with llGrid(l.sms) blocks on l.stream.
 template <typename Params>
-inline int llLaunch(void (*kernel)(Params), const Params& p, int threads, int sms, void* stream) {
-  kernel<<<llGrid(sms), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  return int(cudaGetLastError());
+inline int llLaunch(void (*kernel)(Params), const Params& p, int threads, const LLLaunch& l) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3(llGrid(l.sms));
+  cfg.blockDim = dim3(threads);
+  cfg.stream = static_cast<cudaStream_t>(l.stream);
+  if (l.pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return int(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
 // True in the last block of the grid to get here (the counter is reset).

@@ -10,16 +10,14 @@ namespace {
 
 template <bool kSingles>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSendKernel(const __grid_constant__ LLDispatchParams p) {
-  const uint64_t pair = p.v.local->pairs;
-  llTimeStart(p.v, pair, kLLKindDispatch);
+  const uint64_t pair = llEnter(p.v, &p.v.local->pairs, kLLKindDispatch);
   dispatchSendPhase<kSingles>(p, pair);
   llTimeEnd(p.v, pair, kLLKindDispatch);
 }
 
 template <bool kFlagSources>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(const __grid_constant__ LLDispatchParams p) {
-  const uint64_t pair = p.hd->pair;
-  llTimeStart(p.v, pair, kLLKindDispatchRecv);
+  const uint64_t pair = llEnter(p.v, &p.hd->pair, kLLKindDispatchRecv);
   dispatchRecvPhase<kFlagSources>(p, pair, kLLKindDispatchRecv);
   llTimeEnd(p.v, pair, kLLKindDispatchRecv);
 }
@@ -31,8 +29,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvKernel(const __grid
 // kFlagSources: as dispatchRecvPhase's.
 template <bool kSingles, bool kFlagSources>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(const __grid_constant__ LLDispatchParams p) {
-  const uint64_t pair = p.v.local->pairs;
-  llTimeStart(p.v, pair, kLLKindDispatch);
+  const uint64_t pair = llEnter(p.v, &p.v.local->pairs, kLLKindDispatch);
   dispatchSendPhase<kSingles>(p, pair);
   dispatchRecvPhase<kFlagSources>(p, pair, kLLKindDispatch);
   llTimeEnd(p.v, pair, kLLKindDispatch);
@@ -45,31 +42,31 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(const __grid_con
 // says otherwise (`slices`: -1 auto, 0 never, 1 always); calls sending
 // flagged records always do (only those kernels send them). Either kernel is
 // correct for any other call; this only picks the faster.
-static bool useSlices(const LLDispatchParams& p, int sms, int slices) {
-  return p.flagged || slices > 0 || (slices < 0 && 4 * p.num_tokens <= llGrid(sms));
+static bool useSlices(const LLDispatchParams& p, const LLLaunch& l) {
+  return p.flagged || l.slices > 0 || (l.slices < 0 && 4 * p.num_tokens <= llGrid(l.sms));
 }
 
-int launchLLDispatchSend(const LLDispatchParams& p, int sms, int slices, void* stream) {
-  if (useSlices(p, sms, slices)) return launchLLDispatchSlices(p, sms, stream, true);
-  return llUsesSingles(p.v) ? llLaunch(llDispatchSendKernel<true>, p, kThreads, sms, stream)
-                            : llLaunch(llDispatchSendKernel<false>, p, kThreads, sms, stream);
+int launchLLDispatchSend(const LLDispatchParams& p, const LLLaunch& l) {
+  if (useSlices(p, l)) return launchLLDispatchSlices(p, l, true);
+  return llUsesSingles(p.v) ? llLaunch(llDispatchSendKernel<true>, p, kThreads, l)
+                            : llLaunch(llDispatchSendKernel<false>, p, kThreads, l);
 }
 
-int launchLLDispatch(const LLDispatchParams& p, int sms, int slices, void* stream) {
-  if (useSlices(p, sms, slices)) return launchLLDispatchSlices(p, sms, stream, false);
+int launchLLDispatch(const LLDispatchParams& p, const LLLaunch& l) {
+  if (useSlices(p, l)) return launchLLDispatchSlices(p, l, false);
   if (p.flag_sources)
-    return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true, true>, p, kThreads, sms, stream)
-                              : llLaunch(llDispatchKernel<false, true>, p, kThreads, sms, stream);
-  return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true, false>, p, kThreads, sms, stream)
-                            : llLaunch(llDispatchKernel<false, false>, p, kThreads, sms, stream);
+    return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true, true>, p, kThreads, l)
+                              : llLaunch(llDispatchKernel<false, true>, p, kThreads, l);
+  return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true, false>, p, kThreads, l)
+                            : llLaunch(llDispatchKernel<false, false>, p, kThreads, l);
 }
 
 // The receive half of a call whose send took the row slices: the receive
 // slices where the records are few (decided in the kernel).
-int launchLLDispatchRecv(const LLDispatchParams& p, int sms, int slices, void* stream) {
-  if (useSlices(p, sms, slices)) return launchLLDispatchRecvSlices(p, sms, stream);
-  return p.flag_sources ? llLaunch(llDispatchRecvKernel<true>, p, kThreads, sms, stream)
-                        : llLaunch(llDispatchRecvKernel<false>, p, kThreads, sms, stream);
+int launchLLDispatchRecv(const LLDispatchParams& p, const LLLaunch& l) {
+  if (useSlices(p, l)) return launchLLDispatchRecvSlices(p, l);
+  return p.flag_sources ? llLaunch(llDispatchRecvKernel<true>, p, kThreads, l)
+                        : llLaunch(llDispatchRecvKernel<false>, p, kThreads, l);
 }
 
 int preloadLLDispatchKernels() {

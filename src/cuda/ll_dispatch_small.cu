@@ -386,8 +386,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
 // one kind of send only.
 template <bool kSingles, bool kFlagged>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(const __grid_constant__ LLDispatchParams p) {
-  const uint64_t pair = p.v.local->pairs;
-  llTimeStart(p.v, pair, kLLKindDispatch);
+  const uint64_t pair = llEnter(p.v, &p.v.local->pairs, kLLKindDispatch);
   if (kFlagged) {
     dispatchSendFlaggedPhase<kSingles>(p, pair);
     llBumpPair(p.v, pair);
@@ -402,8 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesSendKernel(const 
 template <bool kSingles, int kSources>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(const __grid_constant__ LLDispatchParams p) {
   constexpr bool kFlagged = kSources == kSourcesSelfFlagged;
-  const uint64_t pair = p.v.local->pairs;
-  llTimeStart(p.v, pair, kLLKindDispatch);
+  const uint64_t pair = llEnter(p.v, &p.v.local->pairs, kLLKindDispatch);
   if (kFlagged) dispatchSendFlaggedPhase<kSingles>(p, pair);
   else dispatchSendSlicesPhase<kSingles>(p, pair);
   dispatchRecvSlicesPhase<kSources>(p, pair, kLLKindDispatch);
@@ -414,8 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchSlicesKernel(const __gr
 // The receive half of a split small call.
 template <int kSources>
 __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvSlicesKernel(const __grid_constant__ LLDispatchParams p) {
-  const uint64_t pair = p.hd->pair;
-  llTimeStart(p.v, pair, kLLKindDispatchRecv);
+  const uint64_t pair = llEnter(p.v, &p.hd->pair, kLLKindDispatchRecv);
   dispatchRecvSlicesPhase<kSources>(p, pair, kLLKindDispatchRecv);
   llTimeEnd(p.v, pair, kLLKindDispatchRecv);
 }
@@ -427,31 +424,30 @@ static int sourcesOf(const LLDispatchParams& p) {
   return p.flagged ? kSourcesSelfFlagged : p.flag_sources ? kSourcesMixed : kSourcesPlain;
 }
 
-int launchLLDispatchRecvSlices(const LLDispatchParams& p, int sms, void* stream) {
+int launchLLDispatchRecvSlices(const LLDispatchParams& p, const LLLaunch& l) {
   switch (sourcesOf(p)) {
     case kSourcesSelfFlagged:
-      return llLaunch(llDispatchRecvSlicesKernel<kSourcesSelfFlagged>, p, kThreads, sms, stream);
-    case kSourcesMixed: return llLaunch(llDispatchRecvSlicesKernel<kSourcesMixed>, p, kThreads, sms, stream);
-    default: return llLaunch(llDispatchRecvSlicesKernel<kSourcesPlain>, p, kThreads, sms, stream);
+      return llLaunch(llDispatchRecvSlicesKernel<kSourcesSelfFlagged>, p, kThreads, l);
+    case kSourcesMixed: return llLaunch(llDispatchRecvSlicesKernel<kSourcesMixed>, p, kThreads, l);
+    default: return llLaunch(llDispatchRecvSlicesKernel<kSourcesPlain>, p, kThreads, l);
   }
 }
 
 template <bool kSingles>
-static int launchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
+static int launchSlices(const LLDispatchParams& p, const LLLaunch& l, bool send_only) {
   if (send_only)
-    return p.flagged ? llLaunch(llDispatchSlicesSendKernel<kSingles, true>, p, kThreads, sms, stream)
-                     : llLaunch(llDispatchSlicesSendKernel<kSingles, false>, p, kThreads, sms, stream);
+    return p.flagged ? llLaunch(llDispatchSlicesSendKernel<kSingles, true>, p, kThreads, l)
+                     : llLaunch(llDispatchSlicesSendKernel<kSingles, false>, p, kThreads, l);
   switch (sourcesOf(p)) {
     case kSourcesSelfFlagged:
-      return llLaunch(llDispatchSlicesKernel<kSingles, kSourcesSelfFlagged>, p, kThreads, sms, stream);
-    case kSourcesMixed: return llLaunch(llDispatchSlicesKernel<kSingles, kSourcesMixed>, p, kThreads, sms, stream);
-    default: return llLaunch(llDispatchSlicesKernel<kSingles, kSourcesPlain>, p, kThreads, sms, stream);
+      return llLaunch(llDispatchSlicesKernel<kSingles, kSourcesSelfFlagged>, p, kThreads, l);
+    case kSourcesMixed: return llLaunch(llDispatchSlicesKernel<kSingles, kSourcesMixed>, p, kThreads, l);
+    default: return llLaunch(llDispatchSlicesKernel<kSingles, kSourcesPlain>, p, kThreads, l);
   }
 }
 
-int launchLLDispatchSlices(const LLDispatchParams& p, int sms, void* stream, bool send_only) {
-  return llUsesSingles(p.v) ? launchSlices<true>(p, sms, stream, send_only)
-                            : launchSlices<false>(p, sms, stream, send_only);
+int launchLLDispatchSlices(const LLDispatchParams& p, const LLLaunch& l, bool send_only) {
+  return llUsesSingles(p.v) ? launchSlices<true>(p, l, send_only) : launchSlices<false>(p, l, send_only);
 }
 
 int preloadLLDispatchSlicesKernels() {

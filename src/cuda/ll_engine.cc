@@ -149,6 +149,9 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.cnt_off = llCountsOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.timeout_ns = (unsigned long long)c.timeout_ms * 1000000ull;
   slices_ = int(param::CUDA_LL_SLICES());
+  int cc_major = 0;
+  CUDACHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev_));
+  pdl_ = param::CUDA_LL_PDL() != 0 && cc_major >= 9;  // griddepcontrol: sm_90 and later
   flag_tokens_ = int(std::min<int64_t>(std::max<int64_t>(param::CUDA_LL_FLAGGED(), 0), kLLFlagTokens));
   if (param::CUDA_LL_TIMING() != 0) {
     void* tp = nullptr;
@@ -298,8 +301,8 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   p.recv_src = a.recv_src;
   h->backend_state = st.get();
   HandleState* raw = st.release();
-  const int err = send_only ? launchLLDispatchSend(raw->dispatch, sms_, slices_, stream)
-                            : launchLLDispatch(raw->dispatch, sms_, slices_, stream);
+  const LLLaunch l{sms_, slices_, pdl_, stream};
+  const int err = send_only ? launchLLDispatchSend(raw->dispatch, l) : launchLLDispatch(raw->dispatch, l);
   if (err != 0) {
     release(h);
     return setError(comm_, epUnhandledCudaError, "epLowLatencyDispatch: kernel launch failed: %s",
@@ -317,8 +320,8 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
   p.hd = st->dev;
   p.y = static_cast<const uint16_t*>(a.y);
   p.out = static_cast<uint16_t*>(a.out);
-  const int err = send_only ? launchLLCombineSend(p, sms_, stream)
-                            : launchLLCombine(p, sms_, st->dispatch.num_tokens, stream);
+  const LLLaunch l{sms_, slices_, pdl_, stream};
+  const int err = send_only ? launchLLCombineSend(p, l) : launchLLCombine(p, l, st->dispatch.num_tokens);
   if (err != 0)
     return setError(comm_, epUnhandledCudaError, "epLowLatencyCombine: kernel launch failed: %s",
                     cudaGetErrorString(cudaError_t(err)));
@@ -330,8 +333,9 @@ epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
   EPCHECK(checkErrors("epLowLatencyComplete", stream));
   auto* st = static_cast<HandleState*>(h->backend_state);
   int err = 0;
-  if (h->pending == epHandle::Pending::kDispatch) err = launchLLDispatchRecv(st->dispatch, sms_, slices_, stream);
-  else err = launchLLCombineRecv(st->combine, sms_, st->dispatch.num_tokens, stream);
+  const LLLaunch l{sms_, slices_, pdl_, stream};
+  if (h->pending == epHandle::Pending::kDispatch) err = launchLLDispatchRecv(st->dispatch, l);
+  else err = launchLLCombineRecv(st->combine, l, st->dispatch.num_tokens);
   if (err != 0)
     return setError(comm_, epUnhandledCudaError, "epLowLatencyComplete: kernel launch failed: %s",
                     cudaGetErrorString(cudaError_t(err)));

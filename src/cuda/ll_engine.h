@@ -43,6 +43,7 @@ class LLEngine {
   int dev_;
   int sms_;
   int slices_ = -1;  // EP_CUDA_LL_SLICES, read once at init
+  bool pdl_ = false;  // programmatic dependent launch (EP_CUDA_LL_PDL, Hopper and later)
   int flag_tokens_ = 0;  // calls of at most this many tokens send flagged records (EP_CUDA_LL_FLAGGED)
   bool flag_sources_ = true;  // some rank's flag_tokens_ is above 0 (agreed at init)
   size_t bytes_ = 0;

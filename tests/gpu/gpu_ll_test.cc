@@ -39,6 +39,23 @@ __global__ void busyKernel(float* p, int n) {  // "other work" between the halve
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = p[i] * 0.5f + 1.0f;
 }
 
+// The kernel before a call that lets the call be placed on the GPU at once
+// (griddepcontrol.launch_dependents, as a kernel written for programmatic
+// dependent launch may do), and writes the call's inputs only `delay_ns`
+// later: n 4-byte words of src to dst. A call launched with programmatic
+// dependent launch that read its inputs before it waited for this kernel
+// would read what was there before.
+__global__ void lateCopyKernel(const uint32_t* src, uint32_t* dst, size_t n, unsigned long long delay_ns) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < delay_ns);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
 // Runs dispatch (+ combine) on the host backend: the reference.
 void runHost(const Shape& s, int R, std::vector<RankData>& in, std::vector<Outputs>& ref) {
   std::vector<epComm_t> comms(R);
@@ -436,6 +453,79 @@ int runAbortWhileWaiting(int R) {
 // send-only dispatch and the work after it on its stream finish while rank 1
 // has not called yet (it sleeps 300 ms first); then both complete and combine,
 // and the outputs are checked.
+// Inputs written by lateCopyKernel right before the calls that read them
+// (x, ids and weights before the dispatch, y before the combine), the
+// buffers the calls read holding zeros and ids of -1 until then: every output
+// must still match the reference. Fails if a kernel launched with
+// programmatic dependent launch (EP_CUDA_LL_PDL) reads before its wait.
+int runLateInputs(int R, int tokens, bool split) {
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, tokens), true, false, split};
+  std::vector<RankData> in(R);
+  std::vector<Outputs> ref(R);
+  std::vector<GpuRank> g(R);
+  std::vector<epComm_t> comms(R);
+  epConfig_t cfg = configFor(s, epBackendCuda);
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+  randomInputs(s, R, 41, in);
+  runHost(s, R, in, ref);
+  struct Staged {  // the inputs where lateCopyKernel takes them from
+    uint32_t *x, *topk, *w, *y;
+    size_t nx, ntopk, nw, ny;  // 4-byte words
+  };
+  std::vector<Staged> st(R);
+  RankBarrier ready(R);
+  runRanks(R, [&](int r) {
+    setUpRank(s, R, r, comms[r], in[r], g[r], ready, true);
+    Staged& a = st[r];
+    a.nx = in[r].x.size() / 2;
+    a.ntopk = in[r].topk.size() * 2;
+    a.nw = in[r].w.size();
+    a.ny = in[r].y.size() / 2;
+    for (auto [p, n] : {std::pair{&a.x, a.nx}, {&a.topk, a.ntopk}, {&a.w, a.nw}, {&a.y, a.ny}})
+      CK(cudaMalloc(p, n * 4 + 4));
+    CK(cudaMemcpy(a.x, in[r].x.data(), a.nx * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a.topk, in[r].topk.data(), a.ntopk * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a.w, in[r].w.data(), a.nw * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a.y, in[r].y.data(), a.ny * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(g[r].x, 0, a.nx * 4));
+    CK(cudaMemset(g[r].topk, 0xff, a.ntopk * 4));
+    CK(cudaMemset(g[r].w, 0, a.nw * 4));
+    CK(cudaMemset(g[r].y, 0, a.ny * 4));
+    ready.wait();
+    const unsigned long long delay = 200000;  // 200 us
+    auto late = [&](const uint32_t* src, void* dst, size_t n) {
+      lateCopyKernel<<<8, 256, 0, g[r].stream>>>(src, static_cast<uint32_t*>(dst), n, delay);
+    };
+    late(a.x, g[r].x, a.nx);
+    late(a.topk, g[r].topk, a.ntopk);
+    late(a.w, g[r].w, a.nw);
+    epHandle_t h = nullptr;
+    epLowLatencyDispatchArgs_t da = ll::dispatchArgs(s, r, g[r]);  // EP_LL_SEND_ONLY when split
+    EK(comms[r], epLowLatencyDispatch(comms[r], &da, &h, g[r].stream));
+    if (split) EK(comms[r], epLowLatencyComplete(comms[r], h, g[r].stream));
+    late(a.y, g[r].y, a.ny);
+    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+    c.flags = split ? EP_LL_SEND_ONLY : 0u;
+    c.y = g[r].y;
+    c.out = g[r].out;
+    EK(comms[r], epLowLatencyCombine(comms[r], &c, h, g[r].stream));
+    if (split) EK(comms[r], epLowLatencyComplete(comms[r], h, g[r].stream));
+    CK(cudaStreamSynchronize(g[r].stream));
+    epHandleDestroy(h);
+  });
+  long long bad = 0;
+  for (int r = 0; r < R; r++) {
+    CK(cudaSetDevice(gpuOf(r)));
+    bad += compare(s, R, r, g[r], ref[r], "late inputs");
+    for (uint32_t* p : {st[r].x, st[r].topk, st[r].w, st[r].y}) CK(cudaFree(p));
+    freeRank(g[r]);
+    epCommDestroy(comms[r]);
+  }
+  printf("eager  R=%d T=%d%s inputs written by the kernel before each call, 200 us after it let the call in: %s\n", R,
+         tokens, split ? " split" : "", bad ? "FAILED" : "OK");
+  return bad ? 1 : 0;
+}
+
 int runSendHalfDoesNotWait(int R) {
   Shape s{2048, 8, 8 * R, 64, std::vector<int>(R, 64), true, false, true};
   std::vector<RankData> in(R);
@@ -632,6 +722,8 @@ int main(int argc, char** argv) {
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runSendHalfDoesNotWait(R) == 0) ? passed : failed)++;
+    for (int tokens : {1, 40})
+      for (bool split : {false, true}) ((runLateInputs(R, tokens, split) == 0) ? passed : failed)++;
   }
   printf("gpu_ll_test: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

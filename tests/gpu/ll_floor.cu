@@ -18,7 +18,11 @@
 // counter: block b stores one 16-byte line of two (value, tag) words into
 // line [me][b] of every GPU (relaxed, no fence) and polls line [src][b] of
 // its own GPU for every source until both tags are this round's: the data
-// carries its own arrival, as in NCCL's LL protocol.
+// carries its own arrival, as in NCCL's LL protocol. (l)-(o): programmatic
+// dependent launch again, now with the next kernel let in early (every block
+// runs griddepcontrol.launch_dependents right after its wait, so the next
+// grid's blocks can be placed while this one works): (l) empty, (m) (k)
+// waiting only, (n) (k) let in early, (o) (b) let in early.
 // With one GPU, every variant runs on it alone (the peer is itself).
 // Build: nvcc -O2 -arch=sm_90 tests/gpu/ll_floor.cu -o build/ll_floor
 #include <cuda_runtime.h>
@@ -44,6 +48,14 @@ constexpr size_t kCtrBytes = (kLinesAt + 2 * 2 * kMaxBlocks) * sizeof(unsigned l
 __global__ void emptyKernel() {}
 __global__ void emptyPdlKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// Programmatic dependent launch: 0 none, 1 wait for the previous grid, 2 also
+// let the next grid's blocks in right away.
+__device__ __forceinline__ void pdlEnter(int pdl) {
+  if (pdl >= 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (pdl == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__global__ void emptyEarlyKernel() { pdlEnter(2); }
+
 template <int kSmem>
 __global__ void smemKernel(int* sink) {
   __shared__ int s[kSmem / 4];
@@ -67,7 +79,7 @@ __device__ __forceinline__ void spinUntil(const unsigned long long* p, unsigned 
 // (b), (c), (f) with release reductions; (i) with relaxed ones.
 template <bool kRelease>
 __global__ void signalWaitKernel(Peers p, unsigned long long round, int pdl) {
-  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdlEnter(pdl);
   __syncthreads();
   if (threadIdx.x < p.n) {
     redSys(p.ctr[threadIdx.x] + p.me, kRelease);
@@ -112,7 +124,8 @@ __global__ void signalLastKernel(Peers p, unsigned long long round) {
 }
 
 // (k): the line of block b carries (b, round) twice; no fence, no counter.
-__global__ void flaggedLineKernel(Peers p, unsigned long long round) {
+__global__ void flaggedLineKernel(Peers p, unsigned long long round, int pdl) {
+  pdlEnter(pdl);
   const unsigned long long word = (round << 32) | blockIdx.x;
   if (threadIdx.x < p.n) {
     unsigned long long* line = p.ctr[threadIdx.x] + kLinesAt + 2 * (p.me * kMaxBlocks + blockIdx.x);
@@ -143,7 +156,7 @@ int main() {
   }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int variant = 0; variant < 11; variant++) {
+  for (int variant = 0; variant < 15; variant++) {
     const int blocks = variant == 2 ? 1 : sms;
     float per_kernel[2] = {0, 0};
     // Counter rounds go on from the previous variant: reset both first.
@@ -174,7 +187,7 @@ int main() {
             else if (variant == 7) signalLastKernel<true><<<blocks, 256, 0, s>>>(p, ++round);
             else if (variant == 8) signalWaitKernel<false><<<blocks, 256, 0, s>>>(p, ++round, 0);
             else if (variant == 9) signalLastKernel<false><<<blocks, 256, 0, s>>>(p, ++round);
-            else if (variant == 10) flaggedLineKernel<<<blocks, 256, 0, s>>>(p, ++round);
+            else if (variant == 10) flaggedLineKernel<<<blocks, 256, 0, s>>>(p, ++round, 0);
             else if (variant >= 4) {
               cudaLaunchConfig_t cfg = {};
               cudaLaunchAttribute attr[1];
@@ -186,7 +199,10 @@ int main() {
               cfg.attrs = attr;
               cfg.numAttrs = 1;
               if (variant == 4) CK(cudaLaunchKernelEx(&cfg, emptyPdlKernel));
-              else CK(cudaLaunchKernelEx(&cfg, signalWaitKernel<true>, p, ++round, 1));
+              else if (variant == 11) CK(cudaLaunchKernelEx(&cfg, emptyEarlyKernel));
+              else if (variant == 12 || variant == 13)
+                CK(cudaLaunchKernelEx(&cfg, flaggedLineKernel, p, ++round, variant == 12 ? 1 : 2));
+              else CK(cudaLaunchKernelEx(&cfg, signalWaitKernel<true>, p, ++round, variant == 14 ? 2 : 1));
             } else signalWaitKernel<true><<<blocks, 256, 0, s>>>(p, ++round, 0);
           }
           CK(cudaStreamEndCapture(s, &g));
@@ -215,7 +231,9 @@ int main() {
                            "empty, 29 KB / 8 KB shared alternating", "empty, PDL", "signal + wait, PDL",
                            "signal + wait, 8 spread counters", "signal + wait, last block signals",
                            "signal + wait, relaxed reductions", "signal + wait, last block releases",
-                           "flagged lines, no counter"};
+                           "flagged lines, no counter", "empty, PDL, next let in early",
+                           "flagged lines, PDL", "flagged lines, PDL, next let in early",
+                           "signal + wait, PDL, next let in early"};
     if (ng == 2)
       printf("ll_floor: %-40s %d blocks: %.2f / %.2f us per kernel (GPU 0 / 1)\n", names[variant], blocks,
              per_kernel[0], per_kernel[1]);

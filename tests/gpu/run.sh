@@ -47,10 +47,12 @@ EP_CUDA_LL_SLICES=1 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_tes
 EP_CUDA_LL_FLAGGED=4 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 |
   tee "$LOGS/gpu_ll_test_flagged.log" | tail -1
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test (EP_CUDA_LL_FLAGGED=4): FAILED"; status=1; }
-# No rank sends flagged records: the whole-row receive kernels without their code.
-EP_CUDA_LL_FLAGGED=0 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 |
+# No rank sends flagged records: the whole-row receive kernels without their
+# code; and the kernels launched the usual way, without programmatic
+# dependent launch.
+EP_CUDA_LL_FLAGGED=0 EP_CUDA_LL_PDL=0 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 |
   tee "$LOGS/gpu_ll_test_plain.log" | tail -1
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test (EP_CUDA_LL_FLAGGED=0): FAILED"; status=1; }
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test (EP_CUDA_LL_FLAGGED=0 EP_CUDA_LL_PDL=0): FAILED"; status=1; }
 fi
 timeout ${EP_GPU_TEST_TIMEOUT:-540} "$BUILD/tests/gpu_test" 2>&1 | tee "$LOGS/gpu_test.log"
 rc=${PIPESTATUS[0]}
