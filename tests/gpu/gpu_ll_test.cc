@@ -87,6 +87,22 @@ void setUpRank(const Shape& s, int R, int r, epComm_t comm, const RankData& in, 
   ready.wait();
 }
 
+// The opening of a case: shape s's communicators (one per rank, on the GPUs
+// gpusOf(R) gives), random inputs of `seed` and their host reference; the
+// ranks' buffers are the case's to set up (setUpRank).
+struct RankedCase {
+  std::vector<RankData> in;
+  std::vector<Outputs> ref;
+  std::vector<GpuRank> g;
+  std::vector<epComm_t> comms;
+  RankedCase(const Shape& s, int R, uint64_t seed) : in(R), ref(R), g(R), comms(R) {
+    epConfig_t cfg = configFor(s, epBackendCuda);
+    EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+    randomInputs(s, R, seed, in);
+    runHost(s, R, in, ref);
+  }
+};
+
 // Enqueues one dispatch + combine (halves split by other work when asked).
 void enqueueLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h) {
   ll::enqueueLayer(s, r, g, h, [&](int) { busyKernel<<<64, 256, 0, g.stream>>>(g.scratch, 16 << 20); });
@@ -449,10 +465,6 @@ int runAbortWhileWaiting(int R) {
   return failed ? 1 : 0;
 }
 
-// The send half holds no SM while it waits: it waits for nothing. Rank 0's
-// send-only dispatch and the work after it on its stream finish while rank 1
-// has not called yet (it sleeps 300 ms first); then both complete and combine,
-// and the outputs are checked.
 // Inputs written by lateCopyKernel right before the calls that read them
 // (x, ids and weights before the dispatch, y before the combine), the
 // buffers the calls read holding zeros and ids of -1 until then: every output
@@ -460,14 +472,7 @@ int runAbortWhileWaiting(int R) {
 // programmatic dependent launch (EP_CUDA_LL_PDL) reads before its wait.
 int runLateInputs(int R, int tokens, bool split) {
   Shape s{512, 4, 4 * R, 40, std::vector<int>(R, tokens), true, false, split};
-  std::vector<RankData> in(R);
-  std::vector<Outputs> ref(R);
-  std::vector<GpuRank> g(R);
-  std::vector<epComm_t> comms(R);
-  epConfig_t cfg = configFor(s, epBackendCuda);
-  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
-  randomInputs(s, R, 41, in);
-  runHost(s, R, in, ref);
+  RankedCase c(s, R, 41);
   struct Staged {  // the inputs where lateCopyKernel takes them from
     uint32_t *x, *topk, *w, *y;
     size_t nx, ntopk, nw, ny;  // 4-byte words
@@ -475,102 +480,99 @@ int runLateInputs(int R, int tokens, bool split) {
   std::vector<Staged> st(R);
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
-    setUpRank(s, R, r, comms[r], in[r], g[r], ready, true);
+    setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready, true);
     Staged& a = st[r];
-    a.nx = in[r].x.size() / 2;
-    a.ntopk = in[r].topk.size() * 2;
-    a.nw = in[r].w.size();
-    a.ny = in[r].y.size() / 2;
+    a.nx = c.in[r].x.size() / 2;
+    a.ntopk = c.in[r].topk.size() * 2;
+    a.nw = c.in[r].w.size();
+    a.ny = c.in[r].y.size() / 2;
     for (auto [p, n] : {std::pair{&a.x, a.nx}, {&a.topk, a.ntopk}, {&a.w, a.nw}, {&a.y, a.ny}})
       CK(cudaMalloc(p, n * 4 + 4));
-    CK(cudaMemcpy(a.x, in[r].x.data(), a.nx * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(a.topk, in[r].topk.data(), a.ntopk * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(a.w, in[r].w.data(), a.nw * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(a.y, in[r].y.data(), a.ny * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemset(g[r].x, 0, a.nx * 4));
-    CK(cudaMemset(g[r].topk, 0xff, a.ntopk * 4));
-    CK(cudaMemset(g[r].w, 0, a.nw * 4));
-    CK(cudaMemset(g[r].y, 0, a.ny * 4));
+    CK(cudaMemcpy(a.x, c.in[r].x.data(), a.nx * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a.topk, c.in[r].topk.data(), a.ntopk * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a.w, c.in[r].w.data(), a.nw * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a.y, c.in[r].y.data(), a.ny * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(c.g[r].x, 0, a.nx * 4));
+    CK(cudaMemset(c.g[r].topk, 0xff, a.ntopk * 4));
+    CK(cudaMemset(c.g[r].w, 0, a.nw * 4));
+    CK(cudaMemset(c.g[r].y, 0, a.ny * 4));
     ready.wait();
     const unsigned long long delay = 200000;  // 200 us
     auto late = [&](const uint32_t* src, void* dst, size_t n) {
-      lateCopyKernel<<<8, 256, 0, g[r].stream>>>(src, static_cast<uint32_t*>(dst), n, delay);
+      lateCopyKernel<<<8, 256, 0, c.g[r].stream>>>(src, static_cast<uint32_t*>(dst), n, delay);
     };
-    late(a.x, g[r].x, a.nx);
-    late(a.topk, g[r].topk, a.ntopk);
-    late(a.w, g[r].w, a.nw);
+    late(a.x, c.g[r].x, a.nx);
+    late(a.topk, c.g[r].topk, a.ntopk);
+    late(a.w, c.g[r].w, a.nw);
     epHandle_t h = nullptr;
-    epLowLatencyDispatchArgs_t da = ll::dispatchArgs(s, r, g[r]);  // EP_LL_SEND_ONLY when split
-    EK(comms[r], epLowLatencyDispatch(comms[r], &da, &h, g[r].stream));
-    if (split) EK(comms[r], epLowLatencyComplete(comms[r], h, g[r].stream));
-    late(a.y, g[r].y, a.ny);
-    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-    c.flags = split ? EP_LL_SEND_ONLY : 0u;
-    c.y = g[r].y;
-    c.out = g[r].out;
-    EK(comms[r], epLowLatencyCombine(comms[r], &c, h, g[r].stream));
-    if (split) EK(comms[r], epLowLatencyComplete(comms[r], h, g[r].stream));
-    CK(cudaStreamSynchronize(g[r].stream));
+    epLowLatencyDispatchArgs_t da = ll::dispatchArgs(s, r, c.g[r]);  // EP_LL_SEND_ONLY when split
+    EK(c.comms[r], epLowLatencyDispatch(c.comms[r], &da, &h, c.g[r].stream));
+    if (split) EK(c.comms[r], epLowLatencyComplete(c.comms[r], h, c.g[r].stream));
+    late(a.y, c.g[r].y, a.ny);
+    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
+    ca.flags = split ? EP_LL_SEND_ONLY : 0u;
+    ca.y = c.g[r].y;
+    ca.out = c.g[r].out;
+    EK(c.comms[r], epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream));
+    if (split) EK(c.comms[r], epLowLatencyComplete(c.comms[r], h, c.g[r].stream));
+    CK(cudaStreamSynchronize(c.g[r].stream));
     epHandleDestroy(h);
   });
   long long bad = 0;
   for (int r = 0; r < R; r++) {
     CK(cudaSetDevice(gpuOf(r)));
-    bad += compare(s, R, r, g[r], ref[r], "late inputs");
+    bad += compare(s, R, r, c.g[r], c.ref[r], "late inputs");
     for (uint32_t* p : {st[r].x, st[r].topk, st[r].w, st[r].y}) CK(cudaFree(p));
-    freeRank(g[r]);
-    epCommDestroy(comms[r]);
+    freeRank(c.g[r]);
+    epCommDestroy(c.comms[r]);
   }
   printf("eager  R=%d T=%d%s inputs written by the kernel before each call, 200 us after it let the call in: %s\n", R,
          tokens, split ? " split" : "", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
 
+// The send half holds no SM while it waits: it waits for nothing. Rank 0's
+// send-only dispatch and the work after it on its stream finish while rank 1
+// has not called yet (it sleeps 300 ms first); then both complete and combine,
+// and the outputs are checked.
 int runSendHalfDoesNotWait(int R) {
   Shape s{2048, 8, 8 * R, 64, std::vector<int>(R, 64), true, false, true};
-  std::vector<RankData> in(R);
-  std::vector<Outputs> ref(R);
-  std::vector<GpuRank> g(R);
-  std::vector<epComm_t> comms(R);
-  epConfig_t cfg = configFor(s, epBackendCuda);
-  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
-  randomInputs(s, R, 31, in);
-  runHost(s, R, in, ref);
+  RankedCase c(s, R, 31);
   std::vector<double> send_ms(R, 0.0);
   long long bad = 0;
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
-    setUpRank(s, R, r, comms[r], in[r], g[r], ready);
+    setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready);
     epHandle_t warm = nullptr;  // a first layer: kernels loaded, sets in use
-    ll::enqueueLayer(s, r, g[r], &warm, [&](int) {});
-    CK(cudaStreamSynchronize(g[r].stream));
+    ll::enqueueLayer(s, r, c.g[r], &warm, [&](int) {});
+    CK(cudaStreamSynchronize(c.g[r].stream));
     epHandleDestroy(warm);
   });
   runRanks(R, [&](int r) {
     CK(cudaSetDevice(gpuOf(r)));
-    poison(s, R, g[r]);
-    CK(cudaStreamSynchronize(g[r].stream));
+    poison(s, R, c.g[r]);
+    CK(cudaStreamSynchronize(c.g[r].stream));
     if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const auto t0 = std::chrono::steady_clock::now();
-    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);  // EP_LL_SEND_ONLY
+    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, c.g[r]);  // EP_LL_SEND_ONLY
     epHandle_t h = nullptr;
-    EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
-    busyKernel<<<64, 256, 0, g[r].stream>>>(g[r].scratch, 1 << 20);
-    CK(cudaStreamSynchronize(g[r].stream));
+    EK(c.comms[r], epLowLatencyDispatch(c.comms[r], &a, &h, c.g[r].stream));
+    busyKernel<<<64, 256, 0, c.g[r].stream>>>(c.g[r].scratch, 1 << 20);
+    CK(cudaStreamSynchronize(c.g[r].stream));
     send_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    EK(comms[r], epLowLatencyComplete(comms[r], h, g[r].stream));
-    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-    c.y = g[r].y;
-    c.out = g[r].out;
-    EK(comms[r], epLowLatencyCombine(comms[r], &c, h, g[r].stream));
-    CK(cudaStreamSynchronize(g[r].stream));
+    EK(c.comms[r], epLowLatencyComplete(c.comms[r], h, c.g[r].stream));
+    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
+    ca.y = c.g[r].y;
+    ca.out = c.g[r].out;
+    EK(c.comms[r], epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream));
+    CK(cudaStreamSynchronize(c.g[r].stream));
     epHandleDestroy(h);
   });
   for (int r = 0; r < R; r++) {
     CK(cudaSetDevice(gpuOf(r)));
-    bad += compare(s, R, r, g[r], ref[r], "send half");
-    freeRank(g[r]);
-    epCommDestroy(comms[r]);
+    bad += compare(s, R, r, c.g[r], c.ref[r], "send half");
+    freeRank(c.g[r]);
+    epCommDestroy(c.comms[r]);
   }
   const bool failed = bad != 0 || send_ms[0] > 100.0;
   printf("eager  R=%d rank 0's send half and the work after it, rank 1 300 ms late: %.2f ms: %s\n", R, send_ms[0],
