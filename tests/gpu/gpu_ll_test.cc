@@ -468,9 +468,10 @@ int runAbortWhileWaiting(int R) {
 // Inputs written by lateCopyKernel right before the calls that read them
 // (x, ids and weights before the dispatch, y before the combine), the
 // buffers the calls read holding zeros and ids of -1 until then: every output
-// must still match the reference. Fails if a kernel launched with
-// programmatic dependent launch (EP_CUDA_LL_PDL) reads before its wait.
-int runLateInputs(int R, int tokens, bool split) {
+// must still match the reference, eager or captured in a graph (where the
+// calls' kernels hang from programmatic edges). Fails if a kernel launched
+// with programmatic dependent launch (EP_CUDA_LL_PDL) reads before its wait.
+int runLateInputs(int R, int tokens, bool split, bool graph) {
   Shape s{512, 4, 4 * R, 40, std::vector<int>(R, tokens), true, false, split};
   RankedCase c(s, R, 41);
   struct Staged {  // the inputs where lateCopyKernel takes them from
@@ -497,6 +498,9 @@ int runLateInputs(int R, int tokens, bool split) {
     CK(cudaMemset(c.g[r].w, 0, a.nw * 4));
     CK(cudaMemset(c.g[r].y, 0, a.ny * 4));
     ready.wait();
+    cudaGraph_t graph_def = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (graph) CK(cudaStreamBeginCapture(c.g[r].stream, cudaStreamCaptureModeThreadLocal));
     const unsigned long long delay = 200000;  // 200 us
     auto late = [&](const uint32_t* src, void* dst, size_t n) {
       lateCopyKernel<<<8, 256, 0, c.g[r].stream>>>(src, static_cast<uint32_t*>(dst), n, delay);
@@ -515,7 +519,17 @@ int runLateInputs(int R, int tokens, bool split) {
     ca.out = c.g[r].out;
     EK(c.comms[r], epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream));
     if (split) EK(c.comms[r], epLowLatencyComplete(c.comms[r], h, c.g[r].stream));
+    if (graph) {  // the kernels' programmatic edges are the graph's now
+      CK(cudaStreamEndCapture(c.g[r].stream, &graph_def));
+      CK(cudaGraphInstantiate(&exec, graph_def, 0));
+      ready.wait();  // every rank captured before any launches
+      CK(cudaGraphLaunch(exec, c.g[r].stream));
+    }
     CK(cudaStreamSynchronize(c.g[r].stream));
+    if (graph) {
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(graph_def));
+    }
     epHandleDestroy(h);
   });
   long long bad = 0;
@@ -526,8 +540,8 @@ int runLateInputs(int R, int tokens, bool split) {
     freeRank(c.g[r]);
     epCommDestroy(c.comms[r]);
   }
-  printf("eager  R=%d T=%d%s inputs written by the kernel before each call, 200 us after it let the call in: %s\n", R,
-         tokens, split ? " split" : "", bad ? "FAILED" : "OK");
+  printf("%-6s R=%d T=%d%s inputs written by the kernel before each call, 200 us after it let the call in: %s\n",
+         graph ? "graph" : "eager", R, tokens, split ? " split" : "", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
 
@@ -724,8 +738,9 @@ int main(int argc, char** argv) {
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runSendHalfDoesNotWait(R) == 0) ? passed : failed)++;
-    for (int tokens : {1, 40})
-      for (bool split : {false, true}) ((runLateInputs(R, tokens, split) == 0) ? passed : failed)++;
+    for (bool graph : {false, true})
+      for (int tokens : {1, 40})
+        for (bool split : {false, true}) ((runLateInputs(R, tokens, split, graph) == 0) ? passed : failed)++;
   }
   printf("gpu_ll_test: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
