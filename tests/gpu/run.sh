@@ -36,6 +36,9 @@ if [ "$LL" != 0 ]; then
 # The FP8 conversion of GPUs before sm_89 against this GPU's instruction, all 2^32 floats.
 timeout 120 "$BUILD/tests/fp8_soft_test" 2>&1 | tee "$LOGS/fp8_soft_test.log" | tail -2
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fp8_soft_test: FAILED"; status=1; }
+# Programmatic dependent launch, as the LL kernels are launched, on every kind of stream.
+timeout 60 "$BUILD/tests/pdl_streams" 2>&1 | tee "$LOGS/pdl_streams.log" | tail -1
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "pdl_streams: FAILED"; status=1; }
 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 | tee "$LOGS/gpu_ll_test.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test: FAILED"; status=1; }
 # The dispatch's row-slice kernels take only small calls by default; here every call.
