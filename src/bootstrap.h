@@ -48,6 +48,14 @@ epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout
 epResult_t bootstrapAllGather(Bootstrap* b, void* data, size_t bytes_per_rank);
 epResult_t bootstrapBarrier(Bootstrap* b);
 
+// This rank's init failed (result, text) after the ring formed: tells the
+// successor, which passes it on around the ring, so that every rank waiting
+// in a collective fails naming this rank and its reason instead of the
+// neighbour that left after it. Best effort, waits at most about a second;
+// the ring is unusable afterwards. A no-op after a failed collective (that
+// failure was passed on already).
+void bootstrapNotifyFailure(Bootstrap* b, epResult_t result, const char* text);
+
 // Unblocks every call of b that is waiting (used by epCommAbort). Thread-safe.
 void bootstrapAbort(Bootstrap* b);
 // Closes the sockets and frees b. NULL is a no-op.

@@ -328,6 +328,9 @@ epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* 
   comm->num_local_experts = comm->cfg.num_experts / comm->nranks;
   comm->first_expert = comm->rank * comm->num_local_experts;
 
+  if (param::TEST_FAIL_INIT() != 0)
+    return setError(comm, epInternalError, "init failed on purpose (EP_TEST_FAIL_INIT=%lld)",
+                    (long long)param::TEST_FAIL_INIT());
   if (kind == epBackendCuda) EPCHECK(createCudaBackend(comm, &comm->backend));
   else EPCHECK(createHostBackend(comm, &comm->backend));
   // After the backend, which may fill in the GPU bus ids of the peers.
@@ -384,6 +387,8 @@ epResult_t commInitRank(epComm_t* out, int nranks, const epUniqueId& id, int ran
       std::lock_guard<std::mutex> lock(comm->error_mu);
       msg = comm->last_error;
     }
+    // The peers may wait in a collective for this rank: tell them why it left.
+    bootstrapNotifyFailure(comm->bootstrap, res, msg.empty() ? "init failed" : msg.c_str());
     commFree(comm);
     if (!msg.empty()) setError(nullptr, res, "%s", msg.c_str());
     return res;

@@ -129,6 +129,31 @@ int missingRank(const LaunchInfo& li, Tally* t) {
   return 0;
 }
 
+// Rank 2 of 4 fails its init once the ring stands (EP_TEST_FAIL_INIT), as a
+// rank whose backend cannot start would. Every other rank, waiting in a ring
+// collective, must fail naming rank 2, before its own timeout; those that
+// hear of it through the ring (rank 3, its successor, and rank 0, told by
+// rank 3) must also give its reason. Rank 1 sends to rank 2 and may see it
+// gone first: it must name rank 2 too.
+int rankFailsInit(const LaunchInfo& li, Tally* t) {
+  if (li.rank == 2) setenv("EP_TEST_FAIL_INIT", "1", 1);
+  epConfig_t cfg = smallConfig();
+  epComm_t comm = nullptr;
+  auto t0 = Clock::now();
+  epResult_t res = epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg);
+  double s = secondsSince(t0);
+  const char* msg = epGetLastError(nullptr);
+  t->check(res != epSuccess && comm == nullptr, "init fails on every rank", li.rank);
+  if (li.rank == 2) return 0;
+  t->check(res == epRemoteError, "epRemoteError", li.rank);
+  t->check(contains(msg, "rank 2"), "message names rank 2", li.rank);
+  if (li.rank != 1) t->check(contains(msg, "on purpose"), "message gives rank 2's reason", li.rank);
+  if (!contains(msg, "rank 2") || (li.rank != 1 && !contains(msg, "on purpose")))
+    fprintf(stderr, "  rank %d message: %s\n", li.rank, msg);
+  t->check(s < kTimeoutMs / 1000.0, "before the timeout", li.rank);
+  return 0;
+}
+
 int rankExits(const LaunchInfo& li, Tally* t) {
   epConfig_t cfg = smallConfig();
   epComm_t comm = nullptr;
@@ -294,6 +319,7 @@ const Scenario kScenarios[] = {
     {"rank-exits", 2, rankExits},           {"abort", 2, abortUnblocks},
     {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
     {"ring-mismatch", 3, ringMismatch},     {"node-size-mismatch", 2, nodeSizeMismatch},
+    {"rank-fails-init", 4, rankFailsInit},
 };
 
 }  // namespace
