@@ -20,6 +20,7 @@
 #include <cmath>
 #include <string>
 
+#include "early_producer.cuh"
 #include "gpu_common.h"
 
 namespace {
@@ -46,12 +47,7 @@ __global__ void busyKernel(float* p, int n) {  // "other work" between the halve
 // dependent launch that read its inputs before it waited for this kernel
 // would read what was there before.
 __global__ void lateCopyKernel(const uint32_t* src, uint32_t* dst, size_t n, unsigned long long delay_ns) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < delay_ns);
+  letDependentsInThenWait(delay_ns);
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     dst[i] = src[i];
 }

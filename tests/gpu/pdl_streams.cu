@@ -12,18 +12,14 @@
 #include <cstdio>
 
 #include "cuda_check.h"
+#include "early_producer.cuh"
 
 namespace {
 
 constexpr int kWritten = 42;
 
 __global__ void primaryKernel(int* word, unsigned long long delay_ns) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < delay_ns);
+  letDependentsInThenWait(delay_ns);
   if (threadIdx.x == 0 && blockIdx.x == 0) *word = kWritten;
 }
 
