@@ -8,6 +8,7 @@
 //   each collective: OpHeader exchanged with the neighbours first, so that ranks
 //   that call different collectives or sizes fail with a message instead of hanging.
 #include "bootstrap.h"
+#include "bootstrap_ring.h"
 #include "checks.h"
 
 #include <poll.h>
@@ -43,7 +44,6 @@ using Clock = std::chrono::steady_clock;
 constexpr char kIdMagic[8] = {'m', 'o', 'e', 'e', 'p', 'B', 'S', '1'};
 constexpr uint64_t kRootHelloMagic = 0x6570426f6f74486cull;  // "epBootHl"
 constexpr uint64_t kRingHelloMagic = 0x6570426f6f745267ull;  // "epBootRg"
-constexpr uint32_t kOpMagic = 0x65704f70u;                    // 'epOp'
 constexpr int32_t kRootReplyMagic = 0x65705252;               // 'epRR'
 // How much longer a rank waits for the root's reply than its own timeout: the
 // root times out at the same moment and its reply (naming the missing ranks) is
@@ -99,17 +99,6 @@ struct RingHello {
   int32_t nranks;
 };
 
-// kOpNotice: no operation, a failure notice follows (see forwardNotice).
-enum OpKind : uint32_t { kOpAllGather = 1, kOpBarrier = 2, kOpNotice = 3 };
-
-struct OpHeader {
-  uint32_t magic;
-  uint32_t kind;
-  uint64_t seq;
-  uint64_t bytes_per_rank;
-};
-
-const char* opName(uint32_t kind) { return kind == kOpBarrier ? "barrier" : "allgather"; }
 
 int clampMs(int64_t ms) { return int(std::min<int64_t>(std::max<int64_t>(ms, 0), INT_MAX)); }
 
@@ -565,28 +554,6 @@ void rootThreadMain(Root* root) {
 
 // ---- Rank side ---------------------------------------------------------------
 
-struct Bootstrap {
-  int rank = 0;
-  int nranks = 1;
-  int timeout_ms = 0;  // per operation, <= 0: none
-  uint64_t nonce = 0;
-  const std::atomic<int>* user_abort = nullptr;
-  std::atomic<int> internal_abort{0};
-  epComm* comm = nullptr;
-  Fd next_fd;  // to (rank + 1) % nranks
-  Fd prev_fd;  // from (rank - 1 + nranks) % nranks
-  uint64_t op_seq = 0;
-  // An operation failed half way: the ring's byte streams are out of step.
-  bool broken = false;
-
-  int next() const { return (rank + 1) % nranks; }
-  int prev() const { return (rank - 1 + nranks) % nranks; }
-  Wait opWait() const { return Wait::afterMs(timeout_ms, user_abort, &internal_abort); }
-  bool aborted() const {
-    return internal_abort.load(std::memory_order_acquire) != 0 ||
-           (user_abort != nullptr && user_abort->load(std::memory_order_acquire) != 0);
-  }
-};
 
 namespace {
 
@@ -904,247 +871,6 @@ epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout
   EP_INFO(kSubsysBootstrap, "bootstrap: rank %d of %d joined (root %s, listen %s)", rank, nranks,
           root_text.c_str(), nranks > 1 ? listen_addr.toString().c_str() : "-");
   *out = b;
-  return epSuccess;
-}
-
-namespace {
-
-// ---- Failure notices ---------------------------------------------------------
-// A rank whose init fails once the ring stands tells its successor before it
-// leaves (bootstrapNotifyFailure), and a rank whose ring operation fails
-// because of its predecessor (a notice, a closed connection, a timeout)
-// passes a notice on to its own successor before it leaves. Every rank then
-// names the rank where the failure began, not the neighbour that left after
-// it. A notice travels in place of the message the successor expects next:
-// an operation header (kind kOpNotice, then the Notice) or a step's frame.
-
-struct Notice {
-  int32_t origin;  // the rank where the failure began
-  int32_t result;  // its epResult_t
-  char text[248];  // what it said (NUL-terminated)
-};
-
-// Every step of an operation moves one frame: this head, then the slot,
-// padded to at least a Notice (so that a notice fits in any frame).
-struct StepHead {
-  uint32_t magic;
-  uint32_t notice;  // 1: a Notice follows instead of the slot
-};
-constexpr uint32_t kStepMagic = 0x65705374u;  // 'epSt'
-constexpr int kNoticeWaitMs = 1000;           // a successor that does not take a notice is gone
-
-size_t framePayload(size_t bytes_per_rank) { return std::max(bytes_per_rank, sizeof(Notice)); }
-
-Notice makeNotice(int origin, epResult_t result, const std::string& text) {
-  Notice n;
-  memset(&n, 0, sizeof(n));
-  n.origin = origin;
-  n.result = int32_t(result);
-  snprintf(n.text, sizeof(n.text), "%s", text.c_str());
-  return n;
-}
-
-// Passes n on to the successor, best effort (it may be gone). header_next:
-// the successor expects an operation header next, else a step frame of an
-// operation of bytes_per_rank.
-void forwardNotice(Bootstrap* b, const Notice& n, bool header_next, size_t bytes_per_rank) {
-  if (b->nranks < 2 || !b->next_fd.valid()) return;
-  std::vector<char> msg;
-  try {
-    if (header_next) {
-      const OpHeader h = {kOpMagic, kOpNotice, b->op_seq, sizeof(Notice)};
-      msg.resize(sizeof(h) + sizeof(n));
-      memcpy(msg.data(), &h, sizeof(h));
-      memcpy(msg.data() + sizeof(h), &n, sizeof(n));
-    } else {
-      const StepHead h = {kStepMagic, 1};
-      msg.assign(sizeof(h) + framePayload(bytes_per_rank), 0);
-      memcpy(msg.data(), &h, sizeof(h));
-      memcpy(msg.data() + sizeof(h), &n, sizeof(n));
-    }
-  } catch (const std::bad_alloc&) {
-    return;
-  }
-  (void)sendExact(b->next_fd.get(), msg.data(), msg.size(), Wait::afterMs(kNoticeWaitMs));
-}
-
-// The error of a rank that received notice n in an operation of `kind`.
-epResult_t noticeFailure(Bootstrap* b, const Notice& n, uint32_t kind) {
-  b->broken = true;
-  char text[sizeof(n.text) + 1];
-  memcpy(text, n.text, sizeof(n.text));
-  text[sizeof(n.text)] = '\0';
-  return setError(b->comm, epRemoteError, "bootstrap: rank %d failed (%s): %s [rank %d heard it during its %s]",
-                  n.origin, epGetErrorString(epResult_t(n.result)), text, b->rank, opName(kind));
-}
-
-// Ring failure with the neighbour named; the ring is unusable afterwards. A
-// failure on the predecessor's side is passed on to the successor (see
-// forwardNotice for header_next and bytes_per_rank).
-epResult_t ringFailure(Bootstrap* b, const IoResult& r, bool send_side, uint32_t kind, bool header_next,
-                       size_t bytes_per_rank) {
-  b->broken = true;
-  const char* op = opName(kind);
-  int peer = send_side ? b->next() : b->prev();
-  char text[512];
-  epResult_t res = epInternalError;
-  switch (r.status) {
-    case IoStatus::kOk: return epSuccess;
-    case IoStatus::kTimeout:
-      res = epTimeout;
-      if (send_side)
-        snprintf(text, sizeof(text), "bootstrap: rank %d did not take the %s data of rank %d within %d ms", peer, op,
-                 b->rank, b->timeout_ms);
-      else
-        snprintf(text, sizeof(text), "bootstrap: rank %d did not answer the %s of rank %d within %d ms", peer, op,
-                 b->rank, b->timeout_ms);
-      break;
-    case IoStatus::kAborted:
-      return setError(b->comm, epAborted, "bootstrap: rank %d: %s aborted", b->rank, op);
-    case IoStatus::kClosed:
-      // A rank that fails with a message, or hears of a failure, sends a
-      // notice to its successor before it leaves: a predecessor that closed
-      // without one exited, crashed or was aborted. A successor's notice, if
-      // any, went the other way round the ring.
-      res = epRemoteError;
-      if (send_side)
-        snprintf(text, sizeof(text),
-                 "bootstrap: rank %d left during the %s of rank %d (%s): it failed, exited, crashed or was "
-                 "aborted (its reason, if it gave one, went to its own successor)",
-                 peer, op, b->rank, r.describe().c_str());
-      else
-        snprintf(text, sizeof(text),
-                 "bootstrap: rank %d left during the %s of rank %d (%s) without saying why: it exited, crashed "
-                 "or was aborted (a rank that fails, or hears of a failure, says so before it leaves)",
-                 peer, op, b->rank, r.describe().c_str());
-      break;
-    case IoStatus::kError:
-      res = epSystemError;
-      snprintf(text, sizeof(text), "bootstrap: rank %d: %s with rank %d failed: %s", b->rank, op, peer,
-               r.describe().c_str());
-      break;
-  }
-  if (!send_side) forwardNotice(b, makeNotice(peer, res, text), header_next, bytes_per_rank);
-  return setError(b->comm, res, "%s", text);
-}
-
-epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32_t kind) {
-  if (b == nullptr) return setError(nullptr, epInvalidArgument, "bootstrap: NULL bootstrap");
-  if (b->aborted())
-    return setError(b->comm, epAborted, "bootstrap: rank %d: %s after abort", b->rank, opName(kind));
-  if (b->broken)
-    return setError(b->comm, epRemoteError,
-                    "bootstrap: rank %d: %s on a ring broken by an earlier failure", b->rank, opName(kind));
-  if (data == nullptr && bytes_per_rank != 0)
-    return setError(b->comm, epInvalidArgument, "bootstrap: %s data is NULL", opName(kind));
-  if (b->nranks == 1) return epSuccess;
-  const Wait wait = b->opWait();
-  std::vector<char> out, in;  // a step's frames
-  try {
-    out.assign(sizeof(StepHead) + framePayload(bytes_per_rank), 0);
-    in.assign(out.size(), 0);
-  } catch (const std::bad_alloc&) {
-    return setError(b->comm, epOutOfMemory, "bootstrap: %s frames of %zu bytes", opName(kind), out.size());
-  }
-
-  // The header exchange proves both neighbours run the same collective with
-  // the same size before any payload moves.
-  OpHeader mine = {kOpMagic, kind, b->op_seq, bytes_per_rank};
-  OpHeader theirs;
-  bool send_side = false;
-  IoResult r = sendRecvExact(b->next_fd.get(), &mine, sizeof(mine), b->prev_fd.get(), &theirs,
-                             sizeof(theirs), wait, &send_side);
-  if (!r.ok()) return ringFailure(b, r, send_side, kind, false, bytes_per_rank);
-  if (theirs.magic == kOpMagic && theirs.kind == kOpNotice) {  // the predecessor failed or heard of a failure
-    Notice n;
-    r = recvExact(b->prev_fd.get(), &n, sizeof(n), wait);
-    if (!r.ok()) return ringFailure(b, r, false, kind, false, bytes_per_rank);
-    forwardNotice(b, n, false, bytes_per_rank);
-    return noticeFailure(b, n, kind);
-  }
-  if (theirs.magic != kOpMagic || theirs.kind != kind || theirs.seq != b->op_seq ||
-      theirs.bytes_per_rank != bytes_per_rank) {
-    b->broken = true;
-    return setError(b->comm, epInvalidUsage,
-                    "bootstrap: rank %d called %s #%llu with %llu bytes per rank, but rank %d called %s "
-                    "#%llu with %llu",
-                    b->rank, opName(kind), (unsigned long long)b->op_seq,
-                    (unsigned long long)bytes_per_rank, b->prev(),
-                    theirs.magic == kOpMagic ? opName(theirs.kind) : "something else",
-                    (unsigned long long)theirs.seq, (unsigned long long)theirs.bytes_per_rank);
-  }
-  b->op_seq++;
-
-  // Classic ring: at step s pass on the slot that arrived at step s-1 (our own at s=0).
-  char* base = static_cast<char*>(data);
-  const int n = b->nranks;
-  const StepHead data_head = {kStepMagic, 0};
-  memcpy(out.data(), &data_head, sizeof(data_head));
-  for (int step = 0; step < n - 1; step++) {
-    int send_slot = ((b->rank - step) % n + n) % n;
-    int recv_slot = ((b->rank - step - 1) % n + n) % n;
-    const bool last = step == n - 2;  // after it the successor expects the next operation's header
-    if (bytes_per_rank != 0)
-      memcpy(out.data() + sizeof(StepHead), base + size_t(send_slot) * bytes_per_rank, bytes_per_rank);
-    r = sendRecvExact(b->next_fd.get(), out.data(), out.size(), b->prev_fd.get(), in.data(), in.size(), wait,
-                      &send_side);
-    if (!r.ok()) return ringFailure(b, r, send_side, kind, last, bytes_per_rank);
-    StepHead head;
-    memcpy(&head, in.data(), sizeof(head));
-    if (head.magic != kStepMagic) {
-      b->broken = true;
-      return setError(b->comm, epInternalError, "bootstrap: rank %d: step %d of the %s from rank %d is not a frame",
-                      b->rank, step, opName(kind), b->prev());
-    }
-    if (head.notice != 0) {
-      Notice nt;
-      memcpy(&nt, in.data() + sizeof(StepHead), sizeof(nt));
-      forwardNotice(b, nt, last, bytes_per_rank);
-      return noticeFailure(b, nt, kind);
-    }
-    if (bytes_per_rank != 0)
-      memcpy(base + size_t(recv_slot) * bytes_per_rank, in.data() + sizeof(StepHead), bytes_per_rank);
-  }
-  EP_TRACE(kSubsysBootstrap, "bootstrap: rank %d %s of %zu bytes per rank done", b->rank, opName(kind),
-           bytes_per_rank);
-  return epSuccess;
-}
-
-}  // namespace
-
-epResult_t bootstrapAllGather(Bootstrap* b, void* data, size_t bytes_per_rank) {
-  return ringAllGather(b, data, bytes_per_rank, kOpAllGather);
-}
-
-epResult_t bootstrapBarrier(Bootstrap* b) {
-  if (b == nullptr) return setError(nullptr, epInvalidArgument, "bootstrap: NULL bootstrap");
-  std::vector<char> bytes;
-  try {
-    bytes.assign(size_t(b->nranks), 0);
-  } catch (const std::bad_alloc&) {
-    return setError(b->comm, epOutOfMemory, "bootstrap: barrier buffer");
-  }
-  return ringAllGather(b, bytes.data(), 1, kOpBarrier);
-}
-
-void bootstrapNotifyFailure(Bootstrap* b, epResult_t result, const char* text) {
-  // A ring already broken passed its notice on (or its successor is gone).
-  if (b == nullptr || b->broken || b->nranks < 2) return;
-  b->broken = true;
-  forwardNotice(b, makeNotice(b->rank, result, text != nullptr ? text : ""), true, 0);
-}
-
-void bootstrapAbort(Bootstrap* b) {
-  if (b == nullptr) return;
-  b->internal_abort.store(1, std::memory_order_release);
-  // The poll loops see the flag within kPollSliceMs; shutting the connections
-  // down as well tells the neighbours right away instead of at their timeout.
-  if (b->next_fd.valid()) ::shutdown(b->next_fd.get(), SHUT_RDWR);
-  if (b->prev_fd.valid()) ::shutdown(b->prev_fd.get(), SHUT_RDWR);
-}
-
-epResult_t bootstrapClose(Bootstrap* b) {
-  delete b;  // the Fd members close the ring sockets
   return epSuccess;
 }
 
