@@ -129,14 +129,15 @@ int missingRank(const LaunchInfo& li, Tally* t) {
   return 0;
 }
 
-// Rank 2 of 4 fails its init once the ring stands (EP_TEST_FAIL_INIT), as a
-// rank whose backend cannot start would. Every other rank, waiting in a ring
-// collective, must fail naming rank 2, before its own timeout; those that
-// hear of it through the ring (rank 3, its successor, and rank 0, told by
-// rank 3) must also give its reason. Rank 1 sends to rank 2 and may see it
-// gone first: it must name rank 2 too.
+// Rank F = nranks / 2 fails its init once the ring stands (EP_TEST_FAIL_INIT),
+// as a rank whose backend cannot start would. Every other rank, waiting in a
+// ring collective, must fail naming rank F, before its own timeout. With 4
+// ranks, those that hear of it through the ring (rank 3, its successor, and
+// rank 0, told by rank 3) must also give its reason; rank 1 sends to rank F
+// and may see it gone first. With 2 ranks the other rank is both.
 int rankFailsInit(const LaunchInfo& li, Tally* t) {
-  if (li.rank == 2) setenv("EP_TEST_FAIL_INIT", "1", 1);
+  const int failing = li.nranks / 2;
+  if (li.rank == failing) setenv("EP_TEST_FAIL_INIT", "1", 1);
   epConfig_t cfg = smallConfig();
   epComm_t comm = nullptr;
   auto t0 = Clock::now();
@@ -144,11 +145,13 @@ int rankFailsInit(const LaunchInfo& li, Tally* t) {
   double s = secondsSince(t0);
   const char* msg = epGetLastError(nullptr);
   t->check(res != epSuccess && comm == nullptr, "init fails on every rank", li.rank);
-  if (li.rank == 2) return 0;
+  if (li.rank == failing) return 0;
+  const std::string name = "rank " + std::to_string(failing);
+  const bool told = li.rank != (failing + li.nranks - 1) % li.nranks;  // not its predecessor
   t->check(res == epRemoteError, "epRemoteError", li.rank);
-  t->check(contains(msg, "rank 2"), "message names rank 2", li.rank);
-  if (li.rank != 1) t->check(contains(msg, "on purpose"), "message gives rank 2's reason", li.rank);
-  if (!contains(msg, "rank 2") || (li.rank != 1 && !contains(msg, "on purpose")))
+  t->check(contains(msg, name.c_str()), "message names the failing rank", li.rank);
+  if (told) t->check(contains(msg, "on purpose"), "message gives its reason", li.rank);
+  if (!contains(msg, name.c_str()) || (told && !contains(msg, "on purpose")))
     fprintf(stderr, "  rank %d message: %s\n", li.rank, msg);
   t->check(s < kTimeoutMs / 1000.0, "before the timeout", li.rank);
   return 0;
@@ -319,7 +322,7 @@ const Scenario kScenarios[] = {
     {"rank-exits", 2, rankExits},           {"abort", 2, abortUnblocks},
     {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
     {"ring-mismatch", 3, ringMismatch},     {"node-size-mismatch", 2, nodeSizeMismatch},
-    {"rank-fails-init", 4, rankFailsInit},
+    {"rank-fails-init", 4, rankFailsInit},    {"rank-fails-init-2", 2, rankFailsInit},
 };
 
 }  // namespace
