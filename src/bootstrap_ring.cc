@@ -115,13 +115,13 @@ epResult_t ringFailure(Bootstrap* b, const IoResult& r, bool send_side, uint32_t
     case IoStatus::kClosed:
       // A rank that fails with a message, or hears of a failure, sends a
       // notice to its successor before it leaves: a predecessor that closed
-      // without one exited, crashed or was aborted. A successor's notice, if
-      // any, went the other way round the ring.
+      // without one exited, crashed or was aborted. A successor's notice
+      // goes the other way round the ring (successorGone listens for it).
       res = epRemoteError;
       if (send_side)
         snprintf(text, sizeof(text),
                  "bootstrap: rank %d left during the %s of rank %d (%s): it failed, exited, crashed or was "
-                 "aborted (its reason, if it gave one, went to its own successor)",
+                 "aborted, and no reason came round the ring",
                  peer, op, b->rank, r.describe().c_str());
       else
         snprintf(text, sizeof(text),
@@ -137,6 +137,53 @@ epResult_t ringFailure(Bootstrap* b, const IoResult& r, bool send_side, uint32_t
   }
   if (!send_side) forwardNotice(b, makeNotice(peer, res, text), header_next, bytes_per_rank);
   return setError(b->comm, res, "%s", text);
+}
+
+// A notice in a step frame (`frame`, its head first), or nullptr.
+const Notice* frameNotice(const std::vector<char>& frame, Notice* n) {
+  StepHead head;
+  memcpy(&head, frame.data(), sizeof(head));
+  if (head.magic != kStepMagic || head.notice == 0) return nullptr;
+  memcpy(n, frame.data() + sizeof(StepHead), sizeof(*n));
+  return n;
+}
+
+// The successor closed its connection (r, send side) after this rank had
+// received `frame` (step `step`'s, or -1: the header, which was this
+// operation's). Its reason, if it gave one, comes round the ring from the
+// other side: listen to the predecessor, sending nothing, for the rest of
+// this operation, then (briefly) for the next one's header and first frame,
+// until a notice arrives. Without one, the successor left unexplained.
+epResult_t successorGone(Bootstrap* b, const IoResult& r, uint32_t kind, size_t bytes_per_rank, int step,
+                         std::vector<char>& frame) {
+  b->broken = true;
+  Notice n;
+  if (step >= 0 && frameNotice(frame, &n) != nullptr) return noticeFailure(b, n, kind);
+  const Wait wait = b->opWait();
+  bool heard_all = true;
+  for (int s = step + 1; s < b->nranks - 1 && heard_all; s++) {
+    heard_all = recvExact(b->prev_fd.get(), frame.data(), frame.size(), wait).ok();
+    if (heard_all && frameNotice(frame, &n) != nullptr) return noticeFailure(b, n, kind);
+  }
+  if (heard_all) {  // a predecessor that finished this operation may hear of the failure in the next
+    const Wait brief = Wait::afterMs(kNoticeWaitMs, b->user_abort, &b->internal_abort);
+    OpHeader h;
+    if (recvExact(b->prev_fd.get(), &h, sizeof(h), brief).ok() && h.magic == kOpMagic) {
+      if (h.kind == kOpNotice && recvExact(b->prev_fd.get(), &n, sizeof(n), brief).ok())
+        return noticeFailure(b, n, kind);
+      std::vector<char> next_frame;
+      try {
+        next_frame.assign(sizeof(StepHead) + framePayload(h.bytes_per_rank), 0);
+      } catch (const std::bad_alloc&) {
+        next_frame.clear();
+      }
+      if (h.kind != kOpNotice && !next_frame.empty() &&
+          recvExact(b->prev_fd.get(), next_frame.data(), next_frame.size(), brief).ok() &&
+          frameNotice(next_frame, &n) != nullptr)
+        return noticeFailure(b, n, kind);
+    }
+  }
+  return ringFailure(b, r, true, kind, false, bytes_per_rank);
 }
 
 epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32_t kind) {
@@ -165,14 +212,17 @@ epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32
   bool send_side = false;
   IoResult r = sendRecvExact(b->next_fd.get(), &mine, sizeof(mine), b->prev_fd.get(), &theirs,
                              sizeof(theirs), wait, &send_side);
-  if (!r.ok()) return ringFailure(b, r, send_side, kind, false, bytes_per_rank);
+  // The successor gone: theirs came in all the same (sendRecvExact).
+  const bool successor_gone = !r.ok() && send_side && r.status == IoStatus::kClosed;
+  if (!r.ok() && !successor_gone) return ringFailure(b, r, send_side, kind, false, bytes_per_rank);
   if (theirs.magic == kOpMagic && theirs.kind == kOpNotice) {  // the predecessor failed or heard of a failure
     Notice n;
-    r = recvExact(b->prev_fd.get(), &n, sizeof(n), wait);
-    if (!r.ok()) return ringFailure(b, r, false, kind, false, bytes_per_rank);
-    forwardNotice(b, n, false, bytes_per_rank);
+    IoResult rn = recvExact(b->prev_fd.get(), &n, sizeof(n), wait);
+    if (!rn.ok()) return ringFailure(b, rn, false, kind, false, bytes_per_rank);
+    if (!successor_gone) forwardNotice(b, n, false, bytes_per_rank);
     return noticeFailure(b, n, kind);
   }
+  if (successor_gone) return successorGone(b, r, kind, bytes_per_rank, -1, in);
   if (theirs.magic != kOpMagic || theirs.kind != kind || theirs.seq != b->op_seq ||
       theirs.bytes_per_rank != bytes_per_rank) {
     b->broken = true;
@@ -199,6 +249,8 @@ epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32
       memcpy(out.data() + sizeof(StepHead), base + size_t(send_slot) * bytes_per_rank, bytes_per_rank);
     r = sendRecvExact(b->next_fd.get(), out.data(), out.size(), b->prev_fd.get(), in.data(), in.size(), wait,
                       &send_side);
+    if (!r.ok() && send_side && r.status == IoStatus::kClosed)  // in holds this step's frame
+      return successorGone(b, r, kind, bytes_per_rank, step, in);
     if (!r.ok()) return ringFailure(b, r, send_side, kind, last, bytes_per_rank);
     StepHead head;
     memcpy(&head, in.data(), sizeof(head));

@@ -553,17 +553,19 @@ IoResult sendRecvExact(int send_fd, const void* send_buf, size_t send_len, int r
   char* rp = static_cast<char*>(recv_buf);
   size_t sent = 0, received = 0;
   *send_side = false;
-  while (sent < send_len || received < recv_len) {
+  IoResult send_closed;  // kClosed once the peer closed the send side
+  while ((sent < send_len && send_closed.ok()) || received < recv_len) {
     if (wait.aborted()) return ioResult(IoStatus::kAborted);
     bool progress = false;
     IoResult r;
-    if (sent < send_len) {
+    if (sent < send_len && send_closed.ok()) {
       ssize_t n = sendSome(send_fd, sp + sent, send_len - sent, &r);
-      if (n < 0) {
+      if (n < 0 && r.status != IoStatus::kClosed) {
         *send_side = true;
         return r;
       }
-      sent += size_t(n);
+      if (n < 0) send_closed = r;  // the receive goes on
+      sent += size_t(n > 0 ? n : 0);
       progress |= n > 0;
     }
     if (received < recv_len) {
@@ -575,13 +577,17 @@ IoResult sendRecvExact(int send_fd, const void* send_buf, size_t send_len, int r
     if (progress) continue;
     pollfd fds[2];
     nfds_t count = 0;
-    if (sent < send_len) fds[count++] = {send_fd, POLLOUT, 0};
+    if (sent < send_len && send_closed.ok()) fds[count++] = {send_fd, POLLOUT, 0};
     if (received < recv_len) fds[count++] = {recv_fd, POLLIN, 0};
     r = pollOnce(fds, count, wait);
     if (!r.ok()) {
       *send_side = received >= recv_len;
       return r;
     }
+  }
+  if (!send_closed.ok()) {
+    *send_side = true;
+    return send_closed;
   }
   return ioResult(IoStatus::kOk);
 }

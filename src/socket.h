@@ -155,7 +155,10 @@ IoResult recvExact(int fd, void* buf, size_t len, const Wait& wait);
 // Both at once. Ring neighbours all send before they receive; doing the two in
 // one poll loop keeps large transfers from deadlocking on full socket buffers.
 // *send_side tells which direction failed (on timeout: the receive when it is
-// incomplete, since a silent sender is the likelier culprit).
+// incomplete, since a silent sender is the likelier culprit). A send side
+// closed by the peer does not end the call: the receive goes on to its end
+// (the other neighbour may bring the reason), then the send's kClosed is
+// returned with *send_side; a receive that fails meanwhile is returned instead.
 IoResult sendRecvExact(int send_fd, const void* send_buf, size_t send_len, int recv_fd,
                        void* recv_buf, size_t recv_len, const Wait& wait, bool* send_side);
 
