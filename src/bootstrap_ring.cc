@@ -139,14 +139,17 @@ epResult_t ringFailure(Bootstrap* b, const IoResult& r, bool send_side, uint32_t
   return setError(b->comm, res, "%s", text);
 }
 
-// A notice in a step frame (`frame`, its head first), or nullptr.
-const Notice* frameNotice(const std::vector<char>& frame, Notice* n) {
+// True when a step frame (its head first) carries a notice, copied to *n.
+bool frameNotice(const char* frame, Notice* n) {
   StepHead head;
-  memcpy(&head, frame.data(), sizeof(head));
-  if (head.magic != kStepMagic || head.notice == 0) return nullptr;
-  memcpy(n, frame.data() + sizeof(StepHead), sizeof(*n));
-  return n;
+  memcpy(&head, frame, sizeof(head));
+  if (head.magic != kStepMagic || head.notice == 0) return false;
+  memcpy(n, frame + sizeof(StepHead), sizeof(*n));
+  return true;
 }
+
+// An operation header that announces a notice (which follows it).
+bool noticeHeader(const OpHeader& h) { return h.magic == kOpMagic && h.kind == kOpNotice; }
 
 // The successor closed its connection (r, send side) after this rank had
 // received `frame` (step `step`'s, or -1: the header, which was this
@@ -158,30 +161,26 @@ epResult_t successorGone(Bootstrap* b, const IoResult& r, uint32_t kind, size_t 
                          std::vector<char>& frame) {
   b->broken = true;
   Notice n;
-  if (step >= 0 && frameNotice(frame, &n) != nullptr) return noticeFailure(b, n, kind);
+  if (step >= 0 && frameNotice(frame.data(), &n)) return noticeFailure(b, n, kind);
   const Wait wait = b->opWait();
   bool heard_all = true;
   for (int s = step + 1; s < b->nranks - 1 && heard_all; s++) {
     heard_all = recvExact(b->prev_fd.get(), frame.data(), frame.size(), wait).ok();
-    if (heard_all && frameNotice(frame, &n) != nullptr) return noticeFailure(b, n, kind);
+    if (heard_all && frameNotice(frame.data(), &n)) return noticeFailure(b, n, kind);
   }
   if (heard_all) {  // a predecessor that finished this operation may hear of the failure in the next
     const Wait brief = Wait::afterMs(kNoticeWaitMs, b->user_abort, &b->internal_abort);
     OpHeader h;
-    if (recvExact(b->prev_fd.get(), &h, sizeof(h), brief).ok() && h.magic == kOpMagic) {
-      if (h.kind == kOpNotice && recvExact(b->prev_fd.get(), &n, sizeof(n), brief).ok())
-        return noticeFailure(b, n, kind);
-      std::vector<char> next_frame;
-      try {
-        next_frame.assign(sizeof(StepHead) + framePayload(h.bytes_per_rank), 0);
-      } catch (const std::bad_alloc&) {
-        next_frame.clear();
-      }
-      if (h.kind != kOpNotice && !next_frame.empty() &&
-          recvExact(b->prev_fd.get(), next_frame.data(), next_frame.size(), brief).ok() &&
-          frameNotice(next_frame, &n) != nullptr)
-        return noticeFailure(b, n, kind);
+    // A notice there comes in place of the header, or of the first frame:
+    // its head and the Notice are all this rank reads of that frame.
+    char first[sizeof(StepHead) + sizeof(Notice)];
+    bool noticed = false;
+    if (recvExact(b->prev_fd.get(), &h, sizeof(h), brief).ok()) {
+      if (noticeHeader(h)) noticed = recvExact(b->prev_fd.get(), &n, sizeof(n), brief).ok();
+      else if (h.magic == kOpMagic)
+        noticed = recvExact(b->prev_fd.get(), first, sizeof(first), brief).ok() && frameNotice(first, &n);
     }
+    if (noticed) return noticeFailure(b, n, kind);
   }
   return ringFailure(b, r, true, kind, false, bytes_per_rank);
 }
@@ -215,7 +214,7 @@ epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32
   // The successor gone: theirs came in all the same (sendRecvExact).
   const bool successor_gone = !r.ok() && send_side && r.status == IoStatus::kClosed;
   if (!r.ok() && !successor_gone) return ringFailure(b, r, send_side, kind, false, bytes_per_rank);
-  if (theirs.magic == kOpMagic && theirs.kind == kOpNotice) {  // the predecessor failed or heard of a failure
+  if (noticeHeader(theirs)) {  // the predecessor failed or heard of a failure
     Notice n;
     IoResult rn = recvExact(b->prev_fd.get(), &n, sizeof(n), wait);
     if (!rn.ok()) return ringFailure(b, rn, false, kind, false, bytes_per_rank);
@@ -259,9 +258,8 @@ epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32
       return setError(b->comm, epInternalError, "bootstrap: rank %d: step %d of the %s from rank %d is not a frame",
                       b->rank, step, opName(kind), b->prev());
     }
-    if (head.notice != 0) {
-      Notice nt;
-      memcpy(&nt, in.data() + sizeof(StepHead), sizeof(nt));
+    Notice nt;
+    if (frameNotice(in.data(), &nt)) {
       forwardNotice(b, nt, last, bytes_per_rank);
       return noticeFailure(b, nt, kind);
     }
