@@ -60,6 +60,9 @@ __device__ __forceinline__ void combineSendPhase(const LLCombineParams& p) {
   const int R = v.nranks, me = v.rank, H = v.hidden, L = v.local_experts;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // The pair and where each source's records start, as the dispatch left them.
+  // The pair is read again here (and in combineRecvUnits) although llEnter
+  // read it: passing llEnter's value down measured +0.3 us on the 128-token
+  // combine (docs/BENCHMARKS.md, 2026-12-01, the deferred mends).
   __shared__ int src_base[kMaxRanks + 1];
   __shared__ uint64_t s_pair;
   if (threadIdx.x <= R) src_base[threadIdx.x] = p.hd->src_base[threadIdx.x];

@@ -511,10 +511,10 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
   const uint64_t* piece = llFlagRow(v, frec) + 4 * size_t(sl.plo + int(threadIdx.x));
   const uint64_t* scale_word = llFlagScales(v, frec) + b;
   const uint64_t none = uint64_t(tag ^ 1u) << 32;  // not this pair's: polled if used
-  uint64_t w0 = none, w1 = none, w2 = none, w3 = none, sw = none, hw = none;
+  uint64_t w[4] = {none, none, none, none}, sw = none, hw = none;
   if (has_piece) {
-    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(piece) : "memory");
-    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w2), "=l"(w3) : "l"(piece + 2) : "memory");
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[0]), "=l"(w[1]) : "l"(piece) : "memory");
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[2]), "=l"(w[3]) : "l"(piece + 2) : "memory");
   }
   if (has_scale) asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(sw) : "l"(scale_word) : "memory");
   int s0 = warp < N ? llSourceOf(src_base, warp) : 0;
@@ -557,10 +557,7 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
   llMark(v, pair, kind, 6);
   const int n = *fh.n;
   if (n > 0 && has_piece) {  // a flagged row comes only to the ranks the token chose
-    uint32_t a = uint32_t(w0), bb = uint32_t(w1), c = uint32_t(w2), d = uint32_t(w3);
-    if (uint32_t(w0 >> 32) != tag || uint32_t(w1 >> 32) != tag) llPollFlag(v, piece, 2, tag, src, a, bb);
-    if (uint32_t(w2 >> 32) != tag || uint32_t(w3 >> 32) != tag) llPollFlag(v, piece + 2, 2, tag, src, c, d);
-    const int4 raw = make_int4(int(a), int(bb), int(c), int(d));
+    const int4 raw = llFlagPieceCheck(v, piece, w, tag, src);
 #pragma unroll 1
     for (int q = 0; q < n; q++)
       reinterpret_cast<int4*>(p.recv_x + size_t(fh.dst[q]) * row_bytes)[sl.plo + threadIdx.x] = raw;

@@ -100,6 +100,16 @@ __device__ __noinline__ bool llPollFlag(const LLView& v, const uint64_t* p, int 
   return ok;
 }
 
+// The four words w of a flagged piece at p, loaded before: their payloads,
+// each word pair that did not carry `tag` yet polled until it does.
+__device__ __forceinline__ int4 llFlagPieceCheck(const LLView& v, const uint64_t* p, const uint64_t (&w)[4],
+                                                 uint32_t tag, int peer) {
+  uint32_t a = uint32_t(w[0]), b = uint32_t(w[1]), c = uint32_t(w[2]), d = uint32_t(w[3]);
+  if (uint32_t(w[0] >> 32) != tag || uint32_t(w[1] >> 32) != tag) llPollFlag(v, p, 2, tag, peer, a, b);
+  if (uint32_t(w[2] >> 32) != tag || uint32_t(w[3] >> 32) != tag) llPollFlag(v, p + 2, 2, tag, peer, c, d);
+  return make_int4(int(a), int(b), int(c), int(d));
+}
+
 // Output piece j (16 bytes) of a flagged row: both word pairs loaded at once,
 // then polled one by one only if one was not there yet.
 __device__ __forceinline__ int4 llFlagPiece(const LLView& v, const uint64_t* row, int j, uint32_t tag, int peer) {
@@ -107,10 +117,7 @@ __device__ __forceinline__ int4 llFlagPiece(const LLView& v, const uint64_t* row
   uint64_t w[4];
   asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[0]), "=l"(w[1]) : "l"(p) : "memory");
   asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[2]), "=l"(w[3]) : "l"(p + 2) : "memory");
-  uint32_t a = uint32_t(w[0]), b = uint32_t(w[1]), c = uint32_t(w[2]), d = uint32_t(w[3]);
-  if (uint32_t(w[0] >> 32) != tag || uint32_t(w[1] >> 32) != tag) llPollFlag(v, p, 2, tag, peer, a, b);
-  if (uint32_t(w[2] >> 32) != tag || uint32_t(w[3] >> 32) != tag) llPollFlag(v, p + 2, 2, tag, peer, c, d);
-  return make_int4(int(a), int(b), int(c), int(d));
+  return llFlagPieceCheck(v, p, w, tag, peer);
 }
 
 // Thread s < R: source s's ntok word of this pair (tag in the high half),
