@@ -29,6 +29,7 @@
 #include "gpu_arch.h"
 #include "gpu_share.h"
 #include "host_notices.h"
+#include "node_limit.h"
 #include "ll_engine.h"
 
 namespace ep {
@@ -533,6 +534,12 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
                     "%s: an earlier dispatch received %lld rows but recv_capacity was %lld; no row was "
                     "written",
                     fn, a, b);
+  if (what == cuda::kWhatNodeLimit)
+    return setError(comm_, epInvalidArgument,
+                    "%s: token %lld of a layout or dispatch on this stream (an earlier call, or this exact-sized "
+                    "dispatch after its rows moved) selects experts on %lld nodes, more than "
+                    "config.max_nodes_per_token = %d",
+                    fn, a, b, comm_->cfg.max_nodes_per_token);
   if (what == cuda::kWhatWiderTopk)
     return setError(comm_, epInvalidUsage,
                     "%s: in an earlier dispatch rank %d passed num_topk = %lld, more than this rank's %lld (the "
@@ -557,6 +564,7 @@ epResult_t CudaBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
   p.nranks = comm_->nranks;
   p.num_nodes = comm_->nodes.num_nodes;
   for (int r = 0; r < comm_->nranks; r++) p.node_of_rank[r] = comm_->nodes.node_of_rank[r];
+  p.max_nodes = cuda::nodeLimitToCheck(comm_);
   p.tokens_per_rank = a.tokens_per_rank;
   p.tokens_per_node = a.tokens_per_node;
   p.tokens_per_expert = a.tokens_per_expert;
@@ -601,6 +609,8 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   p.idx64 = a.topk_idx_type == epInt64;
   p.num_tokens = a.num_tokens;
   p.num_topk = a.num_topk;
+  p.max_nodes = cuda::nodeLimitToCheck(comm_);
+  cuda::nodeRanks(comm_, p.node_ranks);
   CUDACHECK(cudaError_t(cuda::launchRouting(p, s)));
   h->routing = Routing();
   h->routing.nranks = comm_->nranks;

@@ -74,7 +74,8 @@ enum ErrWhat {
   kWhatCombineData = 5,
   kWhatBadTopk = 6,
   kWhatCapacity = 7,
-  kWhatWiderTopk = 8  // a source passed more top-k columns than this rank (a: its count, b: this rank's)
+  kWhatWiderTopk = 8,  // a source passed more top-k columns than this rank (a: its count, b: this rank's)
+  kWhatNodeLimit = 9   // a token on more nodes than config.max_nodes_per_token (a: the token, b: its nodes)
 };
 
 // Dispatch meta: the id column codes besides a local expert id and -1.
@@ -121,6 +122,26 @@ struct RoutingParams {
   const void* topk;
   int idx64;
   int num_tokens, num_topk;
+  // config.max_nodes_per_token where a token could exceed it (0: not
+  // checked) and the ranks of each node (bit r of node_ranks[q]: rank r is on
+  // node q; at most kMaxRanks nodes).
+  int max_nodes;
+  unsigned node_ranks[kMaxRanks];
+};
+
+// The node-limit check of a low-latency dispatch, a kernel of its own (the
+// low-latency kernels do not look at nodes): tokens whose experts lie on more
+// than max_nodes nodes are reported into the slot `err` (claimed through
+// err_claim) as `what`, the token in a and its node count in b.
+struct NodeLimitParams {
+  const void* topk;
+  int idx64;
+  int num_tokens, num_topk, num_experts, experts_per_rank;
+  int max_nodes;
+  unsigned node_ranks[kMaxRanks];
+  int* err_claim;
+  ErrorInfo* err;
+  int what;
 };
 
 struct DispatchParams {
@@ -170,6 +191,7 @@ struct LayoutParams {
   int idx64;
   int num_tokens, num_topk, num_experts, experts_per_rank, nranks, num_nodes;
   int node_of_rank[kMaxRanks];
+  int max_nodes;  // config.max_nodes_per_token where a token could exceed it (0: not checked)
   int* tokens_per_rank;
   int* tokens_per_node;
   int* tokens_per_expert;
@@ -182,6 +204,7 @@ struct LayoutParams {
 // Launchers (return a cudaError_t as int, 0 on success).
 int launchLayout(const LayoutParams& p, void* stream);
 int launchRouting(const RoutingParams& p, void* stream);
+int launchNodeLimit(const NodeLimitParams& p, void* stream);
 int launchDispatch(const DispatchParams& p, int blocks, void* stream);
 int launchCombine(const CombineParams& p, int blocks, void* stream);
 // Load every kernel of a file now (preload.cuh says why).

@@ -66,15 +66,11 @@ __device__ __forceinline__ uint64_t tagged(uint32_t epoch, uint32_t v) {
 // True once tag has reached epoch (wrap-safe).
 __device__ __forceinline__ bool reached(uint32_t tag, uint32_t epoch) { return int32_t(tag - epoch) >= 0; }
 
-// Records the first error of this rank in the host-visible slot `err`
-// (`local`: the rank-private words of a kernel family, DevLocal or LLLocal).
-// A wait that failed (epTimeout, epRemoteError) also makes every other wait
-// of the family leave.
-template <typename Local>
-__device__ __forceinline__ void recordError(Local* local, ErrorInfo* err, int code, int what, int peer, long long a,
-                                            long long b) {
-  if (code == 8 || code == 6) atomicExch(&local->timed_out, 1);  // epTimeout, epRemoteError
-  if (atomicCAS(&local->err_claim, 0, 1) != 0) return;
+// The first error of this rank into the host-visible slot `err`, claimed
+// through `claim` (a kernel family's err_claim; see recordError).
+__device__ __forceinline__ void claimError(int* claim, ErrorInfo* err, int code, int what, int peer, long long a,
+                                           long long b) {
+  if (atomicCAS(claim, 0, 1) != 0) return;
   err->what = what;
   err->peer = peer;
   err->channel = blockIdx.x;
@@ -83,6 +79,26 @@ __device__ __forceinline__ void recordError(Local* local, ErrorInfo* err, int co
   __threadfence_system();
   err->code = code;
   __threadfence_system();
+}
+
+// Records the first error of this rank in the host-visible slot `err`
+// (`local`: the rank-private words of a kernel family, DevLocal or LLLocal).
+// A wait that failed (epTimeout, epRemoteError) also makes every other wait
+// of the family leave.
+template <typename Local>
+__device__ __forceinline__ void recordError(Local* local, ErrorInfo* err, int code, int what, int peer, long long a,
+                                            long long b) {
+  if (code == 8 || code == 6) atomicExch(&local->timed_out, 1);  // epTimeout, epRemoteError
+  claimError(&local->err_claim, err, code, what, peer, a, b);
+}
+
+// Nodes holding a rank of `ranks` (bit r: rank r); node_ranks[q]: the ranks
+// of node q (0 past the last node).
+__device__ __forceinline__ int nodesOfRanks(unsigned ranks, const unsigned (&node_ranks)[kMaxRanks]) {
+  int n = 0;
+#pragma unroll
+  for (int q = 0; q < kMaxRanks; q++) n += (ranks & node_ranks[q]) != 0u;
+  return n;
 }
 
 __device__ __forceinline__ void reportError(const CommView& cv, int code, int what, int peer,

@@ -20,6 +20,14 @@ namespace ep {
 namespace cuda {
 namespace {
 
+// A token whose experts lie on more nodes than config.max_nodes_per_token:
+// reported (epInvalidArgument, at the next call or after an exact dispatch's
+// rows moved); the call goes on as if no bound were declared, which on one
+// node's GPUs changes nothing it computes.
+__device__ __forceinline__ void reportNodeLimit(DevLocal* local, ErrorInfo* err, int token, int nodes) {
+  recordError(local, err, 4 /* epInvalidArgument */, kWhatNodeLimit, -1, token, nodes);
+}
+
 __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
   extern __shared__ int sh[];  // [E] experts, [R] ranks, [N] nodes
   const int E = p.num_experts, R = p.nranks, N = p.num_nodes, nsh = E + R + N;
@@ -54,6 +62,7 @@ __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
       }
       if (p.is_token_in_rank)
         for (int r = 0; r < R; r++) p.is_token_in_rank[size_t(t) * R + r] = (rmask >> r) & 1u;
+      if (p.max_nodes > 0 && __popc(nmask) > p.max_nodes) reportNodeLimit(p.local, p.err, t, __popc(nmask));
     }
     for (int r = 0; r < R; r++) {
       int n = __popc(__ballot_sync(0xffffffffu, (rmask >> r) & 1u));
@@ -186,6 +195,8 @@ __global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
     if (d < 4) lo |= bit << (16 * d);
     else hi |= bit << (16 * (d - 4));
   }
+  if (p.max_nodes > 0 && nodesOfRanks(m, p.node_ranks) > p.max_nodes)
+    reportNodeLimit(cv.local, cv.err, t, nodesOfRanks(m, p.node_ranks));
   unsigned long long ex_lo, ex_hi, tot_lo, tot_hi;
   packedBlockScan(lo, hi, &ex_lo, &ex_hi, &tot_lo, &tot_hi);
   uint64_t* sc = p.scratch;
@@ -269,6 +280,20 @@ __global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
   }
 }
 
+// One thread per token: its destination ranks, then its nodes.
+__global__ void __launch_bounds__(256) nodeLimitKernel(NodeLimitParams p) {
+  const int stride = gridDim.x * blockDim.x;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < p.num_tokens; t += stride) {
+    unsigned ranks = 0;
+    for (int k = 0; k < p.num_topk; k++) {
+      const long long e = topkLoad(p.topk, p.idx64, size_t(t) * p.num_topk + k);
+      if (e >= 0 && e < p.num_experts) ranks |= 1u << int(e / p.experts_per_rank);
+    }
+    const int nodes = nodesOfRanks(ranks, p.node_ranks);
+    if (nodes > p.max_nodes) claimError(p.err_claim, p.err, 4 /* epInvalidArgument */, p.what, -1, t, nodes);
+  }
+}
+
 }  // namespace
 
 int launchLayout(const LayoutParams& p, void* stream) {
@@ -289,7 +314,14 @@ int launchRouting(const RoutingParams& p, void* stream) {
   return int(cudaGetLastError());
 }
 
-int preloadLayoutKernels() { return preloadKernels(layoutKernel, routingKernel); }
+int launchNodeLimit(const NodeLimitParams& p, void* stream) {
+  int blocks = (p.num_tokens + 255) / 256;
+  blocks = blocks < 1 ? 1 : blocks > 64 ? 64 : blocks;
+  nodeLimitKernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return int(cudaGetLastError());
+}
+
+int preloadLayoutKernels() { return preloadKernels(layoutKernel, routingKernel, nodeLimitKernel); }
 
 }  // namespace cuda
 }  // namespace ep

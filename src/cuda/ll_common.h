@@ -78,7 +78,14 @@ inline __host__ __device__ uint64_t llNtokWord(uint32_t tag, int tokens, bool fp
 
 // What a low-latency kernel was doing when it reported an error
 // (ErrorInfo::what; the host names it in the message).
-enum LLWhat { kLLWhatFree = 20, kLLWhatDispatch = 21, kLLWhatCombine = 22, kLLWhatBadTopk = 23, kLLWhatWire = 24 };
+enum LLWhat {
+  kLLWhatFree = 20,
+  kLLWhatDispatch = 21,
+  kLLWhatCombine = 22,
+  kLLWhatBadTopk = 23,
+  kLLWhatWire = 24,
+  kLLWhatNodeLimit = 25  // a: the token, b: its nodes (nodeLimitKernel, layout.cu)
+};
 
 // Rank-private device counters.
 struct LLLocal {

@@ -13,6 +13,7 @@
 #include "../debug.h"
 #include "../params.h"
 #include "cuda_check.h"
+#include "node_limit.h"
 
 namespace ep {
 namespace cuda {
@@ -190,6 +191,13 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   void* dp = nullptr;
   CUDACHECK(cudaHostGetDevicePointer(&dp, hp, 0));
   view_.err = static_cast<ErrorInfo*>(dp);
+  node_limit_.max_nodes = nodeLimitToCheck(comm_);
+  nodeRanks(comm_, node_limit_.node_ranks);
+  node_limit_.num_experts = c.num_experts;
+  node_limit_.experts_per_rank = comm_->num_local_experts;
+  node_limit_.err_claim = &local_->err_claim;
+  node_limit_.err = view_.err;
+  node_limit_.what = kLLWhatNodeLimit;
 
   slot_bytes_ = llAlign(offsetof(LLHandleDev, mask) + 2 * size_t(c.max_tokens_per_rank) + 1, 256);
   for (int i = 0; i < 8; i++) EPCHECK(addSlot());  // more when more handles are alive (acquireSlot)
@@ -241,6 +249,7 @@ const char* llWhatName(int what) {
     case kLLWhatCombine: return "low-latency combine: waiting for a rank's partial sums";
     case kLLWhatBadTopk: return "low-latency dispatch: an expert id is not -1 or in [0, num_experts)";
     case kLLWhatWire: return "low-latency dispatch: a source sent another wire type";
+    case kLLWhatNodeLimit: return "low-latency dispatch: a token on more nodes than config.max_nodes_per_token";
     default: return "low-latency kernel";
   }
 }
@@ -268,6 +277,11 @@ epResult_t LLEngine::checkErrors(const char* fn, cudaStream_t stream) {
                     "%s: rank %d (pid %d) exited while an earlier low-latency call of rank %d waited for it (%s); "
                     "the communicator cannot be used any more",
                     fn, peer, comm_->peers[peer].pid, comm_->rank, llWhatName(what));
+  if (what == kLLWhatNodeLimit)
+    return setError(comm_, epInvalidArgument,
+                    "%s: token %lld of an earlier low-latency dispatch selects experts on %lld nodes, more than "
+                    "config.max_nodes_per_token = %d (its rows were sent as if no bound were declared)",
+                    fn, a, b, comm_->cfg.max_nodes_per_token);
   if (what == kLLWhatBadTopk)
     return setError(comm_, epInvalidArgument, "%s: an earlier low-latency dispatch had topk_idx of token %lld = %lld: %s",
                     fn, a, b, llWhatName(what));
@@ -302,7 +316,16 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   h->backend_state = st.get();
   HandleState* raw = st.release();
   const LLLaunch l{sms_, slices_, pdl_, stream};
-  const int err = send_only ? launchLLDispatchSend(raw->dispatch, l) : launchLLDispatch(raw->dispatch, l);
+  int err = 0;
+  if (node_limit_.max_nodes > 0 && a.num_tokens > 0) {
+    NodeLimitParams nl = node_limit_;
+    nl.topk = a.topk_idx;
+    nl.idx64 = a.topk_idx_type == epInt64;
+    nl.num_tokens = a.num_tokens;
+    nl.num_topk = a.num_topk;
+    err = launchNodeLimit(nl, stream);
+  }
+  if (err == 0) err = send_only ? launchLLDispatchSend(raw->dispatch, l) : launchLLDispatch(raw->dispatch, l);
   if (err != 0) {
     release(h);
     return setError(comm_, epUnhandledCudaError, "epLowLatencyDispatch: kernel launch failed: %s",

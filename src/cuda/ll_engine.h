@@ -46,6 +46,9 @@ class LLEngine {
   bool pdl_ = false;  // programmatic dependent launch (EP_CUDA_LL_PDL, Hopper and later)
   int flag_tokens_ = 0;  // calls of at most this many tokens send flagged records (EP_CUDA_LL_FLAGGED)
   bool flag_sources_ = true;  // some rank's flag_tokens_ is above 0 (agreed at init)
+  // config.max_nodes_per_token, checked by a kernel before each dispatch's
+  // where a token could exceed it (max_nodes > 0; node_limit.h).
+  NodeLimitParams node_limit_{};
   size_t bytes_ = 0;
   LLView view_{};
   const TransportEntry* ipc_ = nullptr;

@@ -14,6 +14,8 @@
 //   gpu_ll_test --ranks N  correctness at EP N only; with fewer GPUs than N,
 //                          rank r on GPU r % GPUs (ranks share GPUs, each
 //                          with its share of the SMs)
+//   EP_NODE_SIZE=1 gpu_ll_test --node-limit
+//                          config.max_nodes_per_token only (two ranks)
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -541,6 +543,78 @@ int runLateInputs(int R, int tokens, bool split, bool graph) {
   return bad ? 1 : 0;
 }
 
+// config.max_nodes_per_token (gpu_ll_test --node-limit, run with
+// EP_NODE_SIZE=1: each rank a node; the library reads its parameters once per
+// process, hence a run of its own). Two ranks, sharing GPU 0 when only one is
+// visible; random tokens, nearly all on both ranks' experts. With a bound of
+// 1 the dispatch sends its rows as if no bound were declared and the next
+// call (the combine) returns epInvalidArgument naming a token, having done
+// nothing; made again, it runs, and every output equals the host reference
+// (computed without a bound). With a bound of 2 the layer runs without a
+// report.
+int runNodeLimit() {
+  const int R = 2;
+  const Shape s{512, 4, 16, 40, std::vector<int>(R, 40), true, false, false};
+  std::vector<RankData> in(R);
+  std::vector<Outputs> ref(R);
+  randomInputs(s, R, 57, in);
+  runHost(s, R, in, ref);
+  const std::string found = "selects experts on 2 nodes, more than config.max_nodes_per_token = 1";
+  int failed = 0;
+  for (int bound : {1, 2}) {
+    std::vector<epComm_t> comms(R);
+    epConfig_t cfg = configFor(s, epBackendCuda);
+    cfg.max_nodes_per_token = bound;
+    EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+    int num_nodes = 0;
+    EK(comms[0], epCommNodes(comms[0], &num_nodes, nullptr));
+    if (num_nodes != R) {
+      printf("node limit: %d nodes, not one per rank: run it with EP_NODE_SIZE=1: FAILED\n", num_nodes);
+      for (epComm_t comm : comms) epCommDestroy(comm);
+      return 1;
+    }
+    std::vector<GpuRank> g(R);
+    std::vector<int> bad(R, 0);
+    RankBarrier ready(R);
+    runRanks(R, [&](int r) {
+      setUpRank(s, R, r, comms[r], in[r], g[r], ready, true);
+      epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);
+      epHandle_t h = nullptr;
+      EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
+      CK(cudaStreamSynchronize(g[r].stream));  // the check's report is in by now
+      epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+      c.y = g[r].y;
+      c.out = g[r].out;
+      epResult_t res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);
+      const std::string msg = epGetLastError(comms[r]);
+      const bool reported = res == epInvalidArgument && msg.find(found) != std::string::npos;
+      if (reported != (bound == 1) || (bound == 2 && res != epSuccess)) {
+        printf("rank %d, bound %d: the combine after the dispatch gave %d (%s)\n", r, bound, int(res), msg.c_str());
+        bad[r] = 1;
+      }
+      if (res != epSuccess) res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);  // again: it runs now
+      if (res != epSuccess) {
+        printf("rank %d, bound %d: combine gave %d (%s)\n", r, bound, int(res), epGetLastError(comms[r]));
+        bad[r] = 1;
+      }
+      CK(cudaStreamSynchronize(g[r].stream));
+      epHandleDestroy(h);
+    });
+    long long wrong = 0;
+    for (int r = 0; r < R; r++) {
+      CK(cudaSetDevice(gpuOf(r)));
+      wrong += compare(s, R, r, g[r], ref[r], "node limit");
+      freeRank(g[r]);
+      epCommDestroy(comms[r]);
+    }
+    const bool ok = wrong == 0 && bad[0] == 0 && bad[1] == 0;
+    printf("eager  R=%d max_nodes_per_token = %d, tokens on 2 nodes: %s: %s\n", R, bound,
+           bound == 1 ? "reported by the next call, outputs as without a bound" : "no report", ok ? "OK" : "FAILED");
+    failed += ok ? 0 : 1;
+  }
+  return failed;
+}
+
 // The send half holds no SM while it waits: it waits for nothing. Rank 0's
 // send-only dispatch and the work after it on its stream finish while rank 1
 // has not called yet (it sleeps 300 ms first); then both complete and combine,
@@ -594,6 +668,8 @@ int runSendHalfDoesNotWait(int R) {
 
 int main(int argc, char** argv) {
   const int ranks = ranksOption(argc, argv, "gpu_ll_test");  // 0: not given
+  const bool node_limit = argc > 1 && std::string(argv[1]) == "--node-limit";
+  if (node_limit) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // two ranks may share a GPU
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     printf("SKIPPED gpu_ll_test: no GPU visible\n");
@@ -610,6 +686,11 @@ int main(int argc, char** argv) {
   for (int d = 0; d < Rmax; d++) {
     CK(cudaSetDevice(d));
     CK(cudaFuncGetAttributes(&busy_attr, busyKernel));
+  }
+  if (node_limit) {
+    const int failed = runNodeLimit();
+    printf("gpu_ll_test --node-limit: %d passed, %d failed\n", 2 - failed, failed);
+    return failed ? 1 : 0;
   }
   if (do_bench) {
     // --bench --ranks N: EP N, ranks sharing the visible GPUs as in the tests

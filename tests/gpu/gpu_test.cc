@@ -4,6 +4,7 @@
 // and replay with new data. Ranks are threads of this process (epCommInitAll).
 //   gpu_test            all cases
 //   gpu_test --small    small cases only (for compute-sanitizer)
+//   EP_NODE_SIZE=1 gpu_test --node-limit   config.max_nodes_per_token only
 //   gpu_test --ranks N  all cases at EP N only (1..8), ranks spread over the
 //                       visible GPUs (rank r on GPU r % GPUs): with fewer GPUs
 //                       than N, ranks share a GPU and split its SMs
@@ -188,6 +189,76 @@ void runWiderTopk(int max_ranks) {
   fflush(stdout);
 }
 
+// config.max_nodes_per_token on the GPU (gpu_test --node-limit, run with
+// EP_NODE_SIZE=1: each rank a node; the library reads its parameters once per
+// process, hence a run of its own). With a bound of 1, random tokens on both
+// ranks' experts are found by the kernels: a layout's at the next call, an
+// exact dispatch's by that dispatch after its rows moved; each reported once,
+// then the communicator goes on. With a bound of 2 the same calls pass. Two
+// ranks, sharing GPU 0 when only one is visible.
+void runNodeLimit() {
+  Case c{"EP2 bf16 h256 k4 max_nodes_per_token", 2, 256, 4, 16, std::vector<int>(2, 40)};
+  std::vector<RankIn> ins;
+  makeInputs(c, 9, &ins);
+  const std::string found = "selects experts on 2 nodes, more than config.max_nodes_per_token = 1";
+  int before = g_failures;
+  for (int bound : {1, 2}) {
+    std::vector<epComm_t> comms(c.R);
+    epConfig_t cfg = configOf(c, epBackendCuda);
+    cfg.max_nodes_per_token = bound;
+    EK(nullptr, epCommInitAll(comms.data(), c.R, gpusOf(c.R).data(), &cfg));
+    int num_nodes = 0;
+    EK(comms[0], epCommNodes(comms[0], &num_nodes, nullptr));
+    if (num_nodes != c.R) {
+      printf("FAIL %s: %d nodes, not one per rank: run it with EP_NODE_SIZE=1\n", c.name.c_str(), num_nodes);
+      g_failures++;
+      for (epComm_t comm : comms) epCommDestroy(comm);
+      return;
+    }
+    RankBarrier set_up(c.R);
+    runRanks(c.R, [&](int r) {
+      CK(cudaSetDevice(gpuOf(r)));
+      cudaStream_t s;
+      CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      DevBufs d;
+      allocDev(c, ins[r], r, &d);
+      uploadInputs(c, ins[r], &d, s);
+      CK(cudaStreamSynchronize(s));
+      set_up.wait();  // no rank allocates while a peer's kernel waits for it (ranks sharing a GPU)
+      auto expect = [&](const char* step, epResult_t res, bool refused) {
+        const std::string msg = epGetLastError(comms[r]);
+        const bool ok = refused ? res == epInvalidArgument && msg.find(found) != std::string::npos : res == epSuccess;
+        if (!ok) {
+          printf("  FAIL %s bound %d rank %d: %s gave %s (%s)\n", c.name.c_str(), bound, r, step,
+                 epGetErrorString(res), msg.c_str());
+          g_failures++;
+        }
+      };
+      epLayoutArgs_t la = layoutArgs(c, r, d);
+      expect("layout", epLayout(comms[r], &la, s), false);
+      CK(cudaStreamSynchronize(s));
+      expect("the call after the layout", epLayout(comms[r], &la, s), bound == 1);
+      CK(cudaStreamSynchronize(s));
+      epDispatchArgs_t a = dispatchArgs(c, ins[r], r, d.x, d.scales, d.topk, d.w);
+      a.recv_x = d.recv_x;
+      a.recv_topk_idx = d.recv_idx;
+      int64_t num_recv = 0;
+      a.num_recv = &num_recv;
+      epHandle_t h = nullptr;
+      expect("exact dispatch", epDispatch(comms[r], &a, &h, s), bound == 1);
+      CK(cudaStreamSynchronize(s));
+      expect("the call after the dispatch", epLayout(comms[r], &la, s), false);
+      CK(cudaStreamSynchronize(s));
+      epHandleDestroy(h);
+      freeDev(&d);
+      CK(cudaStreamDestroy(s));
+    });
+    for (int r = 0; r < c.R; r++) epCommDestroy(comms[r]);
+  }
+  printf("%s %s: reported with a bound of 1, not with 2\n", g_failures == before ? "PASS" : "FAIL", c.name.c_str());
+  fflush(stdout);
+}
+
 // One rank on GPU 0 with case c's inputs on the device, for the single-rank
 // checks below.
 struct OneRank {
@@ -352,6 +423,8 @@ void runCase(const Case& c, int max_ranks, bool graph) {
 
 int main(int argc, char** argv) {
   bool small = argc > 1 && std::string(argv[1]) == "--small";
+  const bool node_limit = argc > 1 && std::string(argv[1]) == "--node-limit";
+  if (node_limit) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // two ranks may share a GPU
   const int ranks = ranksOption(argc, argv, "gpu_test");  // 0: not given
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -362,6 +435,11 @@ int main(int argc, char** argv) {
   // Under compute-sanitizer kernels of different GPUs may not run at once: one rank only.
   if (small) ndev = 1;
   gpuCount() = ndev;
+  if (node_limit) {
+    runNodeLimit();
+    printf("%s: %d failures\n", g_failures ? "FAILED" : "ALL PASSED", g_failures);
+    return g_failures ? 1 : 0;
+  }
   const int max_ranks = ranks ? ranks : ndev;
   std::vector<Case> cases;
   auto add = [&](Case c) {

@@ -61,6 +61,16 @@ timeout ${EP_GPU_TEST_TIMEOUT:-540} "$BUILD/tests/gpu_test" 2>&1 | tee "$LOGS/gp
 rc=${PIPESTATUS[0]}
 if grep -q "^SKIPPED gpu_test: no GPU" "$LOGS/gpu_test.log"; then echo "gpu-test: FAILED: no GPU visible"; exit 1; fi
 [ "$rc" -eq 0 ] || { echo "gpu_test: exit $rc"; status=1; }
+# config.max_nodes_per_token checked by the kernels: each rank a node (two ranks,
+# sharing a GPU when there is one).
+EP_NODE_SIZE=1 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_test" --node-limit 2>&1 |
+  tee "$LOGS/gpu_test_node_limit.log" | tail -2
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_test --node-limit: FAILED"; status=1; }
+if [ "$LL" != 0 ]; then
+  EP_NODE_SIZE=1 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" --node-limit 2>&1 |
+    tee "$LOGS/gpu_ll_test_node_limit.log" | tail -3
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --node-limit: FAILED"; status=1; }
+fi
 # EP4 / EP8: on fewer GPUs the ranks share GPUs (each a share of the SMs);
 # gpu_ll_test's EP8 on one GPU takes ~450 s (its host side: inputs and the
 # reference of 8 ranks), hence its own timeout.
