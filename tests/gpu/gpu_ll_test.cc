@@ -302,6 +302,37 @@ int runWireMismatch(int R) {
 // calls the combine again, which runs, so the peers' combines (waiting for
 // rank 0's sums) finish well within the timeout. Every output must equal the
 // host reference with that entry -1. tokens = 1: a flagged send.
+// Rank r's dispatch, then its combine, which must return `want` (an error
+// with `needle` in its message: a dispatch kernel's report); a combine that
+// returned an error did nothing and is made again, which must run. Returns 1
+// (printed) when either went otherwise.
+int layerAfterReport(const Shape& s, int r, GpuRank& g, epResult_t want, const std::string& needle,
+                     const std::string& what) {
+  epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g);
+  epHandle_t h = nullptr;
+  EK(g.comm, epLowLatencyDispatch(g.comm, &a, &h, g.stream));
+  CK(cudaStreamSynchronize(g.stream));  // a kernel's report is in by now
+  epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+  c.y = g.y;
+  c.out = g.out;
+  int bad = 0;
+  epResult_t res = epLowLatencyCombine(g.comm, &c, h, g.stream);
+  const std::string msg = epGetLastError(g.comm);
+  if (res != want || (want != epSuccess && msg.find(needle) == std::string::npos)) {
+    printf("rank %d, %s: the combine after the dispatch gave %d (%s), expected %d%s%s\n", r, what.c_str(), int(res),
+           msg.c_str(), int(want), want != epSuccess ? " naming " : "", want != epSuccess ? needle.c_str() : "");
+    bad = 1;
+  }
+  if (res != epSuccess) res = epLowLatencyCombine(g.comm, &c, h, g.stream);  // again: it runs now
+  if (res != epSuccess) {
+    printf("rank %d, %s: combine gave %d (%s)\n", r, what.c_str(), int(res), epGetLastError(g.comm));
+    bad = 1;
+  }
+  CK(cudaStreamSynchronize(g.stream));
+  epHandleDestroy(h);
+  return bad;
+}
+
 int runBadId(int R, int tokens) {
   Shape s{512, 4, 4 * R, 40, std::vector<int>(R, tokens), true, false, false};
   std::vector<RankData> in(R);
@@ -322,29 +353,7 @@ int runBadId(int R, int tokens) {
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
     setUpRank(s, R, r, comms[r], in[r], g[r], ready, true);
-    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);
-    epHandle_t h = nullptr;
-    EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
-    CK(cudaStreamSynchronize(g[r].stream));  // the kernel's report is in by now
-    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-    c.y = g[r].y;
-    c.out = g[r].out;
-    epResult_t res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);
-    if (r == 0) {
-      const std::string msg = epGetLastError(comms[r]);
-      if (res != epInvalidArgument || msg.find(want) == std::string::npos) {
-        printf("rank 0: combine after a bad expert id gave %d (%s), expected epInvalidArgument naming \"%s\"\n",
-               int(res), msg.c_str(), want.c_str());
-        bad[r] = 1;
-      }
-      res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);  // again: it runs now
-    }
-    if (res != epSuccess) {
-      printf("rank %d: combine gave %d (%s)\n", r, int(res), epGetLastError(comms[r]));
-      bad[r] = 1;
-    }
-    CK(cudaStreamSynchronize(g[r].stream));
-    epHandleDestroy(h);
+    bad[r] = layerAfterReport(s, r, g[r], r == 0 ? epInvalidArgument : epSuccess, want, "a bad expert id");
   });
   long long wrong = 0;
   for (int r = 0; r < R; r++) {
@@ -578,27 +587,8 @@ int runNodeLimit() {
     RankBarrier ready(R);
     runRanks(R, [&](int r) {
       setUpRank(s, R, r, comms[r], in[r], g[r], ready, true);
-      epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);
-      epHandle_t h = nullptr;
-      EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
-      CK(cudaStreamSynchronize(g[r].stream));  // the check's report is in by now
-      epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-      c.y = g[r].y;
-      c.out = g[r].out;
-      epResult_t res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);
-      const std::string msg = epGetLastError(comms[r]);
-      const bool reported = res == epInvalidArgument && msg.find(found) != std::string::npos;
-      if (reported != (bound == 1) || (bound == 2 && res != epSuccess)) {
-        printf("rank %d, bound %d: the combine after the dispatch gave %d (%s)\n", r, bound, int(res), msg.c_str());
-        bad[r] = 1;
-      }
-      if (res != epSuccess) res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);  // again: it runs now
-      if (res != epSuccess) {
-        printf("rank %d, bound %d: combine gave %d (%s)\n", r, bound, int(res), epGetLastError(comms[r]));
-        bad[r] = 1;
-      }
-      CK(cudaStreamSynchronize(g[r].stream));
-      epHandleDestroy(h);
+      bad[r] = layerAfterReport(s, r, g[r], bound == 1 ? epInvalidArgument : epSuccess, found,
+                                "max_nodes_per_token = " + std::to_string(bound));
     });
     long long wrong = 0;
     for (int r = 0; r < R; r++) {

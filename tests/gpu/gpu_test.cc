@@ -139,6 +139,26 @@ void runGraphCase(const Case& c, epComm_t* gpu, epComm_t* host) {
 // Rank 0 passes num_topk 8 and sends to rank 1, which passes 4: rank 1's rows
 // from rank 0 do not fit its recv_topk_idx. Its next call reports it
 // (epInvalidUsage naming rank 0); rank 0's does not.
+// One rank's side of a multi-rank check, in its own thread: its GPU, a
+// stream and case c's inputs on the device, freed (after the stream's work)
+// when it goes.
+struct RankSide {
+  cudaStream_t s = nullptr;
+  DevBufs d;
+  RankSide(const Case& c, const RankIn& in, int r) {
+    CK(cudaSetDevice(gpuOf(r)));
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    allocDev(c, in, r, &d);
+    uploadInputs(c, in, &d, s);
+    CK(cudaStreamSynchronize(s));
+  }
+  ~RankSide() {
+    CK(cudaStreamSynchronize(s));
+    freeDev(&d);
+    CK(cudaStreamDestroy(s));
+  }
+};
+
 void runWiderTopk(int max_ranks) {
   Case c{"EP2 bf16 h256 k8 into k4", 2, 256, 8, 16, std::vector<int>(2, 64)};
   c.Kr = {8, 4};
@@ -153,12 +173,9 @@ void runWiderTopk(int max_ranks) {
   makeInputs(c, 5, &ins);
   int before = g_failures;
   runRanks(c.R, [&](int r) {
-    CK(cudaSetDevice(gpuOf(r)));
-    cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    DevBufs d;
-    allocDev(c, ins[r], r, &d);
-    uploadInputs(c, ins[r], &d, s);
+    RankSide side(c, ins[r], r);
+    cudaStream_t s = side.s;
+    DevBufs& d = side.d;
     epDispatchArgs_t a = dispatchArgs(c, ins[r], r, d.x, d.scales, d.topk, d.w);
     a.flags = EP_DISPATCH_NO_HOST_SYNC;
     a.recv_x = d.recv_x;
@@ -181,8 +198,6 @@ void runWiderTopk(int max_ranks) {
     }
     CK(cudaStreamSynchronize(s));
     epHandleDestroy(h);
-    freeDev(&d);
-    CK(cudaStreamDestroy(s));
   });
   for (int r = 0; r < c.R; r++) epCommDestroy(comms[r]);
   printf("%s %s: rank 1 reports it\n", g_failures == before ? "PASS" : "FAIL", c.name.c_str());
@@ -217,13 +232,9 @@ void runNodeLimit() {
     }
     RankBarrier set_up(c.R);
     runRanks(c.R, [&](int r) {
-      CK(cudaSetDevice(gpuOf(r)));
-      cudaStream_t s;
-      CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      DevBufs d;
-      allocDev(c, ins[r], r, &d);
-      uploadInputs(c, ins[r], &d, s);
-      CK(cudaStreamSynchronize(s));
+      RankSide side(c, ins[r], r);
+      cudaStream_t s = side.s;
+      DevBufs& d = side.d;
       set_up.wait();  // no rank allocates while a peer's kernel waits for it (ranks sharing a GPU)
       auto expect = [&](const char* step, epResult_t res, bool refused) {
         const std::string msg = epGetLastError(comms[r]);
@@ -250,8 +261,6 @@ void runNodeLimit() {
       expect("the call after the dispatch", epLayout(comms[r], &la, s), false);
       CK(cudaStreamSynchronize(s));
       epHandleDestroy(h);
-      freeDev(&d);
-      CK(cudaStreamDestroy(s));
     });
     for (int r = 0; r < c.R; r++) epCommDestroy(comms[r]);
   }
