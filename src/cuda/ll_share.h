@@ -16,9 +16,14 @@ EP_LL_SHARE_FN int llMin(int a, int b) { return a < b ? a : b; }
 
 // Share i of `parts` of n items: [lo, hi), contiguous and balanced (sizes
 // differ by at most one; with n <= parts every share has 0 or 1 items).
+// lo = n * i / parts, exactly, in 32-bit unsigned divisions (a 64-bit one is
+// a long instruction sequence on GPUs, run by every block at its start):
+// with n = q * parts + r, n * i / parts = q * i + r * i / parts, and r * i <
+// parts^2 fits in 32 bits for parts <= 65536 (i < parts).
 EP_LL_SHARE_FN void llShare(int n, unsigned i, unsigned parts, int& lo, int& hi) {
-  lo = int((long long)n * i / parts);
-  hi = int((long long)n * (i + 1) / parts);
+  const unsigned q = unsigned(n) / parts, r = unsigned(n) - q * parts;
+  lo = int(q * i + r * i / parts);
+  hi = int(q * (i + 1) + r * (i + 1) / parts);
 }
 
 // How llSliceShare cuts: S slices per item (1: whole items), each `chunk`
@@ -30,11 +35,14 @@ EP_LL_SHARE_FN void llShare(int n, unsigned i, unsigned parts, int& lo, int& hi)
 struct LLSlices {
   int S, chunk, filled;
 };
+// The divisions are unsigned (every operand is at least 0; a signed one
+// costs more instructions).
+EP_LL_SHARE_FN unsigned llDivUp(unsigned a, unsigned b) { return (a + b - 1) / b; }
 EP_LL_SHARE_FN LLSlices llSlicesOf(int n, int pieces, int G, int step, int align) {
-  const int S = (n == 0 || n >= G) ? 1 : llMin(G / n, (pieces + step - 1) / step);
+  const int S = (n == 0 || n >= G) ? 1 : llMin(int(unsigned(G) / unsigned(n)), int(llDivUp(pieces, step)));
   if (S <= 1) return LLSlices{1, pieces, 1};
-  const int chunk = ((pieces + S - 1) / S + align - 1) / align * align;
-  return LLSlices{S, chunk, (pieces + chunk - 1) / chunk};
+  const int chunk = int(llDivUp(llDivUp(pieces, S), align) * unsigned(align));
+  return LLSlices{S, chunk, int(llDivUp(pieces, chunk))};
 }
 
 // The items a block b of G takes when each of n items has `pieces` units (a
@@ -51,16 +59,16 @@ struct LLSliceShare {
 };
 EP_LL_SHARE_FN LLSliceShare llSliceShare(int n, int pieces, int b, int G, int step, int align) {
   LLSliceShare r{0, 0, 0, pieces};
-  const int S = (n == 0 || n >= G) ? 1 : llMin(G / n, (pieces + step - 1) / step);
+  const int S = (n == 0 || n >= G) ? 1 : llMin(int(unsigned(G) / unsigned(n)), int(llDivUp(pieces, step)));
   if (S <= 1) {
     llShare(n, unsigned(b), unsigned(G), r.lo, r.hi);
     return r;
   }
   int first, last;
   llShare(n * S, unsigned(b), unsigned(G), first, last);  // n * S <= G: one slice or none
-  r.lo = first / S;
+  r.lo = int(unsigned(first) / unsigned(S));
   r.hi = last > first ? r.lo + 1 : r.lo;
-  const int chunk = ((pieces + S - 1) / S + align - 1) / align * align, slice = first - r.lo * S;
+  const int chunk = int(llDivUp(llDivUp(pieces, S), align) * unsigned(align)), slice = first - r.lo * S;
   r.plo = llMin(slice * chunk, pieces);
   r.width = llMin(r.plo + chunk, pieces) - r.plo;
   if (r.width <= 0) r.hi = r.lo;  // a last slice past the item's end (large items): nothing (slice 0 never is)

@@ -34,6 +34,29 @@ void shares_cover_every_item_once(void**) {
   }
 }
 
+// The 32-bit form of llShare equals n * i / parts formed in 64 bits, for
+// counts up to INT_MAX and up to 65536 parts.
+void shares_equal_the_64_bit_formula(void**) {
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  const unsigned parts_of[] = {1, 2, 3, 7, 64, 131, 132, 1000, 65535, 65536};
+  for (unsigned parts : parts_of) {
+    for (int k = 0; k < 20000; k++) {
+      const int n = k < 100 ? k : int(next() % (k % 2 ? 2147483648ull : 100000ull));
+      const unsigned i = unsigned(next() % parts);
+      int lo = -1, hi = -1;
+      ep::cuda::llShare(n, i, parts, lo, hi);
+      assert_int_equal(lo, int(uint64_t(n) * i / parts));
+      assert_int_equal(hi, int(uint64_t(n) * (i + 1) / parts));
+    }
+  }
+}
+
 void large_counts_do_not_overflow(void**) {
   // n * (i + 1) exceeds 32 bits: the product is formed in 64 bits.
   const int n = 2000000000;
@@ -98,6 +121,7 @@ void dispatch_receive_slices_copy_every_piece_once(void**) { checkSliceShares(32
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(shares_cover_every_item_once),
+      cmocka_unit_test(shares_equal_the_64_bit_formula),
       cmocka_unit_test(large_counts_do_not_overflow),
       cmocka_unit_test(dispatch_row_slices_store_every_piece_once),
       cmocka_unit_test(combine_record_slices_sum_every_unit_once),
