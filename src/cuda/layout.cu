@@ -62,7 +62,10 @@ __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
       }
       if (p.is_token_in_rank)
         for (int r = 0; r < R; r++) p.is_token_in_rank[size_t(t) * R + r] = (rmask >> r) & 1u;
-      if (p.max_nodes > 0 && __popc(nmask) > p.max_nodes) reportNodeLimit(p.local, p.err, t, __popc(nmask));
+      if (p.max_nodes > 0) {
+        const int nodes = __popc(nmask);
+        if (nodes > p.max_nodes) reportNodeLimit(p.local, p.err, t, nodes);
+      }
     }
     for (int r = 0; r < R; r++) {
       int n = __popc(__ballot_sync(0xffffffffu, (rmask >> r) & 1u));
@@ -195,8 +198,10 @@ __global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
     if (d < 4) lo |= bit << (16 * d);
     else hi |= bit << (16 * (d - 4));
   }
-  if (p.max_nodes > 0 && nodesOfRanks(m, p.node_ranks) > p.max_nodes)
-    reportNodeLimit(cv.local, cv.err, t, nodesOfRanks(m, p.node_ranks));
+  if (p.max_nodes > 0) {
+    const int nodes = nodesOfRanks(m, p.node_ranks);
+    if (nodes > p.max_nodes) reportNodeLimit(cv.local, cv.err, t, nodes);
+  }
   unsigned long long ex_lo, ex_hi, tot_lo, tot_hi;
   packedBlockScan(lo, hi, &ex_lo, &ex_hi, &tot_lo, &tot_hi);
   uint64_t* sc = p.scratch;
