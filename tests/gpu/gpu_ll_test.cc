@@ -18,6 +18,7 @@
 //                          config.max_nodes_per_token only (two ranks)
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <cmath>
 #include <string>
@@ -85,19 +86,39 @@ void setUpRank(const Shape& s, int R, int r, epComm_t comm, const RankData& in, 
   ready.wait();
 }
 
-// The opening of a case: shape s's communicators (one per rank, on the GPUs
-// gpusOf(R) gives), random inputs of `seed` and their host reference; the
-// ranks' buffers are the case's to set up (setUpRank).
+// A case of one shape: its communicators (one per rank, on the GPUs gpusOf(R)
+// gives, their config as configFor makes it, then changed by `edit`), random
+// inputs of `seed` and their host reference (unless with_ref is false: a case
+// that changes the inputs first calls runHost itself). The ranks' buffers are
+// the case's to set up (setUpRank); close() ends the case.
 struct RankedCase {
+  const Shape& s;
+  const int R;
   std::vector<RankData> in;
   std::vector<Outputs> ref;
   std::vector<GpuRank> g;
   std::vector<epComm_t> comms;
-  RankedCase(const Shape& s, int R, uint64_t seed) : in(R), ref(R), g(R), comms(R) {
+  RankedCase(const Shape& shape, int ranks, uint64_t seed, const std::function<void(epConfig_t&)>& edit = nullptr,
+             bool with_ref = true)
+      : s(shape), R(ranks), in(ranks), ref(ranks), g(ranks), comms(ranks) {
     epConfig_t cfg = configFor(s, epBackendCuda);
+    if (edit) edit(cfg);
     EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
     randomInputs(s, R, seed, in);
-    runHost(s, R, in, ref);
+    if (with_ref) runHost(s, R, in, ref);
+  }
+  // Rank by rank: its outputs compared with the reference when `what` names
+  // the comparison, its buffers freed (if it set them up), its communicator
+  // destroyed. Returns the outputs that differ.
+  long long close(const char* what = nullptr) {
+    long long wrong = 0;
+    for (int r = 0; r < R; r++) {
+      CK(cudaSetDevice(gpuOf(r)));
+      if (what != nullptr) wrong += compare(s, R, r, g[r], ref[r], what);
+      if (g[r].stream != nullptr) freeRank(g[r]);
+      epCommDestroy(comms[r]);
+    }
+    return wrong;
   }
 };
 
@@ -258,38 +279,29 @@ int runDistinctLayers(const Shape& s, int R, uint64_t seed) {
 // next call, here the combine, instead of reading the rows as its own.
 int runWireMismatch(int R) {
   Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
-  std::vector<RankData> in(R);
-  std::vector<GpuRank> g(R);
-  std::vector<epComm_t> comms(R);
-  epConfig_t cfg = configFor(s, epBackendCuda);
-  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
-  randomInputs(s, R, 21, in);
+  RankedCase c(s, R, 21, nullptr, false);
   std::vector<int> bad(R, 0);
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
-    setUpRank(s, R, r, comms[r], in[r], g[r], ready);  // BF16-sized: fits either wire type
+    setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready);  // BF16-sized: fits either wire type
     Shape mine = s;
     mine.fp8 = r == 0;
-    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(mine, r, g[r]);
+    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(mine, r, c.g[r]);
     epHandle_t h = nullptr;
-    EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
-    CK(cudaStreamSynchronize(g[r].stream));
-    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-    c.y = g[r].y;
-    c.out = g[r].out;
-    const epResult_t res = epLowLatencyCombine(comms[r], &c, h, g[r].stream);
-    const std::string msg = epGetLastError(comms[r]);
+    EK(c.comms[r], epLowLatencyDispatch(c.comms[r], &a, &h, c.g[r].stream));
+    CK(cudaStreamSynchronize(c.g[r].stream));
+    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
+    ca.y = c.g[r].y;
+    ca.out = c.g[r].out;
+    const epResult_t res = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
+    const std::string msg = epGetLastError(c.comms[r]);
     if (res != epInvalidUsage || msg.find("wire_type must be the same") == std::string::npos) {
       printf("rank %d: combine after a wire_type mismatch gave %d (%s)\n", r, int(res), msg.c_str());
       bad[r] = 1;
     }
     epHandleDestroy(h);
   });
-  for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(gpuOf(r)));
-    freeRank(g[r]);
-    epCommDestroy(comms[r]);
-  }
+  c.close();
   const bool failed = std::count(bad.begin(), bad.end(), 1) != 0;
   printf("eager  R=%d wire_type fp8 on rank 0, bf16 elsewhere: %s\n", R, failed ? "FAILED" : "OK (reported)");
   return failed ? 1 : 0;
@@ -335,33 +347,21 @@ int layerAfterReport(const Shape& s, int r, GpuRank& g, epResult_t want, const s
 
 int runBadId(int R, int tokens) {
   Shape s{512, 4, 4 * R, 40, std::vector<int>(R, tokens), true, false, false};
-  std::vector<RankData> in(R);
-  std::vector<Outputs> ref(R);
-  std::vector<GpuRank> g(R);
-  std::vector<epComm_t> comms(R);
-  epConfig_t cfg = configFor(s, epBackendCuda);
-  cfg.timeout_ms = 20000;  // a peer left waiting fails the case in 20 s, not 60
-  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
-  randomInputs(s, R, 31, in);
+  // A peer left waiting fails the case in 20 s, not 60.
+  RankedCase c(s, R, 31, [](epConfig_t& cfg) { cfg.timeout_ms = 20000; }, false);
   const int t_bad = tokens / 2, k_bad = 1;
   const long long bad_id = s.experts + 7;
-  in[0].topk[size_t(t_bad) * s.topk + k_bad] = -1;
-  runHost(s, R, in, ref);
-  in[0].topk[size_t(t_bad) * s.topk + k_bad] = bad_id;
+  c.in[0].topk[size_t(t_bad) * s.topk + k_bad] = -1;
+  runHost(s, R, c.in, c.ref);
+  c.in[0].topk[size_t(t_bad) * s.topk + k_bad] = bad_id;
   const std::string want = "topk_idx of token " + std::to_string(t_bad) + " = " + std::to_string(bad_id);
   std::vector<int> bad(R, 0);
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
-    setUpRank(s, R, r, comms[r], in[r], g[r], ready, true);
-    bad[r] = layerAfterReport(s, r, g[r], r == 0 ? epInvalidArgument : epSuccess, want, "a bad expert id");
+    setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready, true);
+    bad[r] = layerAfterReport(s, r, c.g[r], r == 0 ? epInvalidArgument : epSuccess, want, "a bad expert id");
   });
-  long long wrong = 0;
-  for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(gpuOf(r)));
-    wrong += compare(s, R, r, g[r], ref[r], "bad id");
-    freeRank(g[r]);
-    epCommDestroy(comms[r]);
-  }
+  const long long wrong = c.close("bad id");
   const bool failed = wrong != 0 || std::count(bad.begin(), bad.end(), 1) != 0;
   printf("eager  R=%d T=%d expert id %lld on rank 0 (token %d): %s\n", R, tokens, bad_id, t_bad,
          failed ? "FAILED" : "OK (reported, then combined)");
@@ -373,67 +373,58 @@ int runBadId(int R, int tokens) {
 // not hang and not report success.
 int runModeMismatch(int R) {
   Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
-  std::vector<RankData> in(R);
-  std::vector<GpuRank> g(R);
-  std::vector<epComm_t> comms(R);
-  epConfig_t cfg = configFor(s, epBackendCuda);
-  cfg.timeout_ms = 2000;
-  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
-  randomInputs(s, R, 25, in);
+  constexpr int kTimeoutMs = 2000;
+  RankedCase c(s, R, 25, [](epConfig_t& cfg) { cfg.timeout_ms = kTimeoutMs; }, false);
   std::vector<epResult_t> res(R, epSuccess);
   std::vector<std::string> msg(R);
   std::vector<double> secs(R, 0.0);
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
-    setUpRank(s, R, r, comms[r], in[r], g[r], ready);
+    setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready);
     const auto t0 = std::chrono::steady_clock::now();
     epHandle_t h = nullptr;
     if (r == 0) {
-      epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g[r]);
-      res[r] = epLowLatencyDispatch(comms[r], &a, &h, g[r].stream);
+      epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, c.g[r]);
+      res[r] = epLowLatencyDispatch(c.comms[r], &a, &h, c.g[r].stream);
       if (res[r] == epSuccess) {  // a kernel's error surfaces at the next call
-        CK(cudaStreamSynchronize(g[r].stream));
-        epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-        c.y = g[r].y;
-        c.out = g[r].out;
-        res[r] = epLowLatencyCombine(comms[r], &c, h, g[r].stream);
+        CK(cudaStreamSynchronize(c.g[r].stream));
+        epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
+        ca.y = c.g[r].y;
+        ca.out = c.g[r].out;
+        res[r] = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
       }
     } else {
       epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;  // exact sizing: waits for the counts
-      a.x = g[r].x;
-      a.topk_idx = g[r].topk;
+      a.x = c.g[r].x;
+      a.topk_idx = c.g[r].topk;
       a.topk_idx_type = epInt64;
       a.num_tokens = s.tokens[r];
       a.num_topk = s.topk;
-      a.recv_x = g[r].recv_x;  // room for 4 * R * 40 BF16 rows
+      a.recv_x = c.g[r].recv_x;  // room for 4 * R * 40 BF16 rows
       a.recv_capacity = int64_t(R) * s.max_tokens;
       int64_t num_recv = 0;
       a.num_recv = &num_recv;
-      res[r] = epDispatch(comms[r], &a, &h, g[r].stream);
+      res[r] = epDispatch(c.comms[r], &a, &h, c.g[r].stream);
       if (res[r] == epSuccess) {
-        CK(cudaStreamSynchronize(g[r].stream));
-        epCombineArgs_t c = EP_COMBINE_ARGS_INITIALIZER;
-        c.y = g[r].recv_x;
-        c.out = g[r].out;
-        res[r] = epCombine(comms[r], &c, h, g[r].stream);
+        CK(cudaStreamSynchronize(c.g[r].stream));
+        epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+        ca.y = c.g[r].recv_x;
+        ca.out = c.g[r].out;
+        res[r] = epCombine(c.comms[r], &ca, h, c.g[r].stream);
       }
     }
-    cudaStreamSynchronize(g[r].stream);
+    cudaStreamSynchronize(c.g[r].stream);
     secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    msg[r] = epGetLastError(comms[r]);
+    msg[r] = epGetLastError(c.comms[r]);
     if (h != nullptr) epHandleDestroy(h);
   });
   bool failed = false;
   for (int r = 0; r < R; r++) {
     printf("  rank %d (%s): %s after %.2f s: %s\n", r, r == 0 ? "low latency" : "high throughput",
            epGetErrorString(res[r]), secs[r], msg[r].c_str());
-    failed |= res[r] == epSuccess || secs[r] > 4.0 * cfg.timeout_ms / 1000.0;
+    failed |= res[r] == epSuccess || secs[r] > 4.0 * kTimeoutMs / 1000.0;
   }
-  for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(gpuOf(r)));
-    freeRank(g[r]);
-    epCommDestroy(comms[r]);
-  }
+  c.close();
   printf("eager  R=%d rank 0 low latency, the others high throughput: %s\n", R,
          failed ? "FAILED" : "OK (reported)");
   return failed ? 1 : 0;
@@ -539,14 +530,11 @@ int runLateInputs(int R, int tokens, bool split, bool graph) {
     }
     epHandleDestroy(h);
   });
-  long long bad = 0;
   for (int r = 0; r < R; r++) {
     CK(cudaSetDevice(gpuOf(r)));
-    bad += compare(s, R, r, c.g[r], c.ref[r], "late inputs");
     for (uint32_t* p : {st[r].x, st[r].topk, st[r].w, st[r].y}) CK(cudaFree(p));
-    freeRank(c.g[r]);
-    epCommDestroy(c.comms[r]);
   }
+  const long long bad = c.close("late inputs");
   printf("%-6s R=%d T=%d%s inputs written by the kernel before each call, 200 us after it let the call in: %s\n",
          graph ? "graph" : "eager", R, tokens, split ? " split" : "", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
@@ -564,39 +552,25 @@ int runLateInputs(int R, int tokens, bool split, bool graph) {
 int runNodeLimit() {
   const int R = 2;
   const Shape s{512, 4, 16, 40, std::vector<int>(R, 40), true, false, false};
-  std::vector<RankData> in(R);
-  std::vector<Outputs> ref(R);
-  randomInputs(s, R, 57, in);
-  runHost(s, R, in, ref);
   const std::string found = "selects experts on 2 nodes, more than config.max_nodes_per_token = 1";
   int failed = 0;
-  for (int bound : {1, 2}) {
-    std::vector<epComm_t> comms(R);
-    epConfig_t cfg = configFor(s, epBackendCuda);
-    cfg.max_nodes_per_token = bound;
-    EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+  for (int bound : {1, 2}) {  // the same inputs (seed 57) for both
+    RankedCase c(s, R, 57, [bound](epConfig_t& cfg) { cfg.max_nodes_per_token = bound; });
     int num_nodes = 0;
-    EK(comms[0], epCommNodes(comms[0], &num_nodes, nullptr));
+    EK(c.comms[0], epCommNodes(c.comms[0], &num_nodes, nullptr));
     if (num_nodes != R) {
       printf("node limit: %d nodes, not one per rank: run it with EP_NODE_SIZE=1: FAILED\n", num_nodes);
-      for (epComm_t comm : comms) epCommDestroy(comm);
+      c.close();
       return 1;
     }
-    std::vector<GpuRank> g(R);
     std::vector<int> bad(R, 0);
     RankBarrier ready(R);
     runRanks(R, [&](int r) {
-      setUpRank(s, R, r, comms[r], in[r], g[r], ready, true);
-      bad[r] = layerAfterReport(s, r, g[r], bound == 1 ? epInvalidArgument : epSuccess, found,
+      setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready, true);
+      bad[r] = layerAfterReport(s, r, c.g[r], bound == 1 ? epInvalidArgument : epSuccess, found,
                                 "max_nodes_per_token = " + std::to_string(bound));
     });
-    long long wrong = 0;
-    for (int r = 0; r < R; r++) {
-      CK(cudaSetDevice(gpuOf(r)));
-      wrong += compare(s, R, r, g[r], ref[r], "node limit");
-      freeRank(g[r]);
-      epCommDestroy(comms[r]);
-    }
+    const long long wrong = c.close("node limit");
     const bool ok = wrong == 0 && bad[0] == 0 && bad[1] == 0;
     printf("eager  R=%d max_nodes_per_token = %d, tokens on 2 nodes: %s: %s\n", R, bound,
            bound == 1 ? "reported by the next call, outputs as without a bound" : "no report", ok ? "OK" : "FAILED");
@@ -613,7 +587,6 @@ int runSendHalfDoesNotWait(int R) {
   Shape s{2048, 8, 8 * R, 64, std::vector<int>(R, 64), true, false, true};
   RankedCase c(s, R, 31);
   std::vector<double> send_ms(R, 0.0);
-  long long bad = 0;
   RankBarrier ready(R);
   runRanks(R, [&](int r) {
     setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready);
@@ -642,12 +615,7 @@ int runSendHalfDoesNotWait(int R) {
     CK(cudaStreamSynchronize(c.g[r].stream));
     epHandleDestroy(h);
   });
-  for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(gpuOf(r)));
-    bad += compare(s, R, r, c.g[r], c.ref[r], "send half");
-    freeRank(c.g[r]);
-    epCommDestroy(c.comms[r]);
-  }
+  const long long bad = c.close("send half");
   const bool failed = bad != 0 || send_ms[0] > 100.0;
   printf("eager  R=%d rank 0's send half and the work after it, rank 1 300 ms late: %.2f ms: %s\n", R, send_ms[0],
          failed ? "FAILED" : "OK");
