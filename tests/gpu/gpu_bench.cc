@@ -507,7 +507,8 @@ const char kUsage[] =
     "usage: gpu_bench [--mode ht|ll] [--ranks N] [--quick] [--tokens N,..] [--sms A,B,..] [--types bf16|fp8|both]\n"
     "                 [--no-nccl]\n"
     "  --mode ll   the low-latency table (128 tokens, split halves, 1 token) on all GPUs, at most 8\n"
-    "  --ranks N   EP N on GPUs 0..N-1 (2..8; default: every visible GPU, at most 8)\n"
+    "  --ranks N   EP N on GPUs 0..N-1 (1..8; default: every visible GPU, at most 8; 1: one GPU, every\n"
+    "              row local: the kernels' own work without a link, no link ceiling, no NCCL)\n"
     "  --quick     32 SMs only\n"
     "  --no-nccl   skip NCCL's all-to-all of the same bytes\n";
 
@@ -567,13 +568,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
-    printf("SKIPPED gpu_bench: needs 2 GPUs, %d visible\n", ndev);
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < (ranks == 1 ? 1 : 2)) {
+    printf("SKIPPED gpu_bench: needs 2 GPUs (or --ranks 1), %d visible\n", ndev);
     return 0;
   }
   g_R = ranks ? ranks : std::min(ndev, kMaxR);
-  if (g_R < 2 || g_R > std::min(ndev, kMaxR)) {
-    fprintf(stderr, "gpu_bench: --ranks %d: 2..%d with %d GPUs visible\n", ranks, std::min(ndev, kMaxR), ndev);
+  if (g_R < 1 || g_R > std::min(ndev, kMaxR)) {
+    fprintf(stderr, "gpu_bench: --ranks %d: 1..%d with %d GPUs visible\n", ranks, std::min(ndev, kMaxR), ndev);
     return 2;
   }
   if (low_latency) {
@@ -602,9 +603,9 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&g_sync.flush[r], 256u << 20));
   }
   std::vector<double> ceil_of(65, 0);
-  for (int b : sms_list) {
-    ceil_of[b] = linkCeiling(b, 117u << 20);
-  }
+  if (g_R == 1) printf("link ceiling: none at EP1 (every row stays on its GPU; nvlink bytes 0)\n");
+  else
+    for (int b : sms_list) ceil_of[b] = linkCeiling(b, 117u << 20);
   for (int T : tokens) {
     Routing rt = makeRouting(T, 8, 256);
     printf("routing T=%d, EP%d: rows src->dst", T, g_R);
@@ -613,7 +614,8 @@ int main(int argc, char** argv) {
     printf("\n");
     for (epDataType_t dt : types)
       for (int sms : sms_list) benchConfig(T, dt, sms, rt, ceil_of[sms], dt == epBfloat16 && sms == sms_list[0]);
-    if (nccl) {
+    if (nccl && g_R == 1) printf("SKIPPED nccl all-to-all T=%d: EP1 moves no bytes between GPUs\n", T);
+    else if (nccl) {
       benchNccl(rt, T, 7168 * 2, "bf16");
       benchNccl(rt, T, 7168 + 56 * 4, "fp8");
     }
