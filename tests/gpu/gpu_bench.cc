@@ -1,6 +1,8 @@
 // GPU benchmark of the CUDA backend, EP N on the first N GPUs of one node
 // (N = the visible GPUs, at most 8, or --ranks N; ranks are threads of this
-// process). Built with nvcc -x cu by tests/gpu/run.sh.
+// process). Built with nvcc -x cu by tests/gpu/run.sh. --ranks 1 runs EP1 on
+// one GPU: every row stays local, so the times are the kernels' own work
+// (no link ceiling, no NCCL; what tests/gpu/run.sh runs on one GPU).
 //
 // For each shape: check first (num_recv against the routing computed here, and
 // combine(y = recv_x) == x * ranks-that-got-it, bit for bit), then time with
