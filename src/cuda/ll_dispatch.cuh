@@ -833,6 +833,15 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   llShare(src_base[R], blockIdx.x, gridDim.x, lo, hi);  // this block's share of the records
   RecordLoads rl;
   if (hi > lo) loadRecords(p, set, src_base, lo, min(kRecGroup, hi - lo), rl);
+  // recv_count of the experts this block owns (e % grid == block: thread j
+  // the block's j-th), written after the copy: their counts loaded now,
+  // beside the records' loads (they are in since the wait), so that the
+  // block's last step waits for no load. More local experts than the
+  // block's threads can own: the rest loaded after the copy (stageBases).
+  const int own_e = blockIdx.x + threadIdx.x * gridDim.x;
+  int own_c[kMaxRanks];
+#pragma unroll
+  for (int q = 0; q < kMaxRanks; q++) own_c[q] = q < R && own_e < L ? counts[q * L + own_e] : 0;
   for (int c0 = lo; c0 < hi; c0 += kRecGroup) {
     const int n = min(kRecGroup, hi - c0);
     __syncthreads();  // the previous group's descriptions are no longer read
@@ -886,7 +895,13 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
       }
     }
   }
-  stageBases(p, set, nullptr, false);  // recv_count of the owned experts only
+  if (own_e < L) {
+    int run = 0;
+#pragma unroll
+    for (int q = 0; q < kMaxRanks; q++) run += own_c[q];
+    p.recv_count[own_e] = run;
+  }
+  if (L > kThreads * int(gridDim.x)) stageBases(p, set, nullptr, false);  // recv_count of the owned experts only
   llMark(v, pair, kind, 7);
 }
 
