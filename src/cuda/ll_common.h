@@ -90,7 +90,6 @@ enum LLWhat {
 // Rank-private device counters.
 struct LLLocal {
   uint64_t pairs;           // dispatch sends issued (64 bits: the signal targets grow with it and never wrap)
-  uint32_t blocks_done;     // last block of a dispatch send (bumps pairs)
   int err_claim;
   int timed_out;            // as DevLocal::timed_out
   alignas(8) uint8_t gone[kMaxRanks];  // as DevLocal::gone

@@ -222,17 +222,20 @@ inline int llLaunch(void (*kernel)(Params), const Params& p, int threads, const 
   return int(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
-// True in the last block of the grid to get here (the counter is reset).
-// No fence: it only orders this GPU's next kernels, which follow in stream order.
-__device__ __forceinline__ bool llLastBlock(const LLView& v) {
-  __shared__ int last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(&v.local->blocks_done, 1u) == gridDim.x - 1;
-    if (last) v.local->blocks_done = 0;
-  }
-  __syncthreads();
-  return last != 0;
+// The end of a dispatch send: the pair counter (v.local->pairs, which every
+// block read at its start, llEnter) is bumped once every block of the kernel
+// has counted its send in this rank's own dispatch counter ([set][rank]):
+// by thread 0 of block 0, which waits for that count. A block counts after
+// its read of the pair completed (the count's address depends on the value
+// read), so no block can read the bumped value. The other blocks end at
+// once, without the round trip of a last-block count; in a kernel that
+// receives after it sends, block 0's receive waits for every source's count
+// anyway. No fence: the value is read by this GPU's next kernels only,
+// which follow in stream order.
+__device__ __forceinline__ void llBumpPair(const LLView& v, uint64_t pair) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  llWait(v, llCounter(v, v.rank, kLLDispatchSent, int(pair & 1u), v.rank), llTarget(pair), kLLWhatDispatch, v.rank);
+  v.local->pairs = pair + 1;
 }
 
 }  // namespace cuda

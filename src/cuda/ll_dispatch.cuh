@@ -300,7 +300,7 @@ __device__ __forceinline__ int numberingBlocks(const LLView& v) {
 }
 
 // The send half; `pair` was read from v.local->pairs at kernel start (it is
-// bumped by the last block to finish this phase, after every block read it).
+// bumped once every block has counted this phase, after every block read it).
 // The numbering and the rows run in different blocks, side by side (measured:
 // in the same blocks, one after the other, the numbering added ~3 us at 128
 // tokens).
@@ -350,7 +350,7 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
   llMark(v, pair, kLLKindDispatch, 1);  // rows stored
   llSignal(v, kLLDispatchSent, set);
   llMark(v, pair, kLLKindDispatch, 2);  // signalled (the release waited for the stores)
-  if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
+  llBumpPair(v, pair);
 }
 
 // ---- receive ----

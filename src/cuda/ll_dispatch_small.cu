@@ -180,13 +180,8 @@ __device__ __forceinline__ void dispatchSendFlaggedPhase(const LLDispatchParams&
   llMark(v, pair, kLLKindDispatch, 1);  // rows stored
   llCountRelaxed(v, kLLDispatchSent, set);
   // The kernel bumps v.local->pairs at its end (llBumpPair): not between the
-  // halves, where the last-block count's round trip would delay the receive.
-}
-
-// The last block of a flagged send's kernel bumps the pair counter, at the
-// kernel's end (every block read it at its start).
-__device__ __forceinline__ void llBumpPair(const LLView& v, uint64_t pair) {
-  if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
+  // halves, where block 0's wait for every block's count would delay its
+  // receive (the flagged receive waits for no count).
 }
 
 // The send half of a small call: dispatchSendPhase with slices for rows.
@@ -245,7 +240,7 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
   llMark(v, pair, kLLKindDispatch, 1);  // rows stored
   llSignal(v, kLLDispatchSent, set);
   llMark(v, pair, kLLKindDispatch, 2);  // signalled (the release waited for the stores)
-  if (llLastBlock(v) && threadIdx.x == 0) v.local->pairs = pair + 1;
+  llBumpPair(v, pair);
 }
 
 // ---- receive ----
