@@ -552,6 +552,12 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
     if (sl.plo == 0 && local != 0)  // the header in the plain layout, for the combine
       flagHeaderToPlain(v, llRecord(v, v.rank, set, src, t), lane, k, id, lane < k ? fsW(fh, src, t, lane) : 0.0f,
                         slot, t, tag);
+  } else {
+    // Meanwhile the other warps write recv_count of the experts this block
+    // owns (records that named them), which at the end would follow the copy.
+#pragma unroll 1
+    for (int le = blockIdx.x + (int(threadIdx.x) - 32) * G; le < L; le += (kThreads - 32) * G)
+      p.recv_count[le] = flagRecordsBefore(fh, src_base, R, 0, v.first_expert + le);
   }
   __syncthreads();
   llMark(v, pair, kind, 6);
@@ -571,10 +577,6 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
       p.recv_scales[(size_t(e) * nb + b) * cap + sd] = __uint_as_float(bits);
     }
   }
-  // recv_count of the experts this block owns: records that named them.
-#pragma unroll 1
-  for (int le = blockIdx.x + threadIdx.x * G; le < L; le += kThreads * G)
-    p.recv_count[le] = flagRecordsBefore(fh, src_base, R, 0, v.first_expert + le);
   llMark(v, pair, kind, 7);
 }
 
