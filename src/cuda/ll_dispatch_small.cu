@@ -304,7 +304,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
   const int pieces = int(row_bytes / 16), nb = (H + 127) / 128, cap = R * M;
   const LLSlices cut = llSlicesOf(N, pieces, G, kRecvSliceStep, kRecvSliceAlign);
   if (cut.S < 2 || cut.chunk > kThreads || R * L > kStagedBases) {
-    dispatchRecvPhase<kSources != kSourcesPlain>(p, pair, kind);
+    dispatchRecvPhase<kSources != kSourcesPlain, false>(p, pair, kind);
     return;
   }
   if (wrong_wire && blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);
