@@ -152,6 +152,13 @@ struct LLRecordHeader {
   // int32 ids[K]; float weights[K]; int32 slots[K]
 };
 
+// Ints of shared memory a receiving block stages the flagged records' K and
+// expert ids in (the whole-row receive lends its record descriptions):
+// R * tcap * (1 + max_topk) of them for calls of at most tcap flagged tokens
+// per source. The engine sends flagged records only in calls that fit.
+constexpr int kLLFlagStageInts = 1024;
+inline int llFlagTokensFit(int nranks, int max_topk) { return kLLFlagStageInts / (nranks * (1 + max_topk)); }
+
 struct LLDispatchParams {
   LLView v;
   LLHandleDev* hd;
@@ -162,7 +169,7 @@ struct LLDispatchParams {
   int num_tokens, num_topk;
   int fp8, pow2;
   int flagged;  // this call sends flagged records (num_tokens <= kLLFlagTokens, EP_CUDA_LL_FLAGGED)
-  int flag_sources;  // some rank may send flagged records (EP_CUDA_LL_FLAGGED above 0 on any rank)
+  int flag_cap;  // the most tokens any rank sends as flagged records (0: no rank does; agreed at init)
   // receive half
   uint8_t* recv_x;
   float* recv_scales;

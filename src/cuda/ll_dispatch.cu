@@ -54,7 +54,7 @@ int launchLLDispatchSend(const LLDispatchParams& p, const LLLaunch& l) {
 
 int launchLLDispatch(const LLDispatchParams& p, const LLLaunch& l) {
   if (useSlices(p, l)) return launchLLDispatchSlices(p, l, false);
-  if (p.flag_sources)
+  if (p.flag_cap)
     return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true, true>, p, kThreads, l)
                               : llLaunch(llDispatchKernel<false, true>, p, kThreads, l);
   return llUsesSingles(p.v) ? llLaunch(llDispatchKernel<true, false>, p, kThreads, l)
@@ -65,7 +65,7 @@ int launchLLDispatch(const LLDispatchParams& p, const LLLaunch& l) {
 // slices where the records are few (decided in the kernel).
 int launchLLDispatchRecv(const LLDispatchParams& p, const LLLaunch& l) {
   if (useSlices(p, l)) return launchLLDispatchRecvSlices(p, l);
-  return p.flag_sources ? llLaunch(llDispatchRecvKernel<true>, p, kThreads, l)
+  return p.flag_cap ? llLaunch(llDispatchRecvKernel<true>, p, kThreads, l)
                         : llLaunch(llDispatchRecvKernel<false>, p, kThreads, l);
 }
 

@@ -392,21 +392,39 @@ constexpr int kRecvSliceAlign = 8;
 // memory its caller lends (the receive kernels' own arrays, unused on this
 // path: a kernel's shared memory size sets the L1 / shared split, and a
 // split that changes between consecutive kernels costs each launch).
-// Record (s, t) is entry s * kLLFlagTokens + t.
+// Record (s, t) is entry s * tcap + t, tcap the most tokens any rank sends
+// flagged (LLDispatchParams::flag_cap); a record's ids and weights take
+// max_topk entries each. The engine keeps R * tcap * (1 + max_topk) within
+// kLLFlagStageInts (llFlagTokensFit), which bounds both stages below.
 struct FlagStage {
-  int* k;    // [kMaxRanks * kLLFlagTokens]: K
-  int* id;   // [kMaxRanks * kLLFlagTokens][32]: expert ids as sent (-1: none)
+  int* k;    // [R * tcap]: K
+  int* id;   // [R * tcap][max_topk]: expert ids as sent (-1: none)
   float* w;  // the same for the weights; null: read from the record when needed
   int* n;    // [1]: local experts of the record a block copies
   int* dst;  // [32]: their local expert * cap + slot
+  int* hits; // [64] (recvFlaggedSlice only): per entry of the block's record, the
+             // records before it naming its expert; per owned expert, the records naming it
+  int tcap, stride;  // tokens per source, entries per record
 };
-constexpr int kFlagStageInts = kMaxRanks * kLLFlagTokens * (1 + 32);  // k and id
-__device__ __forceinline__ int& fsK(const FlagStage& fs, int s, int t) { return fs.k[s * kLLFlagTokens + t]; }
+// K and ids in `a` (kLLFlagStageInts ints; the whole-row receive's).
+__device__ __forceinline__ FlagStage flagStageKIds(const LLDispatchParams& p, int* a, int* n) {
+  const int entries = p.v.nranks * p.flag_cap;
+  return FlagStage{a, a + entries, nullptr, n, n + 1, nullptr, p.flag_cap, p.v.max_topk};
+}
+// All of a FlagStage (k, id, w, n, dst, hits) in `a`, of this many ints.
+constexpr int kFlagStageFull = 2 * kLLFlagStageInts + 1 + 32 + 64;
+__device__ __forceinline__ FlagStage flagStageAll(const LLDispatchParams& p, int* a) {
+  const int entries = p.v.nranks * p.flag_cap, ids = entries * p.v.max_topk;
+  int* n = a + entries + 2 * ids;
+  return FlagStage{a, a + entries, reinterpret_cast<float*>(a + entries + ids), n, n + 1, n + 33, p.flag_cap,
+                   p.v.max_topk};
+}
+__device__ __forceinline__ int& fsK(const FlagStage& fs, int s, int t) { return fs.k[s * fs.tcap + t]; }
 __device__ __forceinline__ int& fsId(const FlagStage& fs, int s, int t, int k) {
-  return fs.id[(s * kLLFlagTokens + t) * 32 + k];
+  return fs.id[(s * fs.tcap + t) * fs.stride + k];
 }
 __device__ __forceinline__ float& fsW(const FlagStage& fs, int s, int t, int k) {
-  return fs.w[(s * kLLFlagTokens + t) * 32 + k];
+  return fs.w[(s * fs.tcap + t) * fs.stride + k];
 }
 
 // Header word w of flagged record (s, t) into fh: w = 0 is K, then the
@@ -517,6 +535,7 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
     asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[2]), "=l"(w[3]) : "l"(piece + 2) : "memory");
   }
   if (has_scale) asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(sw) : "l"(scale_word) : "memory");
+  if (threadIdx.x < 64) fh.hits[threadIdx.x] = 0;
   int s0 = warp < N ? llSourceOf(src_base, warp) : 0;
   if (warp < N && lane < words)
     asm volatile("ld.relaxed.sys.global.u64 %0, [%1];"
@@ -539,25 +558,53 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
   }
   __syncthreads();
   llMark(v, pair, kind, 5);
-  if (warp == 0) {
-    int le = -1, slot = 0;
-    const int k = mine ? fsK(fh, src, t) : 0;
-    const int id = lane < k ? fsId(fh, src, t, lane) : -1;
-    if (id >= v.first_expert && id < v.first_expert + L) {
-      le = id - v.first_expert;
-      slot = flagRecordsBefore(fh, src_base, src, t, id);
-      if (sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = src * M + t;
+  // Slots and counts, every warp a share of the records: lane j of every
+  // warp holds entry j of the block's own record, lane o the block's o-th
+  // owned expert (e % G == block), and each record's entries pass by in
+  // shuffles. A record before the own one (in (source, token) order) that
+  // names entry j's expert moves that slot by one; a record naming owned
+  // expert o adds one to its recv_count; each record once per expert (an
+  // expert repeated in a top-k takes one row). (One warp looping over the
+  // earlier records, and the other warps over all records per owned expert,
+  // cost 0.4 us more at 4 tokens than at 1.)
+  const int k = mine ? fsK(fh, src, t) : 0;
+  const int id = lane < k ? fsId(fh, src, t, lane) : -1;
+  const bool local_id = id >= v.first_expert && id < v.first_expert + L;
+  const int own_le = int(blockIdx.x) + lane * G;
+  const int own_id = own_le < L ? v.first_expert + own_le : -1;
+#pragma unroll 1
+  for (int c = warp; c < N; c += kWarps) {
+    const int s = llSourceOf(src_base, c), tt = c - src_base[s];
+    const int kc = fsK(fh, s, tt);
+    const int idc = lane < kc ? fsId(fh, s, tt, lane) : -1;
+    bool names_id = false, names_own = false;
+#pragma unroll 1
+    for (int q0 = 0; q0 < kc; q0 += 8) {  // lanes past kc hold -1: never a match that counts
+#pragma unroll
+      for (int q = 0; q < 8; q++) {
+        const int x = __shfl_sync(0xffffffffu, idc, q0 + q);
+        names_id |= x == id;
+        names_own |= x == own_id;
+      }
     }
+    if (names_id && local_id && c < sl.lo) atomicAdd(&fh.hits[lane], 1);
+    if (names_own && own_id >= 0) atomicAdd(&fh.hits[32 + lane], 1);
+  }
+  // Owned experts past the 32nd (grids of fewer than L / 32 blocks): one thread each.
+#pragma unroll 1
+  for (int le = int(blockIdx.x) + (32 + int(threadIdx.x)) * G; le < L; le += kThreads * G)
+    p.recv_count[le] = flagRecordsBefore(fh, src_base, R, 0, v.first_expert + le);
+  __syncthreads();
+  if (warp == 0) {
+    const int le = local_id ? id - v.first_expert : -1;
+    const int slot = local_id ? fh.hits[lane] : 0;
+    if (local_id && sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = src * M + t;
     const unsigned local = flagListLocal(fh, lane, le, cap, slot);
     if (sl.plo == 0 && local != 0)  // the header in the plain layout, for the combine
       flagHeaderToPlain(v, llRecord(v, v.rank, set, src, t), lane, k, id, lane < k ? fsW(fh, src, t, lane) : 0.0f,
                         slot, t, tag);
-  } else {
-    // Meanwhile the other warps write recv_count of the experts this block
-    // owns (records that named them), which at the end would follow the copy.
-#pragma unroll 1
-    for (int le = blockIdx.x + (int(threadIdx.x) - 32) * G; le < L; le += (kThreads - 32) * G)
-      p.recv_count[le] = flagRecordsBefore(fh, src_base, R, 0, v.first_expert + le);
+  } else if (warp == 1 && own_id >= 0) {
+    p.recv_count[own_le] = fh.hits[32 + lane];
   }
   __syncthreads();
   llMark(v, pair, kind, 6);
@@ -789,8 +836,8 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   __shared__ unsigned s_flagged;
   __shared__ int s_n[kRecGroup];
   __shared__ int s_dst[kRecGroup][32];  // local expert * cap + slot
-  __shared__ int s_flag_dst[1 + 32];    // FlagStage n and dst (its k and ids: s_n and s_dst)
-  static_assert(kRecGroup >= kMaxRanks * kLLFlagTokens, "s_n holds the flagged records' K");
+  __shared__ int s_flag_dst[1 + 32];    // FlagStage n and dst (its k and ids: s_dst)
+  static_assert(kRecGroup * 32 >= kLLFlagStageInts, "s_dst holds the flagged records' K and ids");
   // Thread s loads source s's ntok word before its wait (see llNtokWord) and
   // looks again after the wait only when the word was not yet this pair's.
   // The wait is for every source: a flagged source's blocks count too
@@ -821,8 +868,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   llPrefix(src_base, R, ntok);
   if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
   if (kFlagSources && s_flagged != 0) {
-    dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged,
-                             FlagStage{s_n, &s_dst[0][0], nullptr, s_flag_dst, s_flag_dst + 1});
+    dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged, flagStageKIds(p, &s_dst[0][0], s_flag_dst));
     return;
   }
   llMark(v, pair, kind, 4);

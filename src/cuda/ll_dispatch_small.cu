@@ -260,7 +260,7 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
 // records the sources may have sent (a kernel carries only the receives it
 // may need).
 enum LLSources {
-  kSourcesPlain = 0,        // no rank sends flagged records (p.flag_sources == 0)
+  kSourcesPlain = 0,        // no rank sends flagged records (p.flag_cap == 0)
   kSourcesMixed = 1,        // this rank sent plain records, a peer may have sent flagged ones
   kSourcesSelfFlagged = 2,  // this rank sent flagged records: the flagged receive takes the call
 };
@@ -291,10 +291,8 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
     const unsigned all = (1u << R) - 1u;  // R <= kMaxRanks
     llMark(v, pair, kind, 4);
     // The staged bases' array is free on this path: the flagged headers go there.
-    static_assert(kFlagStageInts + kMaxRanks * kLLFlagTokens * 32 + 1 + 32 <= kStagedBases, "flagged stage");
-    const FlagStage fs{s_base, s_base + kMaxRanks * kLLFlagTokens, reinterpret_cast<float*>(s_base + kFlagStageInts),
-                       s_base + kFlagStageInts + kMaxRanks * kLLFlagTokens * 32,
-                       s_base + kFlagStageInts + kMaxRanks * kLLFlagTokens * 32 + 1};
+    static_assert(kFlagStageFull <= kStagedBases, "flagged stage");
+    const FlagStage fs = flagStageAll(p, s_base);
     if (s_flagged == all && flaggedSliceFits(p, src_base[R])) recvFlaggedSlice(p, pair, kind, src_base, fs);
     else dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged, fs);
     return;
@@ -416,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvSlicesKernel(const 
 
 // The sources a call's receive must read (LLSources).
 static int sourcesOf(const LLDispatchParams& p) {
-  return p.flagged ? kSourcesSelfFlagged : p.flag_sources ? kSourcesMixed : kSourcesPlain;
+  return p.flagged ? kSourcesSelfFlagged : p.flag_cap ? kSourcesMixed : kSourcesPlain;
 }
 
 int launchLLDispatchRecvSlices(const LLDispatchParams& p, const LLLaunch& l) {

@@ -154,6 +154,12 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   CUDACHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev_));
   pdl_ = param::CUDA_LL_PDL() != 0 && cc_major >= 9;  // griddepcontrol: sm_90 and later
   flag_tokens_ = int(std::min<int64_t>(std::max<int64_t>(param::CUDA_LL_FLAGGED(), 0), kLLFlagTokens));
+  if (flag_tokens_ > llFlagTokensFit(R, c.max_topk)) {
+    EP_INFO(kSubsysCuda, "low-latency calls of at most %d tokens send flagged records (EP_CUDA_LL_FLAGGED=%d): "
+            "the headers of %d ranks at max_topk %d fill a receiving block's stage", llFlagTokensFit(R, c.max_topk),
+            flag_tokens_, R, c.max_topk);
+    flag_tokens_ = llFlagTokensFit(R, c.max_topk);
+  }
   if (param::CUDA_LL_TIMING() != 0) {
     void* tp = nullptr;
     CUDACHECK(cudaMalloc(&tp, sizeof(LLTiming)));
@@ -165,18 +171,19 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
 
   // One grid size on every rank: a receiver counts the sender's blocks. At most
   // one block per SM of the smallest GPU, so a fused kernel's blocks are all
-  // resident. And whether any rank may send flagged records: if none may, the
-  // whole-row receive kernels are the ones without their code.
+  // resident. And the most tokens any rank sends as flagged records: a
+  // receiver stages that many per source; 0 (none does): the whole-row
+  // receive kernels are the ones without their code.
   struct Agreed {
     int sms, flag_tokens;
   };
   std::vector<Agreed> agreed(R, Agreed{0, 0});
   agreed[me] = Agreed{sms_, flag_tokens_};
   EPCHECK(bootstrapAllGather(comm_->bootstrap, agreed.data(), sizeof(Agreed)));
-  flag_sources_ = false;
+  flag_cap_ = 0;
   for (const Agreed& a : agreed) {
     sms_ = std::min(sms_, a.sms);
-    flag_sources_ = flag_sources_ || a.flag_tokens > 0;
+    flag_cap_ = std::max(flag_cap_, a.flag_tokens);
   }
 
   void* mem = nullptr;
@@ -308,7 +315,7 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   p.fp8 = a.wire_type == epFloat8E4M3;
   p.pow2 = (a.flags & EP_LL_ROUND_SCALE_POW2) != 0;
   p.flagged = flag_tokens_ > 0 && a.num_tokens <= flag_tokens_;  // 0: never, not even a call of 0 tokens
-  p.flag_sources = flag_sources_;
+  p.flag_cap = flag_cap_;
   p.recv_x = static_cast<uint8_t*>(a.recv_x);
   p.recv_scales = a.recv_scales;
   p.recv_count = a.recv_count;

@@ -1,5 +1,6 @@
 // Flagged records: how a low-latency dispatch of at most kLLFlagTokens tokens
-// (src/ll_layout.h) reaches its receivers without a dispatch signal.
+// (src/ll_layout.h; fewer where llFlagTokensFit says so) reaches its receivers
+// without a dispatch signal.
 //
 // A signal costs the sender a system-scope release per block (it waits until
 // the block's stores to every peer are acknowledged) and the receiver a wait

@@ -747,14 +747,24 @@ int main(int argc, char** argv) {
     }
     if (R > 1) {  // small calls (flagged records) beside large ones (plain records) in one call
       std::vector<int> mixed(R);
-      for (int r = 0; r < R; r++) mixed[r] = r % 2 ? 100 : 1 + r % 4;
+      for (int r = 0; r < R; r++) mixed[r] = r % 2 ? 100 : 1 + (7 * r / 2) % 8;  // 1, 8, 7, 6 flagged tokens
       shapes.push_back({7168, 8, 288, 128, mixed, true, false, false});
       shapes.push_back({7168, 8, 288, 128, mixed, true, true, true});
       shapes.push_back({1040, 32, 36 * R, 128, mixed, false, false, false, true});
     }
-    // Flagged records at the largest flagged call, top-32, repeats, BF16 and FP8 split.
-    shapes.push_back({1040, 32, 36 * R, 8, std::vector<int>(R, 4), false, false, true, true});
-    shapes.push_back({1040, 32, 36 * R, 8, std::vector<int>(R, 4), true, true, true});
+    // Flagged records at the largest flagged call (8 tokens; top-32 above
+    // EP2: fewer, llFlagTokensFit, and 8 go plain), repeats, BF16 and FP8
+    // split; at the full hidden size with 5 and 8 tokens per rank, and with
+    // per-rank counts that differ.
+    shapes.push_back({1040, 32, 36 * R, 8, std::vector<int>(R, 8), false, false, true, true});
+    shapes.push_back({1040, 32, 36 * R, 8, std::vector<int>(R, 8), true, true, true});
+    shapes.push_back({7168, 8, 288, 8, std::vector<int>(R, 8), true, false, false});
+    shapes.push_back({7168, 8, 288, 8, std::vector<int>(R, 5), true, false, true, true});
+    if (R > 1) {
+      std::vector<int> uneven(R);
+      for (int r = 0; r < R; r++) uneven[r] = 8 - (3 * r) % 8;  // 8, 5, 2, 7, ...
+      shapes.push_back({7168, 8, 288, 8, uneven, false, false, false});
+    }
     for (const Shape& s : shapes) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
     Shape gs{7168, 8, 288, 64, std::vector<int>(R, 64), true, false, true};
     ((runShape(gs, R, 11, true) == 0) ? passed : failed)++;
