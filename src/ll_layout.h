@@ -46,7 +46,7 @@ inline size_t llCountsOffset(int nranks, int max_tokens, int hidden, int max_top
 
 // Tokens a call may send as flagged records (the CUDA backend sends calls of
 // at most this many tokens that way, EP_CUDA_LL_FLAGGED).
-constexpr int kLLFlagTokens = 8;
+constexpr int kLLFlagTokens = 16;
 
 // A flagged record: the header words (K, then max_topk ids, then max_topk
 // weights), the row in 8-byte pieces (room for BF16), the FP8 scales; every

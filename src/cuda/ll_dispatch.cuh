@@ -280,6 +280,7 @@ __device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, 
           }
           run += __shfl_sync(0xffffffffu, incl, 31);
         }
+        __syncwarp();  // every lane's read of s_run[b] is ordered before the write (racecheck)
         if (lane == 0) s_run[b] = run;
       }
     }
@@ -402,14 +403,16 @@ struct FlagStage {
   float* w;  // the same for the weights; null: read from the record when needed
   int* n;    // [1]: local experts of the record a block copies
   int* dst;  // [32]: their local expert * cap + slot
-  int* hits; // [64] (recvFlaggedSlice only): per entry of the block's record, the
-             // records before it naming its expert; per owned expert, the records naming it
+  int* hits; // [32] per owned expert, the flagged records naming it (dispatchRecvFlaggedPhase);
+             // [64] in recvFlaggedSlice: per entry of the block's record, the records before
+             // it naming its expert, then per owned expert the records naming it
   int tcap, stride;  // tokens per source, entries per record
 };
 // K and ids in `a` (kLLFlagStageInts ints; the whole-row receive's).
-__device__ __forceinline__ FlagStage flagStageKIds(const LLDispatchParams& p, int* a, int* n) {
+// n: n and dst (33 ints); hits: 32 ints.
+__device__ __forceinline__ FlagStage flagStageKIds(const LLDispatchParams& p, int* a, int* n, int* hits) {
   const int entries = p.v.nranks * p.flag_cap;
-  return FlagStage{a, a + entries, nullptr, n, n + 1, nullptr, p.flag_cap, p.v.max_topk};
+  return FlagStage{a, a + entries, nullptr, n, n + 1, hits, p.flag_cap, p.v.max_topk};
 }
 // All of a FlagStage (k, id, w, n, dst, hits) in `a`, of this many ints.
 constexpr int kFlagStageFull = 2 * kLLFlagStageInts + 1 + 32 + 64;
@@ -479,6 +482,28 @@ __device__ __forceinline__ int flagCount(const FlagStage& fh, int q, int t_end, 
   return n;
 }
 
+// One warp, every lane: per lane, the records t' < t_end of flagged source q
+// whose header names expert e (lane's own; -1: none, counts 0). Each
+// record's ids pass every lane in shuffles (unrolled by 8: lanes past the
+// record's K hold -1), a record counting once however often it names e.
+__device__ __forceinline__ int flagNamedWarp(const FlagStage& fh, int q, int t_end, int e) {
+  const int lane = threadIdx.x & 31;
+  int n = 0;
+#pragma unroll 1
+  for (int t = 0; t < t_end; t++) {
+    const int k = fsK(fh, q, t);
+    const int idc = lane < k ? fsId(fh, q, t, lane) : -1;
+    bool hit = false;
+#pragma unroll 1
+    for (int q0 = 0; q0 < k; q0 += 8) {
+#pragma unroll
+      for (int i = 0; i < 8; i++) hit |= __shfl_sync(0xffffffffu, idc, q0 + i) == e;
+    }
+    n += hit;
+  }
+  return e >= 0 ? n : 0;
+}
+
 // Rows of local expert le from source q: its count (plain source) or the
 // tokens whose headers name it (flagged source).
 __device__ __forceinline__ int sourceCount(const LLDispatchParams& p, const FlagStage& fh, const int32_t* counts,
@@ -525,25 +550,37 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
   const int b = sl.plo / kRecvSliceAlign + int(threadIdx.x);
   const bool has_scale =
       p.fp8 && mine && int(threadIdx.x) < (sl.width + kRecvSliceAlign - 1) / kRecvSliceAlign && b < nb;
-  // Loads first: the piece, the scale, and (warp w) the first words of records w, w + 8, ...
+  // Loads first: the piece, the scale, and (warp w) the first words of
+  // records w and w + 8 (calls of up to 16 records load every header word
+  // in one round trip where top-k is at most 15).
   const uint64_t* piece = llFlagRow(v, frec) + 4 * size_t(sl.plo + int(threadIdx.x));
   const uint64_t* scale_word = llFlagScales(v, frec) + b;
   const uint64_t none = uint64_t(tag ^ 1u) << 32;  // not this pair's: polled if used
-  uint64_t w[4] = {none, none, none, none}, sw = none, hw = none;
+  uint64_t w[4] = {none, none, none, none}, sw = none, hw = none, hw_next = none;
   if (has_piece) {
     asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[0]), "=l"(w[1]) : "l"(piece) : "memory");
     asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[2]), "=l"(w[3]) : "l"(piece + 2) : "memory");
   }
   if (has_scale) asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(sw) : "l"(scale_word) : "memory");
   if (threadIdx.x < 64) fh.hits[threadIdx.x] = 0;
-  int s0 = warp < N ? llSourceOf(src_base, warp) : 0;
-  if (warp < N && lane < words)
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];"
-                 : "=l"(hw)
-                 : "l"(llFlagRecord(v, v.rank, set, s0, warp - src_base[s0]) + lane)
-                 : "memory");
-  // The header words, checked, into fh (the first 32 of the first record of
-  // each warp as loaded above, the others loaded here).
+  if (lane < words) {
+    if (warp < N) {
+      const int s0 = llSourceOf(src_base, warp);
+      asm volatile("ld.relaxed.sys.global.u64 %0, [%1];"
+                   : "=l"(hw)
+                   : "l"(llFlagRecord(v, v.rank, set, s0, warp - src_base[s0]) + lane)
+                   : "memory");
+    }
+    if (warp + kWarps < N) {
+      const int s1 = llSourceOf(src_base, warp + kWarps);
+      asm volatile("ld.relaxed.sys.global.u64 %0, [%1];"
+                   : "=l"(hw_next)
+                   : "l"(llFlagRecord(v, v.rank, set, s1, warp + kWarps - src_base[s1]) + lane)
+                   : "memory");
+    }
+  }
+  // The header words, checked, into fh (the first 32 of the warp's first two
+  // records as loaded above, the others loaded here).
 #pragma unroll 1
   for (int c = warp; c < N; c += kWarps) {
     const int s = llSourceOf(src_base, c), tt = c - src_base[s];
@@ -551,10 +588,12 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
     for (int wi = lane; wi < words; wi += 32) {
       uint32_t val = uint32_t(hw), unused = 0;
       bool ok = true;
-      if ((c != warp || wi != lane) || uint32_t(hw >> 32) != tag)
+      if (wi != lane || uint32_t(hw >> 32) != tag)
         ok = llPollFlag(v, llFlagRecord(v, v.rank, set, s, tt) + wi, 1, tag, s, val, unused);
       fsStage(v, fh, s, tt, wi, ok, val);
     }
+    hw = hw_next;
+    hw_next = none;
   }
   __syncthreads();
   llMark(v, pair, kind, 5);
@@ -654,6 +693,22 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
   const int N = src_base[R];
   const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
   const int pieces = int(row_bytes / 16);
+  const int32_t* counts = llCounts(v, v.rank, set);
+  // recv_count of the experts this block owns (e % G == block): lane o of
+  // warp 0 owns the o-th; the plain sources' counts loaded now (in since the
+  // caller's wait), the flagged sources' records counted after the staging.
+  const int own_le = int(blockIdx.x) + lane * G;
+  int own_plain = 0;
+  if (warp == 0 && own_le < L) {
+#pragma unroll
+    for (int q = 0; q < kMaxRanks; q++)
+      if (q < R && !(flagged >> q & 1u)) own_plain += counts[q * L + own_le];
+  }
+  if (threadIdx.x < 32) fh.hits[threadIdx.x] = 0;
+  const int cap = R * M, nb = (H + 127) / 128;
+  LLSliceShare sl{0, 0, 0, pieces};
+  if ((flagged & all) == all) sl = llSliceShare(N, pieces, blockIdx.x, G, kRecvSliceStep, kRecvSliceAlign);
+  else llShare(N, blockIdx.x, G, sl.lo, sl.hi);
   for (int s = 0; s < R; s++) {
     if (!(flagged >> s & 1u)) continue;
     const int staged = fh.w != nullptr ? words : 1 + v.max_topk;  // without room for weights: K and ids
@@ -667,11 +722,28 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
   }
   __syncthreads();
   llMark(v, pair, kind, 5);
-  const int32_t* counts = llCounts(v, v.rank, set);
-  const int cap = R * M, nb = (H + 127) / 128;
-  LLSliceShare sl{0, 0, 0, pieces};
-  if ((flagged & all) == all) sl = llSliceShare(N, pieces, blockIdx.x, G, kRecvSliceStep, kRecvSliceAlign);
-  else llShare(N, blockIdx.x, G, sl.lo, sl.hi);
+  // The flagged records naming each owned expert: every warp a share of
+  // them, each record's ids shuffled past every lane (as recvFlaggedSlice).
+  {
+    const int own_id = own_le < L ? v.first_expert + own_le : -1;
+#pragma unroll 1
+    for (int s = 0; s < R; s++) {
+      if (!(flagged >> s & 1u)) continue;
+#pragma unroll 1
+      for (int t = warp; t < src_base[s + 1] - src_base[s]; t += kWarps) {
+        const int kc = fsK(fh, s, t);
+        const int idc = lane < kc ? fsId(fh, s, t, lane) : -1;
+        bool hit = false;
+#pragma unroll 1
+        for (int q0 = 0; q0 < kc; q0 += 8) {
+#pragma unroll
+          for (int i = 0; i < 8; i++) hit |= __shfl_sync(0xffffffffu, idc, q0 + i) == own_id;
+        }
+        if (hit && own_id >= 0) atomicAdd(&fh.hits[lane], 1);
+      }
+    }
+  }
+  __syncthreads();  // the counts are complete before any record's barrier (a block may have none)
   for (int c = sl.lo; c < sl.hi; c++) {
     const int s = llSourceOf(src_base, c), t = c - src_base[s];
     const bool fl = flagged >> s & 1u;
@@ -690,7 +762,6 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
             llPollFlag(v, llFlagRecord(v, v.rank, set, s, t) + 1 + v.max_topk + lane, 1, tag, s, bits, unused);
             w = __uint_as_float(bits);
           }
-          if (id >= v.first_expert && id < v.first_expert + L) number = flagCount(fh, s, t, id);
         }
       } else {
         LLHeader h;
@@ -703,11 +774,22 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
       }
       int le = lane < k ? id - v.first_expert : -1;
       if (le >= L) le = -1;
+      // Slot: the rows of le from earlier sources (plain: their counts, the
+      // loads issued first; flagged: their records naming it, warp-wide)
+      // plus the record's number (plain: the sender's; flagged: its
+      // source's records before it naming le).
+      int before[kMaxRanks];
+#pragma unroll
+      for (int q = 0; q < kMaxRanks; q++)
+        before[q] = q < s && le >= 0 && !(flagged >> q & 1u) ? counts[q * L + le] : 0;
       int slot = number;
-      if (le >= 0) {
-        for (int q = 0; q < s; q++) slot += sourceCount(p, fh, counts, src_base, flagged, q, le);
-        if (sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = s * M + t;
-      }
+#pragma unroll 1
+      for (int q = 0; q <= s; q++)
+        if (flagged >> q & 1u)
+          slot += flagNamedWarp(fh, q, q == s ? t : src_base[q + 1] - src_base[q], le >= 0 ? id : -1);
+#pragma unroll
+      for (int q = 0; q < kMaxRanks; q++) slot += before[q];
+      if (le >= 0 && sl.plo == 0 && p.recv_src) p.recv_src[size_t(le) * cap + slot] = s * M + t;
       const unsigned local = flagListLocal(fh, lane, le, cap, slot);
       if (fl && sl.plo == 0 && local != 0) {  // the header in the plain layout, for the combine
         flagHeaderToPlain(v, rec, lane, k, id, w, slot, t, tag);
@@ -744,8 +826,9 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
     __syncthreads();  // s_dst of this record is no longer read
   }
   llMark(v, pair, kind, 6);
-  // recv_count of the experts this block owns.
-  for (int le = blockIdx.x + threadIdx.x * G; le < L; le += kThreads * G) {
+  if (warp == 0 && own_le < L) p.recv_count[own_le] = own_plain + fh.hits[lane];
+  // Owned experts past the 32nd (grids of fewer than L / 32 blocks): one thread each.
+  for (int le = int(blockIdx.x) + (32 + int(threadIdx.x)) * G; le < L; le += kThreads * G) {
     int run = 0;
     for (int q = 0; q < R; q++) run += sourceCount(p, fh, counts, src_base, flagged, q, le);
     p.recv_count[le] = run;
@@ -868,7 +951,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   llPrefix(src_base, R, ntok);
   if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
   if (kFlagSources && s_flagged != 0) {
-    dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged, flagStageKIds(p, &s_dst[0][0], s_flag_dst));
+    dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged, flagStageKIds(p, &s_dst[0][0], s_flag_dst, s_n));
     return;
   }
   llMark(v, pair, kind, 4);

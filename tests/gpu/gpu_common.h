@@ -890,8 +890,12 @@ inline int benchMaxTokens(int tokens) {
 // row per (token, rank), or with more than two ranks a BF16 row and a 16-byte
 // head where the rank holds one of the token's entries; counted for the other
 // ranks only (over NVLink).
-inline void bench(int R, int tokens, bool split) {
-  Shape s{7168, 8, 288, benchMaxTokens(tokens), std::vector<int>(R, tokens), true, false, split};
+// per_rank: tokens of each rank (ranks of different batch sizes: small ones
+// send flagged records beside large plain ones); empty: `tokens` on every rank.
+inline void bench(int R, int tokens, bool split, std::vector<int> per_rank = {}) {
+  if (per_rank.empty()) per_rank.assign(R, tokens);
+  tokens = *std::max_element(per_rank.begin(), per_rank.end());
+  Shape s{7168, 8, 288, benchMaxTokens(tokens), per_rank, true, false, split};
   std::vector<RankData> in(R);
   std::vector<GpuRank> g(R);
   std::vector<epComm_t> comms(R);
@@ -996,12 +1000,13 @@ inline void bench(int R, int tokens, bool split) {
   const int L = s.experts / R;
   double slow_d = 0, slow_c = 0, slow_layer = 0;  // the slower rank's medians
   for (int r = 0; r < R; r++) {
-    const double pairs = double(std::count_if(in[r].topk.begin(), in[r].topk.begin() + size_t(tokens) * 8,
+    const int tr = per_rank[r];
+    const double pairs = double(std::count_if(in[r].topk.begin(), in[r].topk.begin() + size_t(tr) * 8,
                                               [](int64_t e) { return e >= 0; }));
     const double disp_bytes = pairs * (7168 + 56 * 4), comb_bytes = pairs * 7168 * 2;
     long long remote = 0;      // (token, destination rank other than r) pairs
     double comb_physical = 0;  // combine bytes back to r over NVLink
-    for (int t = 0; t < tokens; t++) {
+    for (int t = 0; t < tr; t++) {
       std::vector<int> held(R, 0);  // the token's entries per rank
       for (int k = 0; k < 8; k++) {
         const long long e = in[r].topk[size_t(t) * 8 + k];
@@ -1018,12 +1023,12 @@ inline void bench(int R, int tokens, bool split) {
     slow_c = std::max(slow_c, c);
     slow_layer = std::max(slow_layer, double(t_layer[r]));
     printf("LL EP%d rank %d tokens %d%s: dispatch fp8 median %.1f us p99 %.1f us (%.0f GB/s) | combine bf16 median %.1f us p99 %.1f us (%.0f GB/s)",
-           R, r, tokens, split ? " split" : "", d, percentile(t_disp[r], 0.99), disp_bytes / d / 1e3, c,
+           R, r, tr, split ? " split" : "", d, percentile(t_disp[r], 0.99), disp_bytes / d / 1e3, c,
            percentile(t_comb[r], 0.99), comb_bytes / c / 1e3);
     if (split) printf(" | send half %.1f us, receive half %.1f us", percentile(t_send[r], 0.5), percentile(t_recv[r], 0.5));
     printf(" | graph without events: %.1f us per layer (dispatch + combine)\n", t_layer[r]);
     printf("LL EP%d rank %d tokens %d%s: physical bytes to other ranks: dispatch %.2f MB (%.0f GB/s at the median), "
-           "combine %.2f MB (%.0f GB/s)\n", R, r, tokens, split ? " split" : "", remote * record_bytes / 1e6,
+           "combine %.2f MB (%.0f GB/s)\n", R, r, tr, split ? " split" : "", remote * record_bytes / 1e6,
            remote * record_bytes / d / 1e3, comb_physical / 1e6, comb_physical / c / 1e3);
   }
   printf("LL EP%d tokens %d%s: slower rank: dispatch median %.1f us, combine median %.1f us, %.1f us per layer\n", R,

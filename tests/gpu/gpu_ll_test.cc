@@ -11,6 +11,9 @@
 //                          (or N, ranks sharing GPUs as below)
 //   gpu_ll_test --bench-tokens N[,N...]
 //                          the same for N tokens per rank (unsplit calls only)
+//   gpu_ll_test --bench-tokens A/B[/...]
+//                          the same with one rank per entry, rank r sending
+//                          that many tokens (ranks share GPUs as below)
 //   gpu_ll_test --ranks N  correctness at EP N only; with fewer GPUs than N,
 //                          rank r on GPU r % GPUs (ranks share GPUs, each
 //                          with its share of the SMs)
@@ -664,6 +667,25 @@ int main(int argc, char** argv) {
       setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     }
     ll::benchStandard(R);
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[1]) == "--bench-tokens" && strchr(argv[2], '/')) {
+    // A/B/...: one rank per entry with that many tokens (ranks share the
+    // visible GPUs as in the tests).
+    std::vector<int> per_rank;
+    for (const char* q = argv[2]; *q;) {
+      per_rank.push_back(atoi(q));
+      while (*q && *q != '/') q++;
+      if (*q == '/') q++;
+    }
+    const int R = int(per_rank.size());
+    if (R > 8 || *std::min_element(per_rank.begin(), per_rank.end()) < 0 ||
+        *std::max_element(per_rank.begin(), per_rank.end()) > 4096) {
+      fprintf(stderr, "gpu_ll_test: --bench-tokens A/B/... takes 1..8 counts in 0..4096\n");
+      return 2;
+    }
+    if (R > Rmax) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    ll::bench(R, 0, false, per_rank);
     return 0;
   }
   if (argc > 2 && std::string(argv[1]) == "--bench-tokens") {
