@@ -774,10 +774,11 @@ int main(int argc, char** argv) {
       shapes.push_back({7168, 8, 288, 128, mixed, true, true, true});
       shapes.push_back({1040, 32, 36 * R, 128, mixed, false, false, false, true});
     }
-    // Flagged records at the largest flagged call (8 tokens; top-32 above
-    // EP2: fewer, llFlagTokensFit, and 8 go plain), repeats, BF16 and FP8
-    // split; at the full hidden size with 5 and 8 tokens per rank, and with
-    // per-rank counts that differ.
+    // Flagged records at the default's largest flagged call (8 tokens; top-32
+    // above EP2: fewer, llFlagTokensFit, and 8 go plain), repeats, BF16 and
+    // FP8 split; at the full hidden size with 5 and 8 tokens per rank, and
+    // with per-rank counts that differ. (tests/gpu/run.sh runs it again with
+    // EP_CUDA_LL_FLAGGED=16: the 13- and 16-token shapes above go flagged.)
     shapes.push_back({1040, 32, 36 * R, 8, std::vector<int>(R, 8), false, false, true, true});
     shapes.push_back({1040, 32, 36 * R, 8, std::vector<int>(R, 8), true, true, true});
     shapes.push_back({7168, 8, 288, 8, std::vector<int>(R, 8), true, false, false});
