@@ -482,23 +482,35 @@ __device__ __forceinline__ int flagCount(const FlagStage& fh, int q, int t_end, 
   return n;
 }
 
-// One warp, every lane: per lane, the records t' < t_end of flagged source q
-// whose header names expert e (lane's own; -1: none, counts 0). Each
-// record's ids pass every lane in shuffles (unrolled by 8: lanes past the
-// record's K hold -1), a record counting once however often it names e.
-__device__ __forceinline__ int flagNamedWarp(const FlagStage& fh, int q, int t_end, int e) {
+// One warp: whether the ids of flagged record (s, t) name a (na) and b (nb),
+// per lane. The record's ids pass every lane in shuffles, unrolled by 8
+// (lanes past the record's K hold -1); a record names an expert once
+// however often its top-k lists it.
+__device__ __forceinline__ void flagRecordNames(const FlagStage& fh, int s, int t, int a, int b, bool& na,
+                                                bool& nb) {
   const int lane = threadIdx.x & 31;
+  const int k = fsK(fh, s, t);
+  const int idc = lane < k ? fsId(fh, s, t, lane) : -1;
+  na = nb = false;
+#pragma unroll 1
+  for (int q0 = 0; q0 < k; q0 += 8) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      const int x = __shfl_sync(0xffffffffu, idc, q0 + i);
+      na |= x == a;
+      nb |= x == b;
+    }
+  }
+}
+
+// One warp, every lane: per lane, the records t' < t_end of flagged source q
+// whose header names expert e (lane's own; -1: none, counts 0).
+__device__ __forceinline__ int flagNamedWarp(const FlagStage& fh, int q, int t_end, int e) {
   int n = 0;
 #pragma unroll 1
   for (int t = 0; t < t_end; t++) {
-    const int k = fsK(fh, q, t);
-    const int idc = lane < k ? fsId(fh, q, t, lane) : -1;
-    bool hit = false;
-#pragma unroll 1
-    for (int q0 = 0; q0 < k; q0 += 8) {
-#pragma unroll
-      for (int i = 0; i < 8; i++) hit |= __shfl_sync(0xffffffffu, idc, q0 + i) == e;
-    }
+    bool hit, same;
+    flagRecordNames(fh, q, t, e, e, hit, same);
     n += hit;
   }
   return e >= 0 ? n : 0;
@@ -614,6 +626,8 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
 #pragma unroll 1
   for (int c = warp; c < N; c += kWarps) {
     const int s = llSourceOf(src_base, c), tt = c - src_base[s];
+    // flagRecordNames written out: through it this kernel's SASS differs
+    // (scheduling), and this code is the one measured (docs/BENCHMARKS.md).
     const int kc = fsK(fh, s, tt);
     const int idc = lane < kc ? fsId(fh, s, tt, lane) : -1;
     bool names_id = false, names_own = false;
@@ -731,14 +745,8 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
       if (!(flagged >> s & 1u)) continue;
 #pragma unroll 1
       for (int t = warp; t < src_base[s + 1] - src_base[s]; t += kWarps) {
-        const int kc = fsK(fh, s, t);
-        const int idc = lane < kc ? fsId(fh, s, t, lane) : -1;
-        bool hit = false;
-#pragma unroll 1
-        for (int q0 = 0; q0 < kc; q0 += 8) {
-#pragma unroll
-          for (int i = 0; i < 8; i++) hit |= __shfl_sync(0xffffffffu, idc, q0 + i) == own_id;
-        }
+        bool hit, same;
+        flagRecordNames(fh, s, t, own_id, own_id, hit, same);
         if (hit && own_id >= 0) atomicAdd(&fh.hits[lane], 1);
       }
     }

@@ -675,9 +675,9 @@ void ll_buffer_bytes_follows_the_layout(void**) {
   // One record per (source, token): header (16 + 12 K bytes, 16-aligned), BF16 row, FP8 scales.
   const size_t record = 112 + 7168 * 2 + 56 * 4;
   const size_t rows = 2 * 128;
-  // Flagged records of small calls: [R][4] of header words (1 + 2 K, 8 bytes
+  // Flagged records of small calls: [R][16] of header words (1 + 2 K, 8 bytes
   // each, 16-aligned), a BF16 row's bytes twice, the scales in 8-byte words.
-  const size_t flagged = (2 * 4 * (144 + 7168 * 4 + 448) + 4095) / 4096 * 4096;
+  const size_t flagged = (2 * 16 * (144 + 7168 * 4 + 448) + 4095) / 4096 * 4096;
   const size_t set = (rows * record + 4095) / 4096 * 4096 + rows * 7168 * 4 + 4096 + flagged;
   assert_true(bytes == 4096 + 2 * set);
   // The counts grow with the experts: 8192 experts need 32 KiB per set instead of 4 KiB.
