@@ -48,6 +48,17 @@ inline size_t llCountsOffset(int nranks, int max_tokens, int hidden, int max_top
 // at most this many tokens that way, EP_CUDA_LL_FLAGGED).
 constexpr int kLLFlagTokens = 16;
 
+// Ints of shared memory a receiving block of the CUDA backend stages the
+// flagged records' K and expert ids in (the whole-row receive lends its
+// record descriptions): R * tcap * (1 + max_topk) of them for calls of at
+// most tcap flagged tokens per source. Flagged records go only in calls of
+// at most this many tokens (also bounded by kLLFlagTokens and the parameter).
+constexpr int kLLFlagStageInts = 1024;
+inline int llFlagTokensFit(int nranks, int max_topk) {
+  const int fit = kLLFlagStageInts / (nranks * (1 + max_topk));
+  return fit < kLLFlagTokens ? fit : kLLFlagTokens;
+}
+
 // A flagged record: the header words (K, then max_topk ids, then max_topk
 // weights), the row in 8-byte pieces (room for BF16), the FP8 scales; every
 // 4-byte value in an 8-byte word.

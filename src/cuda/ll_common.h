@@ -152,13 +152,6 @@ struct LLRecordHeader {
   // int32 ids[K]; float weights[K]; int32 slots[K]
 };
 
-// Ints of shared memory a receiving block stages the flagged records' K and
-// expert ids in (the whole-row receive lends its record descriptions):
-// R * tcap * (1 + max_topk) of them for calls of at most tcap flagged tokens
-// per source. The engine sends flagged records only in calls that fit.
-constexpr int kLLFlagStageInts = 1024;
-inline int llFlagTokensFit(int nranks, int max_topk) { return kLLFlagStageInts / (nranks * (1 + max_topk)); }
-
 struct LLDispatchParams {
   LLView v;
   LLHandleDev* hd;

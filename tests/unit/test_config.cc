@@ -680,6 +680,12 @@ void ll_buffer_bytes_follows_the_layout(void**) {
   const size_t flagged = (2 * 16 * (144 + 7168 * 4 + 448) + 4095) / 4096 * 4096;
   const size_t set = (rows * record + 4095) / 4096 * 4096 + rows * 7168 * 4 + 4096 + flagged;
   assert_true(bytes == 4096 + 2 * set);
+  // Flagged tokens per call: at most 16, fewer where ranks * (1 + max_topk)
+  // * tokens would exceed a receiving block's stage of 1024 ints.
+  assert_int_equal(ep::llFlagTokensFit(1, 8), 16);
+  assert_int_equal(ep::llFlagTokensFit(8, 8), 14);
+  assert_int_equal(ep::llFlagTokensFit(2, 32), 15);
+  assert_int_equal(ep::llFlagTokensFit(8, 32), 3);
   // The counts grow with the experts: 8192 experts need 32 KiB per set instead of 4 KiB.
   c.num_experts = 8192;
   size_t more = 0;
