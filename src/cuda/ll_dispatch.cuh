@@ -503,16 +503,19 @@ __device__ __forceinline__ void flagRecordNames(const FlagStage& fh, int s, int 
   }
 }
 
+// The same for one expert e per lane.
+__device__ __forceinline__ bool flagRecordNames(const FlagStage& fh, int s, int t, int e) {
+  bool hit, same;
+  flagRecordNames(fh, s, t, e, e, hit, same);
+  return hit;
+}
+
 // One warp, every lane: per lane, the records t' < t_end of flagged source q
 // whose header names expert e (lane's own; -1: none, counts 0).
 __device__ __forceinline__ int flagNamedWarp(const FlagStage& fh, int q, int t_end, int e) {
   int n = 0;
 #pragma unroll 1
-  for (int t = 0; t < t_end; t++) {
-    bool hit, same;
-    flagRecordNames(fh, q, t, e, e, hit, same);
-    n += hit;
-  }
+  for (int t = 0; t < t_end; t++) n += flagRecordNames(fh, q, t, e);
   return e >= 0 ? n : 0;
 }
 
@@ -744,11 +747,8 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
     for (int s = 0; s < R; s++) {
       if (!(flagged >> s & 1u)) continue;
 #pragma unroll 1
-      for (int t = warp; t < src_base[s + 1] - src_base[s]; t += kWarps) {
-        bool hit, same;
-        flagRecordNames(fh, s, t, own_id, own_id, hit, same);
-        if (hit && own_id >= 0) atomicAdd(&fh.hits[lane], 1);
-      }
+      for (int t = warp; t < src_base[s + 1] - src_base[s]; t += kWarps)
+        if (flagRecordNames(fh, s, t, own_id) && own_id >= 0) atomicAdd(&fh.hits[lane], 1);
     }
   }
   __syncthreads();  // the counts are complete before any record's barrier (a block may have none)

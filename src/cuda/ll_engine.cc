@@ -154,11 +154,12 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   CUDACHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev_));
   pdl_ = param::CUDA_LL_PDL() != 0 && cc_major >= 9;  // griddepcontrol: sm_90 and later
   flag_tokens_ = int(std::min<int64_t>(std::max<int64_t>(param::CUDA_LL_FLAGGED(), 0), kLLFlagTokens));
-  if (flag_tokens_ > llFlagTokensFit(R, c.max_topk)) {
+  const int flag_fit = llFlagTokensFit(R, c.max_topk);
+  if (flag_tokens_ > flag_fit) {
     EP_INFO(kSubsysCuda, "low-latency calls of at most %d tokens send flagged records (EP_CUDA_LL_FLAGGED=%d): "
-            "the headers of %d ranks at max_topk %d fill a receiving block's stage", llFlagTokensFit(R, c.max_topk),
-            flag_tokens_, R, c.max_topk);
-    flag_tokens_ = llFlagTokensFit(R, c.max_topk);
+            "the headers of %d ranks at max_topk %d fill a receiving block's stage", flag_fit, flag_tokens_, R,
+            c.max_topk);
+    flag_tokens_ = flag_fit;
   }
   if (param::CUDA_LL_TIMING() != 0) {
     void* tp = nullptr;
