@@ -115,6 +115,31 @@ int nodeSizeMismatch(const LaunchInfo& li, Tally* t) {
   return 0;
 }
 
+// InfiniBand settings on one rank only: both ends of a connection must open
+// the same queue pairs, and a service level set on some ranks only is a setup
+// mistake; init refuses, naming the field and its variable.
+int ibQpsMismatch(const LaunchInfo& li, Tally* t) {
+  oneRankSetsEnv(li, t, "EP_IB_QPS_PER_PEER", "2", {"config differs", "ib_qps_per_peer", "EP_IB_QPS_PER_PEER"});
+  return 0;
+}
+int ibSlMismatch(const LaunchInfo& li, Tally* t) {
+  oneRankSetsEnv(li, t, "EP_IB_SL_CONTROL", "3", {"config differs", "ib_sl_control", "EP_IB_SL_CONTROL"});
+  return 0;
+}
+
+// The GID index names an entry of the local port's GID table, which may
+// differ between hosts: one rank's own choice is accepted.
+int ibGidPerRank(const LaunchInfo& li, Tally* t) {
+  if (li.rank == 1) setenv("EP_IB_GID_INDEX", "3", 1);
+  epConfig_t cfg = smallConfig();
+  epComm_t comm = nullptr;
+  epResult_t res = epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg);
+  t->check(res == epSuccess, "a GID index on one rank only is accepted", li.rank);
+  if (res != epSuccess) fprintf(stderr, "  message: %s\n", epGetLastError(nullptr));
+  if (comm) epCommDestroy(comm);
+  return 0;
+}
+
 int missingRank(const LaunchInfo& li, Tally* t) {
   if (li.rank == 2) _exit(0);  // never arrives
   epConfig_t cfg = smallConfig();
@@ -323,6 +348,8 @@ const Scenario kScenarios[] = {
     {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
     {"ring-mismatch", 3, ringMismatch},     {"node-size-mismatch", 2, nodeSizeMismatch},
     {"rank-fails-init", 4, rankFailsInit},    {"rank-fails-init-2", 2, rankFailsInit},
+    {"ib-qps-mismatch", 2, ibQpsMismatch},    {"ib-sl-mismatch", 3, ibSlMismatch},
+    {"ib-gid-per-rank", 2, ibGidPerRank},
 };
 
 }  // namespace
