@@ -224,12 +224,7 @@ struct ConfigDigest {
   int host_chunk_tokens, host_ring_slots;
   unsigned long long buffer_bytes_cap;
   int node_size;  // EP_NODE_SIZE: the ranks must agree on which of them share a node
-  // InfiniBand traffic settings as resolved: both ends of a connection open
-  // the same queue pairs, and a service level, traffic class or routing
-  // choice set on some ranks only is a setup mistake that would otherwise
-  // show as uneven traffic. The GID index is not compared: it names an entry
-  // of the local port's table, which may differ between hosts.
-  IbTraffic ib;
+  IbTraffic ib;  // as resolved; which of them must agree: ibTrafficAgree
 };
 
 struct RankInfo {
@@ -237,35 +232,6 @@ struct RankInfo {
   ConfigDigest digest;
   unsigned long long pid_ns;  // pidNamespaceId(): whose pids this rank can watch
 };
-
-// Rank r's resolved InfiniBand settings against this rank's (ConfigDigest::ib).
-epResult_t checkIbTraffic(epComm* comm, int r, const IbTraffic& theirs, const IbTraffic& mine) {
-  static const char* const kSuffix[kNumTrafficClasses] = {"THROUGHPUT", "LOW_LATENCY", "CONTROL"};
-  static const char* const kField[kNumTrafficClasses] = {"throughput", "low_latency", "control"};
-  auto differs = [&](const char* field, const char* var, int a, int b) {
-    return setError(comm, epInvalidArgument,
-                    "config differs across ranks: rank %d has %s = %d, rank %d has %d (config.%s or EP_%s)", r, field,
-                    a, comm->rank, b, field, var);
-  };
-  char field[40], var[40];
-  for (int c = 0; c < kNumTrafficClasses; c++) {
-    if (theirs.sl[c] != mine.sl[c]) {
-      snprintf(field, sizeof(field), "ib_sl_%s", kField[c]);
-      snprintf(var, sizeof(var), "IB_SL_%s", kSuffix[c]);
-      return differs(field, var, theirs.sl[c], mine.sl[c]);
-    }
-    if (theirs.adaptive_routing[c] != mine.adaptive_routing[c]) {
-      snprintf(field, sizeof(field), "ib_ar_%s", kField[c]);
-      snprintf(var, sizeof(var), "IB_AR_%s", kSuffix[c]);
-      return differs(field, var, theirs.adaptive_routing[c], mine.adaptive_routing[c]);
-    }
-  }
-  if (theirs.traffic_class != mine.traffic_class)
-    return differs("ib_traffic_class", "IB_TC", theirs.traffic_class, mine.traffic_class);
-  if (theirs.qps_per_peer != mine.qps_per_peer)
-    return differs("ib_qps_per_peer", "IB_QPS_PER_PEER", theirs.qps_per_peer, mine.qps_per_peer);
-  return epSuccess;
-}
 
 epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
   const ConfigDigest& mine = infos[comm->rank].digest;
@@ -298,7 +264,7 @@ epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
       return setError(comm, epInvalidArgument,
                       "config differs across ranks: rank %d has buffer_bytes_cap = %llu, rank %d has %llu", r,
                       d.buffer_bytes_cap, comm->rank, mine.buffer_bytes_cap);
-    EPCHECK(checkIbTraffic(comm, r, d.ib, mine.ib));
+    EPCHECK(ibTrafficAgree(r, d.ib, mine.ib, comm));
   }
   return epSuccess;
 }
@@ -330,9 +296,8 @@ epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* 
     return setError(comm, epNotSupported, "config.backend is epBackendCuda but %s",
                     "this build has no CUDA support or no GPU is visible");
 
-  std::vector<RankInfo> infos(comm->nranks);
+  std::vector<RankInfo> infos(comm->nranks);  // value-initialized: zeroed, padding included, then IbTraffic's defaults
   RankInfo& me = infos[comm->rank];
-  memset(&me, 0, sizeof(me));
   me.peer.rank = comm->rank;
   me.peer.pid = int(getpid());
   me.peer.host_hash = hostHash();

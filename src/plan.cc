@@ -3,6 +3,7 @@
 // RDMA transport receives them checked).
 #include "plan.h"
 
+#include <array>
 #include <cstring>
 
 #include "checks.h"
@@ -52,7 +53,37 @@ struct IbField {
   int lo, hi;
   bool auto_ok;  // -1 ("auto") is a valid resolved value
   int* out;
+  bool agreed;   // every rank must resolve the same value (ibTrafficAgree)
 };
+
+// The settings of r, with their config values (c null: -1, unset). The GID
+// index is not agreed: it names an entry of the local port's GID table,
+// which may differ between hosts. Both ends of a connection open the same
+// queue pairs; a service level, traffic class or routing choice set on some
+// ranks only is a setup mistake that would otherwise show as uneven traffic.
+std::array<IbField, 9> ibFields(const epConfig_t* c, IbTraffic& r) {
+  auto cv = [c](int epConfig_t::*m) { return c ? c->*m : -1; };
+  return {{
+      {"ib_sl_throughput", "IB_SL_THROUGHPUT", cv(&epConfig_t::ib_sl_throughput), param::IB_SL_THROUGHPUT, 0, 15,
+       false, &r.sl[kTrafficThroughput], true},
+      {"ib_sl_low_latency", "IB_SL_LOW_LATENCY", cv(&epConfig_t::ib_sl_low_latency), param::IB_SL_LOW_LATENCY, 0,
+       15, false, &r.sl[kTrafficLowLatency], true},
+      {"ib_sl_control", "IB_SL_CONTROL", cv(&epConfig_t::ib_sl_control), param::IB_SL_CONTROL, 0, 15, false,
+       &r.sl[kTrafficControl], true},
+      {"ib_traffic_class", "IB_TC", cv(&epConfig_t::ib_traffic_class), param::IB_TC, 0, 255, false,
+       &r.traffic_class, true},
+      {"ib_gid_index", "IB_GID_INDEX", cv(&epConfig_t::ib_gid_index), param::IB_GID_INDEX, 0, 255, true,
+       &r.gid_index, false},
+      {"ib_qps_per_peer", "IB_QPS_PER_PEER", cv(&epConfig_t::ib_qps_per_peer), param::IB_QPS_PER_PEER, 1, 16,
+       false, &r.qps_per_peer, true},
+      {"ib_ar_throughput", "IB_AR_THROUGHPUT", cv(&epConfig_t::ib_ar_throughput), param::IB_AR_THROUGHPUT, 0, 1,
+       true, &r.adaptive_routing[kTrafficThroughput], true},
+      {"ib_ar_low_latency", "IB_AR_LOW_LATENCY", cv(&epConfig_t::ib_ar_low_latency), param::IB_AR_LOW_LATENCY, 0,
+       1, true, &r.adaptive_routing[kTrafficLowLatency], true},
+      {"ib_ar_control", "IB_AR_CONTROL", cv(&epConfig_t::ib_ar_control), param::IB_AR_CONTROL, 0, 1, true,
+       &r.adaptive_routing[kTrafficControl], true},
+  }};
+}
 
 epResult_t resolveField(const IbField& f, epComm* comm) {
   if (f.config_value < -1 || (f.config_value >= 0 && (f.config_value < f.lo || f.config_value > f.hi)))
@@ -75,26 +106,19 @@ epResult_t resolveField(const IbField& f, epComm* comm) {
 
 epResult_t ibTrafficResolve(const epConfig_t& c, IbTraffic* out, epComm* comm) {
   IbTraffic r;
-  const IbField fields[] = {
-      {"ib_sl_throughput", "IB_SL_THROUGHPUT", c.ib_sl_throughput, param::IB_SL_THROUGHPUT, 0, 15, false,
-       &r.sl[kTrafficThroughput]},
-      {"ib_sl_low_latency", "IB_SL_LOW_LATENCY", c.ib_sl_low_latency, param::IB_SL_LOW_LATENCY, 0, 15, false,
-       &r.sl[kTrafficLowLatency]},
-      {"ib_sl_control", "IB_SL_CONTROL", c.ib_sl_control, param::IB_SL_CONTROL, 0, 15, false,
-       &r.sl[kTrafficControl]},
-      {"ib_traffic_class", "IB_TC", c.ib_traffic_class, param::IB_TC, 0, 255, false, &r.traffic_class},
-      {"ib_gid_index", "IB_GID_INDEX", c.ib_gid_index, param::IB_GID_INDEX, 0, 255, true, &r.gid_index},
-      {"ib_qps_per_peer", "IB_QPS_PER_PEER", c.ib_qps_per_peer, param::IB_QPS_PER_PEER, 1, 16, false,
-       &r.qps_per_peer},
-      {"ib_ar_throughput", "IB_AR_THROUGHPUT", c.ib_ar_throughput, param::IB_AR_THROUGHPUT, 0, 1, true,
-       &r.adaptive_routing[kTrafficThroughput]},
-      {"ib_ar_low_latency", "IB_AR_LOW_LATENCY", c.ib_ar_low_latency, param::IB_AR_LOW_LATENCY, 0, 1, true,
-       &r.adaptive_routing[kTrafficLowLatency]},
-      {"ib_ar_control", "IB_AR_CONTROL", c.ib_ar_control, param::IB_AR_CONTROL, 0, 1, true,
-       &r.adaptive_routing[kTrafficControl]},
-  };
-  for (const IbField& f : fields) EPCHECK(resolveField(f, comm));
+  for (const IbField& f : ibFields(&c, r)) EPCHECK(resolveField(f, comm));
   *out = r;
+  return epSuccess;
+}
+
+epResult_t ibTrafficAgree(int r, const IbTraffic& theirs, const IbTraffic& mine, epComm* comm) {
+  IbTraffic a = theirs, b = mine;
+  const std::array<IbField, 9> fa = ibFields(nullptr, a), fb = ibFields(nullptr, b);
+  for (size_t i = 0; i < fa.size(); i++)
+    if (fa[i].agreed && *fa[i].out != *fb[i].out)
+      return setError(comm, epInvalidArgument,
+                      "config differs across ranks: rank %d has %s = %d, rank %d has %d (config.%s or EP_%s)", r,
+                      fa[i].field, *fa[i].out, comm ? comm->rank : -1, *fb[i].out, fa[i].field, fa[i].param);
   return epSuccess;
 }
 

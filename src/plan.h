@@ -46,6 +46,9 @@ struct IbTraffic {
 // fields left at -1, validates, and names the config field or variable at
 // fault. Writes *out only on success.
 epResult_t ibTrafficResolve(const epConfig_t& c, IbTraffic* out, struct epComm* comm);
+// epInvalidArgument naming the first setting that rank r resolved otherwise
+// than this rank, where the ranks must agree (every one but the GID index).
+epResult_t ibTrafficAgree(int r, const IbTraffic& theirs, const IbTraffic& mine, struct epComm* comm);
 
 // ---- The plan ----------------------------------------------------------------
 
