@@ -161,7 +161,7 @@ struct LLDispatchParams {
   const float* weights;
   int num_tokens, num_topk;
   int fp8, pow2;
-  int flagged;  // this call sends flagged records (num_tokens <= kLLFlagTokens, EP_CUDA_LL_FLAGGED)
+  int flagged;  // this call sends flagged records (num_tokens within EP_CUDA_LL_FLAGGED and llFlagTokensFit)
   int flag_cap;  // the most tokens any rank sends as flagged records (0: no rank does; agreed at init)
   // receive half
   uint8_t* recv_x;
