@@ -15,7 +15,8 @@
 //                     8-byte word whose other half is the call's tag, so that
 //                     a receiver sees each word arrive without a signal
 //                     (src/cuda/ll_flagged.cuh)
-// before the two sets: a 4096-byte control area of signal words.
+// before the two sets: a 4096-byte control area of signal words (and the
+// CUDA backend's rank-private counters, which peers may flag: LLLocal).
 #pragma once
 
 #include <cstddef>

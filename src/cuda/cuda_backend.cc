@@ -121,6 +121,7 @@ class CudaBackend : public Backend {
   epResult_t checkExpertCounters(const char* fn) const;
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
   epResult_t allocSlot(HandleSlot** out);
+  epResult_t watchOtherFamily();
   CommView view() const;
 
   epComm* comm_;
@@ -418,6 +419,7 @@ epResult_t CudaBackend::init() {
     ll_ = std::make_unique<cuda::LLEngine>(comm_, dev_, ll_sms);
     EPCHECK(ll_->init(ipc_, peers));
   }
+  EPCHECK(watchOtherFamily());
   notices_ = std::make_unique<cuda::HostNotices>(comm_, dev_);
   EPCHECK(notices_->init());
   notices_->addTarget(&local_->timed_out, local_->gone);
@@ -425,6 +427,20 @@ epResult_t CudaBackend::init() {
   notices_->watch();
   EPCHECK(bootstrapBarrier(comm_->bootstrap));
   ipc_->table->connected(ipc_->ctx, own_mem_);
+  return epSuccess;
+}
+
+// Where the high-throughput waits look for a peer in a low-latency call
+// (this rank's low-latency signal counters) and where they tell such peers
+// (their LLLocal::gone bytes, as mapped here). FamilyWatch.
+epResult_t CudaBackend::watchOtherFamily() {
+  if (!ll_) return epSuccess;  // no low-latency calls: nothing to look for
+  cuda::FamilyWatch w{};
+  w.ll_counters = ll_->signalCounters();
+  for (int r = 0; r < comm_->nranks; r++) w.peer_ll_gone[r] = ll_->peerLocal(r)->gone;
+  w.rank = comm_->rank;
+  w.nranks = comm_->nranks;
+  CUDACHECK(cudaMemcpy(&local_->watch, &w, sizeof(w), cudaMemcpyHostToDevice));
   return epSuccess;
 }
 
@@ -519,6 +535,14 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
                     "stopped, or is in another call (calls out of order, or a low-latency call against a "
                     "high-throughput one); the communicator cannot be used any more",
                     fn, comm_->rank, dev_, comm_->cfg.timeout_ms, peer, whatName(what), err_host_->channel);
+  }
+  if (code == epInvalidUsage && what >= cuda::kWhatPrevious && what <= cuda::kWhatCombineData) {
+    comm_->broken.store(epInvalidUsage);  // a wait found the peer in a low-latency call (spinLoop)
+    return setError(comm_, epInvalidUsage,
+                    "%s: rank %d is in a low-latency call while rank %d (GPU %d) waited for it in %s of a "
+                    "high-throughput call: ranks must issue the same collective calls in the same order; the "
+                    "communicator cannot be used any more",
+                    fn, peer, comm_->rank, dev_, whatName(what));
   }
   // Argument errors found by a kernel: report once, then the communicator goes on.
   err_host_->code = 0;

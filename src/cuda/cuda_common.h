@@ -36,6 +36,16 @@ struct Ctrl {
   uint64_t cprog[kMaxRanks][kMaxChannels];       // combine progress: epoch << 32 | rows written
 };
 
+// What a high-throughput wait reads once it has lasted kFamilyProbeNs
+// (device.cuh), to tell a peer in a low-latency call (ranks out of step) from
+// a slow one, and where it then tells every such peer. Written at init; all
+// null without low-latency buffers.
+struct FamilyWatch {
+  const uint64_t* ll_counters;    // this rank's LLCtrl signal counters, [kind][set][rank] (ll_common.h)
+  uint8_t* peer_ll_gone[kMaxRanks];  // [r]: LLLocal::gone of rank r as mapped here
+  int rank, nranks;
+};
+
 // Device memory private to one rank (not mapped by peers).
 struct DevLocal {
   uint32_t epoch;        // collective kernels completed
@@ -46,6 +56,7 @@ struct DevLocal {
                          // host writes 1): every other wait leaves at once
   uint32_t route_ticket; // routing kernel: tiles taken so far (reset by its last block)
   alignas(8) uint8_t gone[kMaxRanks];  // [rank]: its process exited (written by the host's watcher)
+  FamilyWatch watch;
 };
 
 // Routing kernel: tokens per block (one tile), and the per-tile scratch it

@@ -111,16 +111,59 @@ __device__ __forceinline__ bool peerGone(const uint8_t* gone, int peer) {
   return peer >= 0 && peer < kMaxRanks && reinterpret_cast<const volatile uint8_t*>(gone)[peer] != 0;
 }
 
+// A high-throughput wait that lasted this long looks for its peer in a
+// low-latency call (peerInLowLatency); one that sees it there waits this much
+// longer for the word before it reports, so that nothing still in flight is
+// taken for a missing call.
+constexpr unsigned long long kFamilyProbeNs = 2000000;
+constexpr unsigned long long kFamilyConfirmNs = 1000000;
+
+// A high-throughput wait (every earlier call of this rank's stream done):
+// true when rank r has made low-latency sends that this rank has not. Every
+// block of every low-latency send adds 1 to a counter in every rank, the
+// sender included: rank r's dispatch sends, combine sends or combine
+// receives counted here are past this rank's own.
+__device__ __forceinline__ bool llAhead(const FamilyWatch& w, int r) {
+  const volatile uint64_t* c = w.ll_counters;
+  for (int kind = 0; kind < 3; kind++, c += 2 * kMaxRanks)  // [kind][set][rank]: the two sets summed
+    if (c[r] + c[kMaxRanks + r] > c[w.rank] + c[kMaxRanks + w.rank]) return true;
+  return false;
+}
+
+namespace {  // not inlined (the slow path of the waits): each kernel file has its own copy
+__device__ __noinline__ bool peerInLowLatency(const FamilyWatch* w, int peer) {
+  return w->ll_counters != nullptr && peer >= 0 && peer < w->nranks && peer != w->rank && llAhead(*w, peer);
+}
+
+// Ranks out of step: every peer found in a low-latency call gets its gone
+// byte for this rank set (LLLocal, in its mapped LL buffer), so that its
+// waits for this rank end at once with a report its host reads as this
+// notice (the process lives), not at its timeout.
+__device__ __noinline__ void tellLowLatencyPeers(const FamilyWatch* w) {
+  for (int r = 0; r < w->nranks; r++)
+    if (r != w->rank && llAhead(*w, r)) *reinterpret_cast<volatile uint8_t*>(w->peer_ll_gone[r] + w->rank) = 1;
+  __threadfence_system();
+}
+}  // namespace
+
 // The one spin loop of every wait (high throughput and low latency): sets
 // *word = load() until done(*word). Every 64 spins it looks at the clock (the
 // timeout: report(8 /* epTimeout */, *word)), at local->timed_out (another
 // wait of this rank failed, or epCommAbort: leave unreported) and at
-// local->gone[peer] (its process exited: what it sent before has landed by
-// then, so it loads once more before report(6 /* epRemoteError */, *word)).
+// local->gone[peer] (its process exited, or for a low-latency wait, the peer
+// found the ranks out of step: what it sent before has landed by then, so it
+// loads once more before report(6 /* epRemoteError */, *word)).
+// A high-throughput wait (kWatchFamily) also looks, after kFamilyProbeNs,
+// for the peer in a low-latency call: seen there, and still there
+// kFamilyConfirmNs later with the word not done, the ranks are out of step:
+// it tells the low-latency peers (tellLowLatencyPeers), every other wait of
+// this rank leaves (timed_out) and it reports 5 (epInvalidUsage). The
+// low-latency waits have no such look (their kernels' code stays as it is):
+// the high-throughput peer finds them.
 // True when done; *word is the last value read. Every word it reads is device
 // memory: spinning warps never read host memory (sysmem reads from hundreds of
 // pollers clog the SMs' memory pipelines).
-template <typename Word, typename Local, typename Load, typename Done, typename Report>
+template <bool kWatchFamily = false, typename Word, typename Local, typename Load, typename Done, typename Report>
 __device__ __forceinline__ bool spinLoop(Local* local, unsigned long long timeout_ns, int peer, Word* word, Load load,
                                          Done done, Report report) {
   unsigned long long deadline = 0;
@@ -142,14 +185,28 @@ __device__ __forceinline__ bool spinLoop(Local* local, unsigned long long timeou
       report(6, *word);
       return false;
     }
+    if constexpr (kWatchFamily) {
+      if (now + timeout_ns - deadline >= kFamilyProbeNs && peerInLowLatency(&local->watch, peer)) {
+        for (const unsigned long long until = now + kFamilyConfirmNs; globalTimer() < until;) {
+          *word = load();
+          if (done(*word)) return true;
+        }
+        if (peerInLowLatency(&local->watch, peer)) {
+          atomicExch(&local->timed_out, 1);
+          tellLowLatencyPeers(&local->watch);
+          report(5, *word);
+          return false;
+        }
+      }
+    }
   }
 }
 
 // spinLoop on the word at p, loaded with acquire.
-template <typename Local, typename Done, typename Report>
+template <bool kWatchFamily = false, typename Local, typename Done, typename Report>
 __device__ __forceinline__ bool spinWait(const uint64_t* p, Local* local, unsigned long long timeout_ns, int peer,
                                          uint64_t* word, Done done, Report report) {
-  return spinLoop(local, timeout_ns, peer, word, [p] { return ldAcquireSys(p); }, done, report);
+  return spinLoop<kWatchFamily>(local, timeout_ns, peer, word, [p] { return ldAcquireSys(p); }, done, report);
 }
 
 // Spins until the tagged word at p reaches epoch and value >= min_value; returns
@@ -157,7 +214,7 @@ __device__ __forceinline__ bool spinWait(const uint64_t* p, Local* local, unsign
 __device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64_t* p, uint32_t epoch,
                                                 uint32_t min_value, int what, int peer) {
   uint64_t v;
-  const bool ok = spinWait(
+  const bool ok = spinWait<true>(
       p, cv.local, cv.timeout_ns, peer, &v,
       [&](uint64_t w) { return tagOf(w) == epoch && valOf(w) >= min_value; },
       [&](int code, uint64_t) { reportError(cv, code, what, peer, (long long)epoch, (long long)min_value); });
@@ -167,7 +224,7 @@ __device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64
 __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* p, uint32_t epoch,
                                             int what, int peer) {
   uint64_t v;
-  return spinWait(
+  return spinWait<true>(
       p, cv.local, cv.timeout_ns, peer, &v, [&](uint64_t w) { return reached(uint32_t(w), epoch); },
       [&](int code, uint64_t) { reportError(cv, code, what, peer, (long long)epoch, 0); });
 }

@@ -49,6 +49,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../ll_layout.h"
 #include "cuda_common.h"
 
 namespace ep {
@@ -60,6 +61,8 @@ struct LLCtrl {
   uint64_t cfree[2][kMaxRanks];  // [set][rank]: blocks of the rank's combine receives
   uint64_t ntok[2][kMaxRanks];   // [set][source]: llNtokWord of the source's latest dispatch
 };
+static_assert(offsetof(LLCtrl, dsig) == 0 && offsetof(LLCtrl, cfree) == 4 * kMaxRanks * sizeof(uint64_t),
+              "FamilyWatch::ll_counters reads dsig, cdone, cfree as [kind][set][rank]");
 // The wire type rides in ntok, which every receiving block reads anyway: a
 // receiver finds a source of the other type without loading anything more.
 constexpr uint32_t kLLNtokFp8 = 1u << 31;
@@ -92,8 +95,14 @@ struct LLLocal {
   uint64_t pairs;           // dispatch sends issued (64 bits: the signal targets grow with it and never wrap)
   int err_claim;
   int timed_out;            // as DevLocal::timed_out
-  alignas(8) uint8_t gone[kMaxRanks];  // as DevLocal::gone
+  alignas(8) uint8_t gone[kMaxRanks];  // as DevLocal::gone; also set by a peer that found this rank in a
+                                       // low-latency call while it was in a high-throughput one (FamilyWatch)
 };
+// LLLocal lies in the control area of the rank's LL buffer, which the peers
+// map, so that they can set its gone bytes.
+constexpr size_t kLLLocalOffset = 2048;
+static_assert(sizeof(LLCtrl) <= kLLLocalOffset && kLLLocalOffset + sizeof(LLLocal) <= kLLCtrlBytes,
+              "LLLocal in the LL control area");
 
 // Kernel times (EP_CUDA_LL_TIMING): per pair slot and kernel kind, the
 // earliest block start and the latest block end (globaltimer, ns).

@@ -91,7 +91,6 @@ LLEngine::~LLEngine() {
     if (own_mem_) ipc_->table->dereg_mem(ipc_->ctx, own_mem_);
   }
   for (LLHandleDev* s : all_slots_) cudaFree(s);
-  if (local_) cudaFree(local_);
   if (err_host_) cudaFreeHost(err_host_);
   cudaGetLastError();
 }
@@ -187,10 +186,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
     flag_cap_ = std::max(flag_cap_, a.flag_tokens);
   }
 
-  void* mem = nullptr;
-  CUDACHECK(cudaMalloc(&mem, sizeof(LLLocal)));
-  CUDACHECK(cudaMemset(mem, 0, sizeof(LLLocal)));
-  local_ = static_cast<LLLocal*>(mem);
+  local_ = peerLocal(me);  // zeroed with the buffer
   view_.local = local_;
   void* hp = nullptr;
   CUDACHECK(cudaHostAlloc(&hp, sizeof(ErrorInfo), cudaHostAllocMapped));
@@ -269,11 +265,21 @@ const char* llWhatName(int what) {
 epResult_t LLEngine::checkErrors(const char* fn, cudaStream_t stream) {
   const int code = err_host_->code;
   if (code == 0) return epSuccess;
-  if (code == epTimeout || code == epRemoteError) comm_->broken.store(code);
   const int what = err_host_->what, peer = err_host_->peer;
+  // A wait for a peer marked gone whose process lives: the peer, in a
+  // high-throughput call, found this rank in a low-latency one (device.cuh:
+  // tellLowLatencyPeers; the watcher marks only exited processes).
+  const bool out_of_step = code == epRemoteError && peer >= 0 && peer < comm_->nranks && !peerExited(comm_, peer);
+  if (code == epTimeout || code == epRemoteError) comm_->broken.store(out_of_step ? int(epInvalidUsage) : code);
   const long long a = err_host_->a, b = err_host_->b;
   err_host_->code = 0;
   cudaMemsetAsync(&local_->err_claim, 0, sizeof(int), stream);
+  if (out_of_step)
+    return setError(comm_, epInvalidUsage,
+                    "%s: rank %d is in a high-throughput call while an earlier low-latency call of rank %d waited "
+                    "for it (%s; that rank found it so): ranks must issue the same collective calls in the same "
+                    "order; the communicator cannot be used any more",
+                    fn, peer, comm_->rank, llWhatName(what));
   if (what == kLLWhatWire)
     return setError(comm_, epInvalidUsage,
                     "%s: an earlier low-latency dispatch: rank %d sent %s rows and this rank asked for %s: wire_type "

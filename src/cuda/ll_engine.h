@@ -26,6 +26,11 @@ class LLEngine {
   epResult_t init(const TransportEntry* ipc, const std::vector<epPeerInfo_v1_t>& peers);
   size_t bytes() const { return bytes_; }
   LLLocal* deviceLocal() const { return local_; }  // the words HostNotices writes
+  // Rank r's LLLocal as mapped here (in the control area of its LL buffer).
+  LLLocal* peerLocal(int r) const { return reinterpret_cast<LLLocal*>(view_.bufs[r] + kLLLocalOffset); }
+  // This rank's signal counters (LLCtrl, at the start of its LL buffer): what
+  // a high-throughput wait reads to find a peer in a low-latency call.
+  const uint64_t* signalCounters() const { return reinterpret_cast<const uint64_t*>(view_.bufs[view_.rank]); }
 
   epResult_t dispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);
   epResult_t combine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);

@@ -371,11 +371,35 @@ int runBadId(int R, int tokens) {
   return failed ? 1 : 0;
 }
 
-// Rank 0 in a low-latency dispatch, the other ranks in a high-throughput one
-// (calls out of step): every rank must get an error, within a few timeouts,
-// not hang and not report success.
-int runModeMismatch(int R) {
-  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
+// A high-throughput dispatch and combine of rank r (exact sizing: the
+// dispatch waits for the counts) into `scratch`; the result of the first call
+// that failed, else of the combine.
+epResult_t htLayer(const Shape& s, int R, int r, GpuRank& g, uint8_t* scratch, epHandle_t* h) {
+  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+  a.x = g.x;
+  a.topk_idx = g.topk;
+  a.topk_idx_type = epInt64;
+  a.num_tokens = s.tokens[r];
+  a.num_topk = s.topk;
+  a.recv_x = scratch;  // room for R * M BF16 rows
+  a.recv_capacity = int64_t(R) * s.max_tokens;
+  int64_t num_recv = 0;
+  a.num_recv = &num_recv;
+  epResult_t res = epDispatch(g.comm, &a, h, g.stream);
+  if (res != epSuccess) return res;
+  epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+  ca.y = scratch;
+  ca.out = scratch + size_t(R) * s.max_tokens * s.hidden * 2;
+  return epCombine(g.comm, &ca, *h, g.stream);
+}
+
+// Rank 0 in a low-latency dispatch of `tokens` tokens per rank (1: flagged
+// records), the other ranks in a high-throughput one (calls out of step):
+// every rank must get epInvalidUsage saying so well before the timeout (a
+// wait looks for its peer in the other family after 2 ms), not hang, not
+// time out and not report success.
+int runModeMismatch(int R, int tokens) {
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, tokens), false, false, false};
   constexpr int kTimeoutMs = 2000;
   RankedCase c(s, R, 25, [](epConfig_t& cfg) { cfg.timeout_ms = kTimeoutMs; }, false);
   std::vector<epResult_t> res(R, epSuccess);
@@ -397,24 +421,7 @@ int runModeMismatch(int R) {
         res[r] = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
       }
     } else {
-      epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;  // exact sizing: waits for the counts
-      a.x = c.g[r].x;
-      a.topk_idx = c.g[r].topk;
-      a.topk_idx_type = epInt64;
-      a.num_tokens = s.tokens[r];
-      a.num_topk = s.topk;
-      a.recv_x = c.g[r].recv_x;  // room for 4 * R * 40 BF16 rows
-      a.recv_capacity = int64_t(R) * s.max_tokens;
-      int64_t num_recv = 0;
-      a.num_recv = &num_recv;
-      res[r] = epDispatch(c.comms[r], &a, &h, c.g[r].stream);
-      if (res[r] == epSuccess) {
-        CK(cudaStreamSynchronize(c.g[r].stream));
-        epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
-        ca.y = c.g[r].recv_x;
-        ca.out = c.g[r].out;
-        res[r] = epCombine(c.comms[r], &ca, h, c.g[r].stream);
-      }
+      res[r] = htLayer(s, R, r, c.g[r], reinterpret_cast<uint8_t*>(c.g[r].scratch), &h);
     }
     cudaStreamSynchronize(c.g[r].stream);
     secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -425,11 +432,59 @@ int runModeMismatch(int R) {
   for (int r = 0; r < R; r++) {
     printf("  rank %d (%s): %s after %.2f s: %s\n", r, r == 0 ? "low latency" : "high throughput",
            epGetErrorString(res[r]), secs[r], msg[r].c_str());
-    failed |= res[r] == epSuccess || secs[r] > 4.0 * kTimeoutMs / 1000.0;
+    failed |= res[r] != epInvalidUsage || secs[r] > 0.25 * kTimeoutMs / 1000.0 ||
+              msg[r].find("ranks must issue the same collective calls in the same order") == std::string::npos ||
+              msg[r].find(r == 0 ? "is in a high-throughput call" : "is in a low-latency call") == std::string::npos;
   }
   c.close();
-  printf("eager  R=%d rank 0 low latency, the others high throughput: %s\n", R,
-         failed ? "FAILED" : "OK (reported)");
+  printf("eager  R=%d T=%d rank 0 low latency, the others high throughput: %s\n", R, tokens,
+         failed ? "FAILED" : "OK (reported as out of step)");
+  return failed ? 1 : 0;
+}
+
+// Low-latency and high-throughput layers in turn on one communicator, a rank
+// late by 30 ms before each call of a layer (rank layer % R): its peers wait
+// in both families' kernels long past the 2 ms after which a wait looks for
+// the late rank in a call of the other family, and must not find it there
+// (every call succeeds); the last layer's outputs (low latency) are compared.
+int runFamiliesInStep(int R) {
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
+  s.tokens[R - 1] = 1;  // flagged records from one rank
+  RankedCase c(s, R, 26);
+  std::vector<int> bad(R, 0);
+  RankBarrier ready(R);
+  runRanks(R, [&](int r) {
+    setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready);
+    uint8_t* scratch = reinterpret_cast<uint8_t*>(c.g[r].scratch);
+    for (int layer = 0; layer < 7; layer++) {  // a kernel's error surfaces at the next call: 7 checks 6
+      if (layer % R == r) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      epHandle_t h = nullptr;
+      epResult_t res = epSuccess;
+      if (layer % 2 == 0) {
+        epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, c.g[r]);
+        res = epLowLatencyDispatch(c.comms[r], &a, &h, c.g[r].stream);
+        if (res == epSuccess) {
+          epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
+          ca.y = c.g[r].y;
+          ca.out = c.g[r].out;
+          res = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
+        }
+      } else {
+        res = htLayer(s, R, r, c.g[r], scratch, &h);
+      }
+      CK(cudaStreamSynchronize(c.g[r].stream));
+      if (h != nullptr) epHandleDestroy(h);
+      if (res != epSuccess) {
+        printf("  rank %d layer %d: %s: %s\n", r, layer, epGetErrorString(res), epGetLastError(c.comms[r]));
+        bad[r] = 1;
+        return;
+      }
+    }
+  });
+  const long long wrong = c.close("families in step");
+  const bool failed = wrong != 0 || std::count(bad.begin(), bad.end(), 1) != 0;
+  printf("eager  R=%d low-latency and high-throughput layers in turn, a rank 30 ms late: %s\n", R,
+         failed ? "FAILED" : "OK");
   return failed ? 1 : 0;
 }
 
@@ -804,7 +859,9 @@ int main(int argc, char** argv) {
     if (R >= 2) ((runBadId(R, 40) == 0) ? passed : failed)++;
     if (R >= 2) ((runBadId(R, 1) == 0) ? passed : failed)++;
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
-    if (R >= 2) ((runModeMismatch(R) == 0) ? passed : failed)++;
+    if (R >= 2) ((runModeMismatch(R, 40) == 0) ? passed : failed)++;
+    if (R >= 2) ((runModeMismatch(R, 1) == 0) ? passed : failed)++;
+    if (R >= 2) ((runFamiliesInStep(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runSendHalfDoesNotWait(R) == 0) ? passed : failed)++;
     for (bool graph : {false, true})
       for (int tokens : {1, 40})
