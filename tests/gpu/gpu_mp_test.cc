@@ -27,9 +27,12 @@
 // FP8, not a multiple of 16, so the FP8 cases of that shape use 2064).
 //
 // Then the wall time of a low-latency layer (dispatch + combine) per rank,
-// printed, not checked (timeLlLayers). Last, a peer that exits: the last rank
-// leaves without destroying its communicators; the others' waiting GPU calls
-// must fail with epRemoteError naming it within seconds (runPeerExit).
+// printed, not checked (timeLlLayers). Then ranks out of step (rank 0 in a
+// low-latency dispatch, the others in a high-throughput one): every rank must
+// return epInvalidUsage within seconds (runOutOfStep). Last, a peer that
+// exits: the last rank leaves without destroying its communicators; the
+// others' waiting GPU calls must fail with epRemoteError naming it within
+// seconds (runPeerExit).
 //
 //   gpu_mp_test [--timeout SECONDS] [--ranks N]
 // --timeout: ranks still running then are killed (default 240). --ranks N (2..8):
@@ -294,6 +297,65 @@ bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_
   return ok;
 }
 
+// Ranks out of step across processes: rank 0 makes a low-latency dispatch
+// (then its combine, which reports), the others an exact-sized
+// high-throughput dispatch, on one communicator (timeout 60 s). Every rank
+// must return epInvalidUsage saying so within 10 s: the high-throughput ranks
+// find rank 0's low-latency sends and mark themselves in its buffer; rank 0's
+// host must read that mark as the notice of a live process, not as an exit.
+bool runOutOfStep(int R, int rank, const epUniqueId& id, int* result) {
+  const ll::Shape s{2048, 4, 8 * R, 64, std::vector<int>(R, 64), false, false, false};
+  epConfig_t cfg = ll::configFor(s, epBackendCuda);
+  cfg.device = gpuOf(rank);
+  cfg.timeout_ms = 60000;
+  epComm_t comm = join(R, id, rank, cfg, "out of step");
+  ll::GpuRank g;
+  g.comm = comm;
+  ll::allocRank(s, R, g, kScratchBytes);
+  ll::RankData in;
+  ll::randomInputs(s, R, 9, rank, &in);
+  ll::upload(s, rank, in, g);
+  CK(cudaStreamSynchronize(g.stream));
+  const auto t0 = std::chrono::steady_clock::now();
+  epHandle_t h = nullptr;
+  epResult_t res;
+  if (rank == 0) {
+    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, rank, g);
+    res = epLowLatencyDispatch(comm, &a, &h, g.stream);
+    if (res == epSuccess) {  // the kernel's report surfaces at the next call
+      CK(cudaStreamSynchronize(g.stream));
+      epLowLatencyCombineArgs_t cb = EP_LL_COMBINE_ARGS_INITIALIZER;
+      cb.y = g.y;
+      cb.out = g.out;
+      res = epLowLatencyCombine(comm, &cb, h, g.stream);
+    }
+  } else {
+    epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+    a.x = g.x;
+    a.topk_idx = g.topk;
+    a.topk_idx_type = epInt64;
+    a.num_tokens = s.tokens[rank];
+    a.num_topk = s.topk;
+    a.recv_x = g.scratch;  // R * 64 BF16 rows of 2048
+    a.recv_capacity = int64_t(R) * s.max_tokens;
+    int64_t num_recv = 0;
+    a.num_recv = &num_recv;
+    res = epDispatch(comm, &a, &h, g.stream);
+  }
+  cudaStreamSynchronize(g.stream);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string msg = epGetLastError(comm);
+  const bool ok = res == epInvalidUsage && secs < 10.0 &&
+                  msg.find("ranks must issue the same collective calls in the same order") != std::string::npos;
+  printf("  %s rank %d (%s): %s after %.2f s: %s\n", ok ? "ok  " : "FAIL", rank,
+         rank == 0 ? "low latency" : "high throughput", epGetErrorString(res), secs, msg.c_str());
+  if (h) epHandleDestroy(h);
+  ll::freeRank(g);
+  const bool destroyed = epCommDestroy(comm) == epSuccess;
+  *result = ok && destroyed ? 0 : 1;
+  return ok && destroyed;
+}
+
 // Wall time per low-latency layer (dispatch + combine, FP8, 128 tokens of
 // hidden 7168 per rank, top-8 of 288 experts; launch and stream wait
 // included), median and p90 of 50 after 10 of warm-up, printed by rank 0: the
@@ -344,9 +406,17 @@ int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vecto
     if (!ok || rank == 0) printf("%s %s on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", cases[i].name.c_str(), rank, s);
     all &= ok;
   }
-  timeLlLayers(R, rank, ids[2 * (cases.size() + 1)]);
+  const size_t n = cases.size();  // then: out of step (case n), peer exit (case n + 1)
+  timeLlLayers(R, rank, ids[2 * (n + 2)]);
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = runOutOfStep(R, rank, ids[2 * n], &results[n * R + rank]);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!ok || rank == 0) printf("%s EP%d out of step on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", R, rank, s);
+    all &= ok;
+  }
   // Last: the case in which the last rank exits.
-  const size_t i = cases.size();
+  const size_t i = n + 1;
   const auto t0 = std::chrono::steady_clock::now();
   const bool ok = runPeerExit(R, rank, ids[2 * i], ids[2 * i + 1], &results[i * R + rank]);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -436,7 +506,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::vector<MpCase> cases = makeCases(R);
-  const size_t ncases = cases.size() + 1;  // + the peer exit, run last
+  const size_t ncases = cases.size() + 2;  // + out of step, + the peer exit, run last
   const size_t nres = ncases * size_t(R);
   // Each rank's verdict per case, in memory the children share with this process.
   int* results = static_cast<int*>(
@@ -448,7 +518,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < nres; i++) results[i] = -1;  // not run
   printf("gpu_mp_test: %d ranks as processes on %d GPU%s, %zu cases\n", R, std::min(ndev, R), ndev == 1 ? "" : "s",
          ncases);
-  // Per case: the CUDA and the host communicator (peer exit: two CUDA); then the layer timing's.
+  // Per case: the CUDA and the host communicator (out of step: one CUDA; peer
+  // exit: two CUDA); then the layer timing's.
   std::vector<epUniqueId> ids(2 * ncases + 1);
   int rank = -1;
   std::vector<int> codes;
@@ -458,7 +529,9 @@ int main(int argc, char** argv) {
 
   int passed = 0, failed = 0;
   for (size_t i = 0; i < ncases; i++) {
-    const std::string name = i < cases.size() ? cases[i].name : "EP" + std::to_string(R) + " peer exit";
+    const std::string name = i < cases.size()       ? cases[i].name
+                             : i == cases.size()    ? "EP" + std::to_string(R) + " out of step"
+                                                    : "EP" + std::to_string(R) + " peer exit";
     std::string bad;
     for (int r = 0; r < R; r++) {
       const int v = results[i * R + r];
