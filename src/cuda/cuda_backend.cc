@@ -430,14 +430,19 @@ epResult_t CudaBackend::init() {
   return epSuccess;
 }
 
-// Where the high-throughput waits look for a peer in a low-latency call
-// (this rank's low-latency signal counters) and where they tell such peers
-// (their LLLocal::gone bytes, as mapped here). FamilyWatch.
+// What the high-throughput waits compare to find a peer in another call:
+// the words the peers wrote into this rank's Ctrl and, with low-latency
+// buffers, this rank's low-latency signal counters; and
+// where they tell a peer found in a low-latency call (its LLLocal::gone
+// bytes, as mapped here). FamilyWatch.
 epResult_t CudaBackend::watchOtherFamily() {
-  if (!ll_) return epSuccess;  // no low-latency calls: nothing to look for
   cuda::FamilyWatch w{};
-  w.ll_counters = ll_->signalCounters();
-  for (int r = 0; r < comm_->nranks; r++) w.peer_ll_gone[r] = ll_->peerLocal(r)->gone;
+  w.ht_ctrl = reinterpret_cast<const cuda::Ctrl*>(bufs_[comm_->rank]);
+  w.channels = channels_;
+  if (ll_) {
+    w.ll_counters = ll_->signalCounters();
+    for (int r = 0; r < comm_->nranks; r++) w.peer_ll_gone[r] = ll_->peerLocal(r)->gone;
+  }
   w.rank = comm_->rank;
   w.nranks = comm_->nranks;
   CUDACHECK(cudaMemcpy(&local_->watch, &w, sizeof(w), cudaMemcpyHostToDevice));
@@ -516,6 +521,16 @@ const char* whatName(int what) {
   }
 }
 
+// A collective high-throughput kernel as the call that runs it.
+const char* htKernelName(int kind) {
+  switch (kind) {
+    case cuda::kHtRouting: return "the routing of a dispatch (epDispatch with new ids, or epDispatchPrepare)";
+    case cuda::kHtDispatch: return "a dispatch (epDispatch)";
+    case cuda::kHtCombine: return "a combine (epCombine)";
+    default: return "a high-throughput call";
+  }
+}
+
 epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
   const int code = err_host_->code;
   if (code == 0) return epSuccess;
@@ -537,12 +552,19 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
                     fn, comm_->rank, dev_, comm_->cfg.timeout_ms, peer, whatName(what), err_host_->channel);
   }
   if (code == epInvalidUsage && what >= cuda::kWhatPrevious && what <= cuda::kWhatCombineData) {
-    comm_->broken.store(epInvalidUsage);  // a wait found the peer in a low-latency call (spinLoop)
+    comm_->broken.store(epInvalidUsage);  // a wait found the peer in another call (device.cuh: peerOutOfStep)
+    if (b == cuda::kOutOfStepLowLatency)
+      return setError(comm_, epInvalidUsage,
+                      "%s: rank %d is in a low-latency call while rank %d (GPU %d) waited for it in %s of a "
+                      "high-throughput call: ranks must issue the same collective calls in the same order; the "
+                      "communicator cannot be used any more",
+                      fn, peer, comm_->rank, dev_, whatName(what));
     return setError(comm_, epInvalidUsage,
-                    "%s: rank %d is in a low-latency call while rank %d (GPU %d) waited for it in %s of a "
-                    "high-throughput call: ranks must issue the same collective calls in the same order; the "
-                    "communicator cannot be used any more",
-                    fn, peer, comm_->rank, dev_, whatName(what));
+                    "%s: rank %d is in %s while rank %d (GPU %d) waited for it in %s of %s (collective kernel %lld "
+                    "of each): ranks must issue the same collective calls in the same order; the communicator "
+                    "cannot be used any more",
+                    fn, peer, htKernelName(int(b >> 8)), comm_->rank, dev_, whatName(what),
+                    htKernelName(int(b & 0xff)), a);
   }
   // Argument errors found by a kernel: report once, then the communicator goes on.
   err_host_->code = 0;

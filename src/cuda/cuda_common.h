@@ -36,15 +36,25 @@ struct Ctrl {
   uint64_t cprog[kMaxRanks][kMaxChannels];       // combine progress: epoch << 32 | rows written
 };
 
+// The collective high-throughput kernels (as a report of ranks out of step
+// names them).
+enum HtKernel { kHtRouting = 1, kHtDispatch = 2, kHtCombine = 3 };
+
 // What a high-throughput wait reads once it has lasted kFamilyProbeNs
-// (device.cuh), to tell a peer in a low-latency call (ranks out of step) from
-// a slow one, and where it then tells every such peer. Written at init; all
-// null without low-latency buffers.
+// (device.cuh: peerOutOfStep), to tell a peer in another call (ranks out of
+// step) from a slow one, and where it then tells a peer found in a
+// low-latency call. Written at init; the low-latency pointers are null
+// without low-latency buffers.
 struct FamilyWatch {
+  const Ctrl* ht_ctrl;            // this rank's Ctrl (the words its peers wrote)
   const uint64_t* ll_counters;    // this rank's LLCtrl signal counters, [kind][set][rank] (ll_common.h)
   uint8_t* peer_ll_gone[kMaxRanks];  // [r]: LLLocal::gone of rank r as mapped here
-  int rank, nranks;
+  int rank, nranks, channels;
 };
+// What peerOutOfStep found (ErrorInfo::b of the report): the peer in a
+// low-latency call, or (above 255) its kernel kind << 8 | this rank's, the
+// two in different high-throughput kernels of the same epoch.
+constexpr uint32_t kOutOfStepLowLatency = 1;
 
 // Device memory private to one rank (not mapped by peers).
 struct DevLocal {

@@ -111,10 +111,10 @@ __device__ __forceinline__ bool peerGone(const uint8_t* gone, int peer) {
   return peer >= 0 && peer < kMaxRanks && reinterpret_cast<const volatile uint8_t*>(gone)[peer] != 0;
 }
 
-// A high-throughput wait that lasted this long looks for its peer in a
-// low-latency call (peerInLowLatency); one that sees it there waits this much
-// longer for the word before it reports, so that nothing still in flight is
-// taken for a missing call.
+// A high-throughput wait that lasted this long looks for its peer in another
+// call (peerOutOfStep); one that sees it there waits this much longer for the
+// word before it reports, so that nothing still in flight is taken for a
+// missing call.
 constexpr unsigned long long kFamilyProbeNs = 2000000;
 constexpr unsigned long long kFamilyConfirmNs = 1000000;
 
@@ -131,8 +131,37 @@ __device__ __forceinline__ bool llAhead(const FamilyWatch& w, int r) {
 }
 
 namespace {  // not inlined (the slow path of the waits): each kernel file has its own copy
-__device__ __noinline__ bool peerInLowLatency(const FamilyWatch* w, int peer) {
-  return w->ll_counters != nullptr && peer >= 0 && peer < w->nranks && peer != w->rank && llAhead(*w, peer);
+// The collective kernel whose waits report `what` (0: a wait every kind has).
+__device__ __forceinline__ uint32_t htKernelOfWait(int what) {
+  return what == kWhatCounts ? kHtRouting
+         : what == kWhatDispatchInfo || what == kWhatDispatchData ? kHtDispatch
+         : what == kWhatCombineData ? kHtCombine : 0;
+}
+
+// A high-throughput wait `what` of collective kernel `epoch` for rank `peer`:
+// 0 when nothing says the peer is in another call; kOutOfStepLowLatency when
+// it made low-latency sends this rank has not (llAhead); the kind of its
+// kernel << 8 | this rank's when it wrote, in this rank's Ctrl, a word of
+// this epoch that only another kernel writes: its counts (routing), its
+// channel 0 info (every dispatch block writes its own to every peer first)
+// or combine progress (with rows for this rank).
+__device__ __noinline__ uint32_t peerOutOfStep(const FamilyWatch* w, int peer, uint32_t epoch, int what) {
+  if (peer < 0 || peer >= w->nranks || peer == w->rank) return 0;
+  if (w->ll_counters != nullptr && llAhead(*w, peer)) return kOutOfStepLowLatency;
+  const uint32_t mine = htKernelOfWait(what);
+  if (mine == 0) return 0;
+  const Ctrl* c = w->ht_ctrl;
+  auto at = [&](const uint64_t& word) { return tagOf(*reinterpret_cast<const volatile uint64_t*>(&word)) == epoch; };
+  uint32_t theirs = 0;
+  if (at(c->counts[epoch & 1][peer][w->rank])) theirs = kHtRouting;
+  else if (at(c->dinfo[peer][0])) theirs = kHtDispatch;
+  else
+    for (int ch = 0; ch < w->channels && ch < kMaxChannels; ch++)
+      if (at(c->cprog[peer][ch])) {
+        theirs = kHtCombine;
+        break;
+      }
+  return theirs != 0 && theirs != mine ? theirs << 8 | mine : 0;
 }
 
 // Ranks out of step: every peer found in a low-latency call gets its gone
@@ -140,6 +169,7 @@ __device__ __noinline__ bool peerInLowLatency(const FamilyWatch* w, int peer) {
 // waits for this rank end at once with a report its host reads as this
 // notice (the process lives), not at its timeout.
 __device__ __noinline__ void tellLowLatencyPeers(const FamilyWatch* w) {
+  if (w->ll_counters == nullptr) return;
   for (int r = 0; r < w->nranks; r++)
     if (r != w->rank && llAhead(*w, r)) *reinterpret_cast<volatile uint8_t*>(w->peer_ll_gone[r] + w->rank) = 1;
   __threadfence_system();
@@ -154,10 +184,12 @@ __device__ __noinline__ void tellLowLatencyPeers(const FamilyWatch* w) {
 // found the ranks out of step: what it sent before has landed by then, so it
 // loads once more before report(6 /* epRemoteError */, *word)).
 // A high-throughput wait (kWatchFamily) also looks, after kFamilyProbeNs,
-// for the peer in a low-latency call: seen there, and still there
+// for the peer in another call (peerOutOfStep): seen there, and still there
 // kFamilyConfirmNs later with the word not done, the ranks are out of step:
 // it tells the low-latency peers (tellLowLatencyPeers), every other wait of
-// this rank leaves (timed_out) and it reports 5 (epInvalidUsage). The
+// this rank leaves (timed_out) and it reports 5 (epInvalidUsage) with what
+// it found in place of the word (epoch and what: the wait's collective
+// kernel and what it waits for, which tell the kernel's kind). The
 // low-latency waits have no such look (their kernels' code stays as it is):
 // the high-throughput peer finds them.
 // True when done; *word is the last value read. Every word it reads is device
@@ -165,7 +197,7 @@ __device__ __noinline__ void tellLowLatencyPeers(const FamilyWatch* w) {
 // pollers clog the SMs' memory pipelines).
 template <bool kWatchFamily = false, typename Word, typename Local, typename Load, typename Done, typename Report>
 __device__ __forceinline__ bool spinLoop(Local* local, unsigned long long timeout_ns, int peer, Word* word, Load load,
-                                         Done done, Report report) {
+                                         Done done, Report report, uint32_t epoch = 0, int what = 0) {
   unsigned long long deadline = 0;
   for (uint32_t spins = 0;; spins++) {
     *word = load();
@@ -186,15 +218,15 @@ __device__ __forceinline__ bool spinLoop(Local* local, unsigned long long timeou
       return false;
     }
     if constexpr (kWatchFamily) {
-      if (now + timeout_ns - deadline >= kFamilyProbeNs && peerInLowLatency(&local->watch, peer)) {
+      if (now + timeout_ns - deadline >= kFamilyProbeNs && peerOutOfStep(&local->watch, peer, epoch, what) != 0) {
         for (const unsigned long long until = now + kFamilyConfirmNs; globalTimer() < until;) {
           *word = load();
           if (done(*word)) return true;
         }
-        if (peerInLowLatency(&local->watch, peer)) {
+        if (const uint32_t found = peerOutOfStep(&local->watch, peer, epoch, what)) {
           atomicExch(&local->timed_out, 1);
           tellLowLatencyPeers(&local->watch);
-          report(5, *word);
+          report(5, Word(found));
           return false;
         }
       }
@@ -205,8 +237,9 @@ __device__ __forceinline__ bool spinLoop(Local* local, unsigned long long timeou
 // spinLoop on the word at p, loaded with acquire.
 template <bool kWatchFamily = false, typename Local, typename Done, typename Report>
 __device__ __forceinline__ bool spinWait(const uint64_t* p, Local* local, unsigned long long timeout_ns, int peer,
-                                         uint64_t* word, Done done, Report report) {
-  return spinLoop<kWatchFamily>(local, timeout_ns, peer, word, [p] { return ldAcquireSys(p); }, done, report);
+                                         uint64_t* word, Done done, Report report, uint32_t epoch = 0, int what = 0) {
+  return spinLoop<kWatchFamily>(local, timeout_ns, peer, word, [p] { return ldAcquireSys(p); }, done, report, epoch,
+                                what);
 }
 
 // Spins until the tagged word at p reaches epoch and value >= min_value; returns
@@ -217,7 +250,8 @@ __device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64
   const bool ok = spinWait<true>(
       p, cv.local, cv.timeout_ns, peer, &v,
       [&](uint64_t w) { return tagOf(w) == epoch && valOf(w) >= min_value; },
-      [&](int code, uint64_t) { reportError(cv, code, what, peer, (long long)epoch, (long long)min_value); });
+      [&](int code, uint64_t w) { reportError(cv, code, what, peer, (long long)epoch, code == 5 ? (long long)w : min_value); },
+      epoch, what);
   return ok ? (long long)valOf(v) : -1;
 }
 
@@ -226,7 +260,8 @@ __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* 
   uint64_t v;
   return spinWait<true>(
       p, cv.local, cv.timeout_ns, peer, &v, [&](uint64_t w) { return reached(uint32_t(w), epoch); },
-      [&](int code, uint64_t) { reportError(cv, code, what, peer, (long long)epoch, 0); });
+      [&](int code, uint64_t w) { reportError(cv, code, what, peer, (long long)epoch, code == 5 ? (long long)w : 0); },
+      epoch, what);
 }
 
 // Start of a data kernel: every peer has finished the previous collective

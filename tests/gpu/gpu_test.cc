@@ -11,6 +11,7 @@
 // Prints SKIPPED and exits 0 when no GPU is visible (tests/gpu/run.sh turns
 // that into a failure of `make gpu-test`).
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "gpu_common.h"
@@ -159,22 +160,28 @@ struct RankSide {
   }
 };
 
-void runWiderTopk(int max_ranks) {
-  Case c{"EP2 bf16 h256 k8 into k4", 2, 256, 8, 16, std::vector<int>(2, 64)};
-  c.Kr = {8, 4};
+// A check of case c on ranks of its own (SKIPPED with fewer GPUs): the CUDA
+// communicators (configOf, then `edit`), random inputs of `seed`, then on
+// each rank's thread a dispatch of its inputs sized to capacity (no host
+// sync, waited for) and `body(r, comm, side, handle)`; the handle is
+// destroyed after it. Prints PASS / FAIL with `what` (failures counted in
+// g_failures by the body).
+void afterDispatchOnRanks(const Case& c, int max_ranks, uint64_t seed, const std::function<void(epConfig_t&)>& edit,
+                          const char* what,
+                          const std::function<void(int, epComm_t, RankSide&, epDispatchArgs_t&, epHandle_t)>& body) {
   if (c.R > max_ranks) {
     printf("SKIPPED %s: needs %d GPUs, %d visible\n", c.name.c_str(), c.R, max_ranks);
     return;
   }
   std::vector<epComm_t> comms(c.R);
   epConfig_t cfg = configOf(c, epBackendCuda);
+  if (edit) edit(cfg);
   EK(nullptr, epCommInitAll(comms.data(), c.R, gpusOf(c.R).data(), &cfg));
   std::vector<RankIn> ins;
-  makeInputs(c, 5, &ins);
+  makeInputs(c, seed, &ins);
   int before = g_failures;
   runRanks(c.R, [&](int r) {
     RankSide side(c, ins[r], r);
-    cudaStream_t s = side.s;
     DevBufs& d = side.d;
     epDispatchArgs_t a = dispatchArgs(c, ins[r], r, d.x, d.scales, d.topk, d.w);
     a.flags = EP_DISPATCH_NO_HOST_SYNC;
@@ -183,25 +190,83 @@ void runWiderTopk(int max_ranks) {
     a.recv_topk_weights = d.recv_w;
     a.num_recv = d.num_recv;
     epHandle_t h = nullptr;
-    EK(comms[r], epDispatch(comms[r], &a, &h, s));
-    CK(cudaStreamSynchronize(s));
-    epLayoutArgs_t la = layoutArgs(c, r, d);
-    const epResult_t res = epLayout(comms[r], &la, s);
-    const std::string msg = epGetLastError(comms[r]);
-    const bool ok = r == 0 ? res == epSuccess
-                           : res == epInvalidUsage && msg.find("rank 0 passed num_topk = 8, more than this rank's 4") !=
-                                                          std::string::npos;
-    if (!ok) {
-      printf("  FAIL %s rank %d: the next call gave %s (%s)\n", c.name.c_str(), r, epGetErrorString(res),
-             msg.c_str());
-      g_failures++;
-    }
-    CK(cudaStreamSynchronize(s));
+    EK(comms[r], epDispatch(comms[r], &a, &h, side.s));
+    CK(cudaStreamSynchronize(side.s));
+    body(r, comms[r], side, a, h);
+    CK(cudaStreamSynchronize(side.s));
     epHandleDestroy(h);
   });
   for (int r = 0; r < c.R; r++) epCommDestroy(comms[r]);
-  printf("%s %s: rank 1 reports it\n", g_failures == before ? "PASS" : "FAIL", c.name.c_str());
+  printf("%s %s: %s\n", g_failures == before ? "PASS" : "FAIL", c.name.c_str(), what);
   fflush(stdout);
+}
+
+void runWiderTopk(int max_ranks) {
+  Case c{"EP2 bf16 h256 k8 into k4", 2, 256, 8, 16, std::vector<int>(2, 64)};
+  c.Kr = {8, 4};
+  afterDispatchOnRanks(c, max_ranks, 5, nullptr, "rank 1 reports it",
+                       [&](int r, epComm_t comm, RankSide& side, epDispatchArgs_t&, epHandle_t) {
+                         epLayoutArgs_t la = layoutArgs(c, r, side.d);
+                         const epResult_t res = epLayout(comm, &la, side.s);
+                         const std::string msg = epGetLastError(comm);
+                         const bool ok =
+                             r == 0 ? res == epSuccess
+                                    : res == epInvalidUsage &&
+                                          msg.find("rank 0 passed num_topk = 8, more than this rank's 4") !=
+                                              std::string::npos;
+                         if (!ok) {
+                           printf("  FAIL %s rank %d: the next call gave %s (%s)\n", c.name.c_str(), r,
+                                  epGetErrorString(res), msg.c_str());
+                           g_failures++;
+                         }
+                       });
+}
+
+// Ranks in different high-throughput calls at the same point (calls out of
+// order): after a dispatch on both, `second` 0: rank 0 combines while rank 1
+// makes a cached re-dispatch; 1: rank 0 makes a cached re-dispatch while rank
+// 1 dispatches new ids (its routing kernel). Both ranks' kernels must find the
+// other in another kernel and the next call report epInvalidUsage naming both
+// calls, within 2 s (timeout 20 s), not epTimeout.
+void runOutOfOrder(int max_ranks, int second) {
+  Case c{second == 0 ? "EP2 bf16 h256 k4 combine against re-dispatch" : "EP2 bf16 h256 k4 re-dispatch against new ids",
+         2, 256, 4, 16, std::vector<int>(2, 64)};
+  afterDispatchOnRanks(
+      c, max_ranks, 6, [](epConfig_t& cfg) { cfg.timeout_ms = 20000; }, "both ranks report the calls out of order",
+      [&](int r, epComm_t comm, RankSide& side, epDispatchArgs_t& a, epHandle_t h) {
+        DevBufs& d = side.d;
+        const auto t0 = std::chrono::steady_clock::now();
+        epResult_t res;
+        const char* mine;
+        if (r == 0 && second == 0) {
+          epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+          ca.y = d.recv_x;
+          ca.out = d.out;
+          res = epCombine(comm, &ca, h, side.s);
+          mine = "a combine (epCombine)";
+        } else if (r == 1 && second == 1) {
+          epHandle_t h2 = nullptr;
+          res = epDispatch(comm, &a, &h2, side.s);  // new ids: a routing kernel first
+          if (h2 != nullptr) epHandleDestroy(h2);
+          mine = "the routing of a dispatch";
+        } else {
+          a.topk_idx = nullptr;  // cached re-dispatch of the handle
+          a.topk_weights = nullptr;
+          res = epDispatch(comm, &a, &h, side.s);
+          mine = "a dispatch (epDispatch)";
+        }
+        CK(cudaStreamSynchronize(side.s));
+        epLayoutArgs_t la = layoutArgs(c, r, d);
+        if (res == epSuccess) res = epLayout(comm, &la, side.s);  // the kernel's report comes at the next call
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::string msg = epGetLastError(comm);
+        const bool ok = res == epInvalidUsage && secs < 2.0 &&
+                        msg.find("ranks must issue the same collective calls in the same order") != std::string::npos &&
+                        msg.find(std::string("of ") + mine) != std::string::npos;
+        printf("  %s %s rank %d: %s after %.2f s: %s\n", ok ? "ok  " : "FAIL", c.name.c_str(), r,
+               epGetErrorString(res), secs, msg.c_str());
+        if (!ok) g_failures++;
+      });
 }
 
 // config.max_nodes_per_token on the GPU (gpu_test --node-limit, run with
@@ -544,6 +609,8 @@ int main(int argc, char** argv) {
   }
   for (const Case& c : cases) runCase(c, max_ranks, false);
   if (!ranks || ranks == 2) runWiderTopk(max_ranks);
+  if (!ranks || ranks == 2) runOutOfOrder(max_ranks, 0);
+  if (!ranks || ranks == 2) runOutOfOrder(max_ranks, 1);
   if (!ranks) runTooManyExperts();
   if (!ranks) runTooManyLowLatencyRows();
   if (!ranks) runUncheckedBadId(false);
