@@ -90,7 +90,8 @@ enum LLWhat {
   kLLWhatNodeLimit = 25  // a: the token, b: its nodes (nodeLimitKernel, layout.cu)
 };
 
-// Rank-private device counters.
+// This rank's own device words (in its mapped LL buffer, kLLLocalOffset: a
+// peer writes only gone[], see below).
 struct LLLocal {
   uint64_t pairs;           // dispatch sends issued (64 bits: the signal targets grow with it and never wrap)
   int err_claim;
