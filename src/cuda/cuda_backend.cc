@@ -120,6 +120,13 @@ class CudaBackend : public Backend {
   void limitExpertCounters(const cudaDeviceProp& prop);
   epResult_t checkExpertCounters(const char* fn) const;
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
+  // A kernel's wait failed (timeout, exited peer, ranks out of step): the
+  // communicator cannot go on (the argument errors it reports can).
+  bool kernelFailedForGood() const {
+    const int code = err_host_->code, what = err_host_->what;
+    return code == epTimeout || code == epRemoteError ||
+           (code == epInvalidUsage && what >= cuda::kWhatPrevious && what <= cuda::kWhatCombineData);
+  }
   epResult_t allocSlot(HandleSlot** out);
   epResult_t watchOtherFamily();
   CommView view() const;
@@ -551,7 +558,7 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
                     "high-throughput one); the communicator cannot be used any more",
                     fn, comm_->rank, dev_, comm_->cfg.timeout_ms, peer, whatName(what), err_host_->channel);
   }
-  if (code == epInvalidUsage && what >= cuda::kWhatPrevious && what <= cuda::kWhatCombineData) {
+  if (code == epInvalidUsage && kernelFailedForGood()) {
     comm_->broken.store(epInvalidUsage);  // a wait found the peer in another call (device.cuh: peerOutOfStep)
     if (b == cuda::kOutOfStepLowLatency)
       return setError(comm_, epInvalidUsage,
@@ -667,7 +674,7 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   // Exact sizing: the documented device-to-host wait for the counts.
   CUDACHECK(cudaMemcpyAsync(hs_host_, slot->hv.hs, sizeof(HState), cudaMemcpyDeviceToHost, s));
   CUDACHECK(cudaStreamSynchronize(s));
-  if (err_host_->code == epTimeout || err_host_->code == epRemoteError) return checkKernelErrors("epDispatch", s);
+  if (kernelFailedForGood()) return checkKernelErrors("epDispatch", s);
   std::vector<int> recv_count(hs_host_->recv_count, hs_host_->recv_count + comm_->nranks);
   buildRecvSide(recv_count, &h->routing);
   h->counts_known = true;
