@@ -100,18 +100,23 @@ class CudaBackend : public Backend {
   void abort() override {
     if (notices_) notices_->abort();
   }
+  // The low-latency calls report the high-throughput kernels' errors too
+  // (checkKernelErrors, then the engine's own slot).
   epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
                         epStream_t stream) override {
     DeviceGuard g(dev_);
+    EPCHECK(checkKernelErrors("epLowLatencyDispatch", reinterpret_cast<cudaStream_t>(stream)));
     return ll_->dispatch(args, h, send_only, reinterpret_cast<cudaStream_t>(stream));
   }
   epResult_t llCombine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only,
                        epStream_t stream) override {
     DeviceGuard g(dev_);
+    EPCHECK(checkKernelErrors("epLowLatencyCombine", reinterpret_cast<cudaStream_t>(stream)));
     return ll_->combine(args, h, send_only, reinterpret_cast<cudaStream_t>(stream));
   }
   epResult_t llComplete(epHandle* h, epStream_t stream) override {
     DeviceGuard g(dev_);
+    EPCHECK(checkKernelErrors("epLowLatencyComplete", reinterpret_cast<cudaStream_t>(stream)));
     return ll_->complete(h, reinterpret_cast<cudaStream_t>(stream));
   }
 
@@ -540,7 +545,10 @@ const char* htKernelName(int kind) {
 
 epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
   const int code = err_host_->code;
-  if (code == 0) return epSuccess;
+  // Then the low-latency kernels' slot: a rank whose low-latency call failed
+  // (a peer found it out of step, say) learns it at its next call of either
+  // family, not only at its next low-latency one.
+  if (code == 0) return ll_ ? ll_->checkErrors(fn, stream) : epSuccess;
   const int what = err_host_->what, peer = err_host_->peer;
   const long long a = err_host_->a, b = err_host_->b;
   if (code == epRemoteError) {

@@ -36,10 +36,12 @@ class LLEngine {
   epResult_t combine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);
   epResult_t complete(epHandle* h, cudaStream_t stream);
   void release(epHandle* h);
+  // Errors the LL kernels left in their slot, reported by the next call of
+  // either family (the CUDA backend's calls look here too).
+  epResult_t checkErrors(const char* fn, cudaStream_t stream);
 
  private:
   struct HandleState;
-  epResult_t checkErrors(const char* fn, cudaStream_t stream);
   void logTimes();
   epResult_t addSlot();  // callers hold slots_mu_ (or are init)
   epResult_t acquireSlot(LLHandleDev** out);
