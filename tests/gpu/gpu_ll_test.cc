@@ -373,8 +373,11 @@ int runBadId(int R, int tokens) {
 
 // A high-throughput dispatch and combine of rank r (exact sizing: the
 // dispatch waits for the counts) into `scratch`; the result of the first call
-// that failed, else of the combine.
-epResult_t htLayer(const Shape& s, int R, int r, GpuRank& g, uint8_t* scratch, epHandle_t* h) {
+// that failed, else of the combine. With late_ms >= 0 the dispatch is
+// prepared (epDispatchPrepare: the routing kernel), then made, then combined,
+// late_ms apart: the peers' dispatch and combine kernels wait that long for
+// this rank.
+epResult_t htLayer(const Shape& s, int R, int r, GpuRank& g, uint8_t* scratch, epHandle_t* h, int late_ms = -1) {
   epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
   a.x = g.x;
   a.topk_idx = g.topk;
@@ -385,8 +388,17 @@ epResult_t htLayer(const Shape& s, int R, int r, GpuRank& g, uint8_t* scratch, e
   a.recv_capacity = int64_t(R) * s.max_tokens;
   int64_t num_recv = 0;
   a.num_recv = &num_recv;
+  auto pause = [&] {
+    if (late_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+  };
+  if (late_ms >= 0) {
+    const epResult_t res = epDispatchPrepare(g.comm, &a, h, g.stream);
+    if (res != epSuccess) return res;
+    pause();
+  }
   epResult_t res = epDispatch(g.comm, &a, h, g.stream);
   if (res != epSuccess) return res;
+  pause();
   epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
   ca.y = scratch;
   ca.out = scratch + size_t(R) * s.max_tokens * s.hidden * 2;
@@ -443,10 +455,11 @@ int runModeMismatch(int R, int tokens) {
 }
 
 // Low-latency and high-throughput layers in turn on one communicator, a rank
-// late by 30 ms before each call of a layer (rank layer % R): its peers wait
-// in both families' kernels long past the 2 ms after which a wait looks for
-// the late rank in a call of the other family, and must not find it there
-// (every call succeeds); the last layer's outputs (low latency) are compared.
+// late by 30 ms before each layer (rank layer % R), and in a high-throughput
+// layer also before its dispatch and its combine (htLayer): its peers wait in
+// every kind of kernel long past the 2 ms after which a wait looks for the
+// late rank in another call, and must not find it there (every call
+// succeeds); the last layer's outputs (low latency) are compared.
 int runFamiliesInStep(int R) {
   Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
   s.tokens[R - 1] = 1;  // flagged records from one rank
@@ -470,7 +483,7 @@ int runFamiliesInStep(int R) {
           res = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
         }
       } else {
-        res = htLayer(s, R, r, c.g[r], scratch, &h);
+        res = htLayer(s, R, r, c.g[r], scratch, &h, layer % R == r ? 30 : 0);
       }
       CK(cudaStreamSynchronize(c.g[r].stream));
       if (h != nullptr) epHandleDestroy(h);
