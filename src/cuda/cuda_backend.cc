@@ -100,8 +100,8 @@ class CudaBackend : public Backend {
   void abort() override {
     if (notices_) notices_->abort();
   }
-  // The low-latency calls report the high-throughput kernels' errors too
-  // (checkKernelErrors, then the engine's own slot).
+  // The low-latency calls report both families' kernel errors first
+  // (checkKernelErrors: this slot, then the engine's), as every call does.
   epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
                         epStream_t stream) override {
     DeviceGuard g(dev_);

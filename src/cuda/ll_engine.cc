@@ -307,7 +307,6 @@ epResult_t LLEngine::checkErrors(const char* fn, cudaStream_t stream) {
 }
 
 epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {
-  EPCHECK(checkErrors("epLowLatencyDispatch", stream));
   auto st = std::make_unique<HandleState>();
   EPCHECK(acquireSlot(&st->dev));
   LLDispatchParams& p = st->dispatch;
@@ -350,7 +349,6 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
 }
 
 epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {
-  EPCHECK(checkErrors("epLowLatencyCombine", stream));
   auto* st = static_cast<HandleState*>(h->backend_state);
   LLCombineParams& p = st->combine;
   p.v = view_;
@@ -367,7 +365,6 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
 }
 
 epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
-  EPCHECK(checkErrors("epLowLatencyComplete", stream));
   auto* st = static_cast<HandleState*>(h->backend_state);
   int err = 0;
   const LLLaunch l{sms_, slices_, pdl_, stream};

@@ -32,12 +32,14 @@ class LLEngine {
   // a high-throughput wait reads to find a peer in a low-latency call.
   const uint64_t* signalCounters() const { return reinterpret_cast<const uint64_t*>(view_.bufs[view_.rank]); }
 
+  // The calls; their caller reports the kernels' errors first (both
+  // families' slots: CudaBackend::checkKernelErrors, then checkErrors).
   epResult_t dispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);
   epResult_t combine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);
   epResult_t complete(epHandle* h, cudaStream_t stream);
   void release(epHandle* h);
   // Errors the LL kernels left in their slot, reported by the next call of
-  // either family (the CUDA backend's calls look here too).
+  // either family (CudaBackend::checkKernelErrors looks here).
   epResult_t checkErrors(const char* fn, cudaStream_t stream);
 
  private:

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -1042,5 +1043,53 @@ inline void benchStandard(int R) {
   bench(R, 1, false);
 }
 
+
+// A low-latency dispatch of rank r, waited for, then its combine: the result
+// of the first call that failed, else the combine's (a kernel's error comes
+// at the next call: the combine reports the dispatch's).
+inline epResult_t syncedLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h) {
+  epLowLatencyDispatchArgs_t a = dispatchArgs(s, r, g);
+  const epResult_t res = epLowLatencyDispatch(g.comm, &a, h, g.stream);
+  if (res != epSuccess) return res;
+  CK(cudaStreamSynchronize(g.stream));
+  epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
+  ca.y = g.y;
+  ca.out = g.out;
+  return epLowLatencyCombine(g.comm, &ca, *h, g.stream);
+}
+
+// A high-throughput dispatch and combine of rank r (exact sizing: the
+// dispatch waits for the counts) into `scratch`; the result of the first call
+// that failed, else of the combine. With late_ms >= 0 the dispatch is
+// prepared (epDispatchPrepare: the routing kernel), then made, then combined,
+// late_ms apart: the peers' dispatch and combine kernels wait that long for
+// this rank.
+inline epResult_t htLayer(const Shape& s, int R, int r, GpuRank& g, uint8_t* scratch, epHandle_t* h, int late_ms = -1) {
+  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+  a.x = g.x;
+  a.topk_idx = g.topk;
+  a.topk_idx_type = epInt64;
+  a.num_tokens = s.tokens[r];
+  a.num_topk = s.topk;
+  a.recv_x = scratch;  // room for R * M BF16 rows
+  a.recv_capacity = int64_t(R) * s.max_tokens;
+  int64_t num_recv = 0;
+  a.num_recv = &num_recv;
+  auto pause = [&] {
+    if (late_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+  };
+  if (late_ms >= 0) {
+    const epResult_t res = epDispatchPrepare(g.comm, &a, h, g.stream);
+    if (res != epSuccess) return res;
+    pause();
+  }
+  epResult_t res = epDispatch(g.comm, &a, h, g.stream);
+  if (res != epSuccess) return res;
+  pause();
+  epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+  ca.y = scratch;
+  ca.out = scratch + size_t(R) * s.max_tokens * s.hidden * 2;
+  return epCombine(g.comm, &ca, *h, g.stream);
+}
 
 }  // namespace ll

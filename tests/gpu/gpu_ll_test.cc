@@ -371,40 +371,6 @@ int runBadId(int R, int tokens) {
   return failed ? 1 : 0;
 }
 
-// A high-throughput dispatch and combine of rank r (exact sizing: the
-// dispatch waits for the counts) into `scratch`; the result of the first call
-// that failed, else of the combine. With late_ms >= 0 the dispatch is
-// prepared (epDispatchPrepare: the routing kernel), then made, then combined,
-// late_ms apart: the peers' dispatch and combine kernels wait that long for
-// this rank.
-epResult_t htLayer(const Shape& s, int R, int r, GpuRank& g, uint8_t* scratch, epHandle_t* h, int late_ms = -1) {
-  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
-  a.x = g.x;
-  a.topk_idx = g.topk;
-  a.topk_idx_type = epInt64;
-  a.num_tokens = s.tokens[r];
-  a.num_topk = s.topk;
-  a.recv_x = scratch;  // room for R * M BF16 rows
-  a.recv_capacity = int64_t(R) * s.max_tokens;
-  int64_t num_recv = 0;
-  a.num_recv = &num_recv;
-  auto pause = [&] {
-    if (late_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
-  };
-  if (late_ms >= 0) {
-    const epResult_t res = epDispatchPrepare(g.comm, &a, h, g.stream);
-    if (res != epSuccess) return res;
-    pause();
-  }
-  epResult_t res = epDispatch(g.comm, &a, h, g.stream);
-  if (res != epSuccess) return res;
-  pause();
-  epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
-  ca.y = scratch;
-  ca.out = scratch + size_t(R) * s.max_tokens * s.hidden * 2;
-  return epCombine(g.comm, &ca, *h, g.stream);
-}
-
 // Rank 0 in a low-latency dispatch of `tokens` tokens per rank (1: flagged
 // records), the other ranks in a high-throughput one (calls out of step):
 // every rank must get epInvalidUsage saying so well before the timeout (a
@@ -422,19 +388,8 @@ int runModeMismatch(int R, int tokens) {
     setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready);
     const auto t0 = std::chrono::steady_clock::now();
     epHandle_t h = nullptr;
-    if (r == 0) {
-      epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, c.g[r]);
-      res[r] = epLowLatencyDispatch(c.comms[r], &a, &h, c.g[r].stream);
-      if (res[r] == epSuccess) {  // a kernel's error surfaces at the next call
-        CK(cudaStreamSynchronize(c.g[r].stream));
-        epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
-        ca.y = c.g[r].y;
-        ca.out = c.g[r].out;
-        res[r] = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
-      }
-    } else {
-      res[r] = htLayer(s, R, r, c.g[r], reinterpret_cast<uint8_t*>(c.g[r].scratch), &h);
-    }
+    res[r] = r == 0 ? ll::syncedLayer(s, r, c.g[r], &h)
+                    : ll::htLayer(s, R, r, c.g[r], reinterpret_cast<uint8_t*>(c.g[r].scratch), &h);
     cudaStreamSynchronize(c.g[r].stream);
     secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     msg[r] = epGetLastError(c.comms[r]);
@@ -473,18 +428,10 @@ int runFamiliesInStep(int R) {
       if (layer % R == r) std::this_thread::sleep_for(std::chrono::milliseconds(30));
       epHandle_t h = nullptr;
       epResult_t res = epSuccess;
-      if (layer % 2 == 0) {
-        epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, c.g[r]);
-        res = epLowLatencyDispatch(c.comms[r], &a, &h, c.g[r].stream);
-        if (res == epSuccess) {
-          epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
-          ca.y = c.g[r].y;
-          ca.out = c.g[r].out;
-          res = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
-        }
-      } else {
-        res = htLayer(s, R, r, c.g[r], scratch, &h, layer % R == r ? 30 : 0);
-      }
+      if (layer % 2 == 0)
+        res = ll::syncedLayer(s, r, c.g[r], &h);
+      else
+        res = ll::htLayer(s, R, r, c.g[r], scratch, &h, layer % R == r ? 30 : 0);
       CK(cudaStreamSynchronize(c.g[r].stream));
       if (h != nullptr) epHandleDestroy(h);
       if (res != epSuccess) {

@@ -297,6 +297,20 @@ bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_
   return ok;
 }
 
+// Rank `rank` of a low-latency case of shape s: a communicator joined with
+// cfg, its buffers on its GPU, the random inputs of `seed` uploaded.
+ll::GpuRank joinLlRank(const ll::Shape& s, int R, int rank, const epUniqueId& id, const epConfig_t& cfg,
+                       const std::string& what, uint64_t seed) {
+  ll::GpuRank g;
+  g.comm = join(R, id, rank, cfg, what);
+  ll::allocRank(s, R, g, kScratchBytes);
+  ll::RankData in;
+  ll::randomInputs(s, R, seed, rank, &in);
+  ll::upload(s, rank, in, g);
+  CK(cudaStreamSynchronize(g.stream));
+  return g;
+}
+
 // Ranks out of step across processes: rank 0 makes a low-latency dispatch
 // (then its combine, which reports), the others an exact-sized
 // high-throughput dispatch, on one communicator (timeout 60 s). Every rank
@@ -308,40 +322,12 @@ bool runOutOfStep(int R, int rank, const epUniqueId& id, int* result) {
   epConfig_t cfg = ll::configFor(s, epBackendCuda);
   cfg.device = gpuOf(rank);
   cfg.timeout_ms = 60000;
-  epComm_t comm = join(R, id, rank, cfg, "out of step");
-  ll::GpuRank g;
-  g.comm = comm;
-  ll::allocRank(s, R, g, kScratchBytes);
-  ll::RankData in;
-  ll::randomInputs(s, R, 9, rank, &in);
-  ll::upload(s, rank, in, g);
-  CK(cudaStreamSynchronize(g.stream));
+  ll::GpuRank g = joinLlRank(s, R, rank, id, cfg, "out of step", 9);
+  const epComm_t comm = g.comm;
   const auto t0 = std::chrono::steady_clock::now();
   epHandle_t h = nullptr;
-  epResult_t res;
-  if (rank == 0) {
-    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, rank, g);
-    res = epLowLatencyDispatch(comm, &a, &h, g.stream);
-    if (res == epSuccess) {  // the kernel's report surfaces at the next call
-      CK(cudaStreamSynchronize(g.stream));
-      epLowLatencyCombineArgs_t cb = EP_LL_COMBINE_ARGS_INITIALIZER;
-      cb.y = g.y;
-      cb.out = g.out;
-      res = epLowLatencyCombine(comm, &cb, h, g.stream);
-    }
-  } else {
-    epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
-    a.x = g.x;
-    a.topk_idx = g.topk;
-    a.topk_idx_type = epInt64;
-    a.num_tokens = s.tokens[rank];
-    a.num_topk = s.topk;
-    a.recv_x = g.scratch;  // R * 64 BF16 rows of 2048
-    a.recv_capacity = int64_t(R) * s.max_tokens;
-    int64_t num_recv = 0;
-    a.num_recv = &num_recv;
-    res = epDispatch(comm, &a, &h, g.stream);
-  }
+  const epResult_t res = rank == 0 ? ll::syncedLayer(s, rank, g, &h)
+                                   : ll::htLayer(s, R, rank, g, reinterpret_cast<uint8_t*>(g.scratch), &h);
   cudaStreamSynchronize(g.stream);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string msg = epGetLastError(comm);
@@ -365,14 +351,8 @@ void timeLlLayers(int R, int rank, const epUniqueId& id) {
   const ll::Shape s{7168, 8, 288, 128, std::vector<int>(R, 128), true, false, false};
   epConfig_t cfg = ll::configFor(s, epBackendCuda);
   cfg.device = gpuOf(rank);
-  epComm_t comm = join(R, id, rank, cfg, "layer timing");
-  ll::GpuRank g;
-  g.comm = comm;
-  ll::allocRank(s, R, g, kScratchBytes);
-  ll::RankData in;
-  ll::randomInputs(s, R, 3, rank, &in);
-  ll::upload(s, rank, in, g);
-  CK(cudaStreamSynchronize(g.stream));
+  ll::GpuRank g = joinLlRank(s, R, rank, id, cfg, "layer timing", 3);
+  const epComm_t comm = g.comm;
   std::vector<double> us;
   for (int i = 0; i < 60; i++) {
     const auto t0 = std::chrono::steady_clock::now();
