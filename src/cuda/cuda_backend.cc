@@ -127,11 +127,9 @@ class CudaBackend : public Backend {
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
   // A kernel's wait failed (timeout, exited peer, ranks out of step): the
   // communicator cannot go on (the argument errors it reports can).
-  bool kernelFailedForGood() const {
-    const int code = err_host_->code, what = err_host_->what;
-    return code == epTimeout || code == epRemoteError ||
-           (code == epInvalidUsage && what >= cuda::kWhatPrevious && what <= cuda::kWhatCombineData);
-  }
+  bool kernelFailedForGood() const { return err_host_[cuda::kFailSlot].code != 0; }
+  epResult_t reportFailedWait(const char* fn);
+  epResult_t reportArgumentError(const char* fn, cudaStream_t stream);
   epResult_t allocSlot(HandleSlot** out);
   epResult_t watchOtherFamily();
   CommView view() const;
@@ -380,8 +378,8 @@ epResult_t CudaBackend::init() {
   layout_scratch_ = reinterpret_cast<int*>(static_cast<char*>(mem) + 256);
   route_scratch_ = reinterpret_cast<uint64_t*>(static_cast<char*>(mem) + route_off);
   void* hp = nullptr;
-  CUDACHECK(cudaHostAlloc(&hp, sizeof(cuda::ErrorInfo), cudaHostAllocMapped));
-  memset(hp, 0, sizeof(cuda::ErrorInfo));
+  CUDACHECK(cudaHostAlloc(&hp, cuda::kErrorSlots * sizeof(cuda::ErrorInfo), cudaHostAllocMapped));
+  memset(hp, 0, cuda::kErrorSlots * sizeof(cuda::ErrorInfo));
   err_host_ = static_cast<cuda::ErrorInfo*>(hp);
   void* dp = nullptr;
   CUDACHECK(cudaHostGetDevicePointer(&dp, hp, 0));
@@ -543,20 +541,28 @@ const char* htKernelName(int kind) {
   }
 }
 
+// The failure slot first (the communicator is broken), then the low-latency
+// kernels' slots (a rank whose low-latency call failed, because a peer found
+// it out of step say, learns it at its next call of either family, not only
+// at its next low-latency one), then this family's argument errors.
 epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
-  const int code = err_host_->code;
-  // Then the low-latency kernels' slot: a rank whose low-latency call failed
-  // (a peer found it out of step, say) learns it at its next call of either
-  // family, not only at its next low-latency one.
-  if (code == 0) return ll_ ? ll_->checkErrors(fn, stream) : epSuccess;
-  const int what = err_host_->what, peer = err_host_->peer;
-  const long long a = err_host_->a, b = err_host_->b;
+  if (err_host_[cuda::kFailSlot].code != 0) return reportFailedWait(fn);
+  if (ll_) EPCHECK(ll_->checkErrors(fn, stream));
+  if (err_host_[cuda::kArgSlot].code != 0) return reportArgumentError(fn, stream);
+  return epSuccess;
+}
+
+// A wait of a high-throughput kernel failed (err[kFailSlot], never cleared).
+epResult_t CudaBackend::reportFailedWait(const char* fn) {
+  const cuda::ErrorInfo& e = err_host_[cuda::kFailSlot];
+  const int code = e.code, what = e.what, peer = e.peer, channel = e.channel;
+  const long long a = e.a, b = e.b;
   if (code == epRemoteError) {
     comm_->broken.store(epRemoteError);
     return setError(comm_, epRemoteError,
                     "%s: rank %d (pid %d) exited while rank %d (GPU %d) waited for it in %s (channel %d); the "
                     "communicator cannot be used any more",
-                    fn, peer, comm_->peers[peer].pid, comm_->rank, dev_, whatName(what), err_host_->channel);
+                    fn, peer, comm_->peers[peer].pid, comm_->rank, dev_, whatName(what), channel);
   }
   if (code == epTimeout) {
     comm_->broken.store(epTimeout);
@@ -564,25 +570,30 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
                     "%s: rank %d (GPU %d) waited more than %d ms for rank %d in %s (channel %d): that rank "
                     "stopped, or is in another call (calls out of order, or a low-latency call against a "
                     "high-throughput one); the communicator cannot be used any more",
-                    fn, comm_->rank, dev_, comm_->cfg.timeout_ms, peer, whatName(what), err_host_->channel);
+                    fn, comm_->rank, dev_, comm_->cfg.timeout_ms, peer, whatName(what), channel);
   }
-  if (code == epInvalidUsage && kernelFailedForGood()) {
-    comm_->broken.store(epInvalidUsage);  // a wait found the peer in another call (device.cuh: peerOutOfStep)
-    if (b == cuda::kOutOfStepLowLatency)
-      return setError(comm_, epInvalidUsage,
-                      "%s: rank %d is in a low-latency call while rank %d (GPU %d) waited for it in %s of a "
-                      "high-throughput call: ranks must issue the same collective calls in the same order; the "
-                      "communicator cannot be used any more",
-                      fn, peer, comm_->rank, dev_, whatName(what));
+  comm_->broken.store(epInvalidUsage);  // a wait found the peer in another call (device.cuh: peerOutOfStep)
+  if (b == cuda::kOutOfStepLowLatency)
     return setError(comm_, epInvalidUsage,
-                    "%s: rank %d is in %s while rank %d (GPU %d) waited for it in %s of %s (collective kernel %lld "
-                    "of each): ranks must issue the same collective calls in the same order; the communicator "
-                    "cannot be used any more",
-                    fn, peer, htKernelName(int(b >> 8)), comm_->rank, dev_, whatName(what),
-                    htKernelName(int(b & 0xff)), a);
-  }
-  // Argument errors found by a kernel: report once, then the communicator goes on.
-  err_host_->code = 0;
+                    "%s: rank %d is in a low-latency call while rank %d (GPU %d) waited for it in %s of a "
+                    "high-throughput call: ranks must issue the same collective calls in the same order; the "
+                    "communicator cannot be used any more",
+                    fn, peer, comm_->rank, dev_, whatName(what));
+  return setError(comm_, epInvalidUsage,
+                  "%s: rank %d is in %s while rank %d (GPU %d) waited for it in %s of %s (collective kernel %lld "
+                  "of each): ranks must issue the same collective calls in the same order; the communicator "
+                  "cannot be used any more",
+                  fn, peer, htKernelName(int(b >> 8)), comm_->rank, dev_, whatName(what), htKernelName(int(b & 0xff)),
+                  a);
+}
+
+// An argument error found by a kernel (err[kArgSlot]): reported once, then
+// the communicator goes on.
+epResult_t CudaBackend::reportArgumentError(const char* fn, cudaStream_t stream) {
+  cuda::ErrorInfo& e = err_host_[cuda::kArgSlot];
+  const int code = e.code, what = e.what, peer = e.peer;
+  const long long a = e.a, b = e.b;
+  e.code = 0;
   CUDACHECK(cudaMemsetAsync(&local_->err_claim, 0, sizeof(int), stream));
   if (what == cuda::kWhatBadTopk) {
     return setError(comm_, epInvalidArgument,
@@ -694,7 +705,8 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   // A bad expert id of this very dispatch (exact sizing) is reported after the
   // rows moved, so the other ranks are not left waiting.
-  const bool exact_new = h->counts_known && !h->dispatched && err_host_->code == epInvalidArgument;
+  const bool exact_new = h->counts_known && !h->dispatched && err_host_[cuda::kArgSlot].code == epInvalidArgument &&
+                         !kernelFailedForGood();
   if (!exact_new) EPCHECK(checkKernelErrors("epDispatch", s));
   auto* slot = static_cast<HandleSlot*>(h->backend_state);
   if (slot == nullptr) return setError(comm_, epInternalError, "epDispatch: handle without routing state");

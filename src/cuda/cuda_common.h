@@ -61,12 +61,13 @@ struct DevLocal {
   uint32_t epoch;        // collective kernels completed
   uint32_t blocks_done;  // last-block detection of the collective kernels
   uint32_t layout_done;  // last-block detection of the layout kernel
-  int err_claim;         // first error of a kernel wins the host-visible slot
+  int err_claim;         // the first argument error of a kernel wins err[kArgSlot]
   int timed_out;         // a wait of this rank failed, or the communicator is being aborted (the
                          // host writes 1): every other wait leaves at once
   uint32_t route_ticket; // routing kernel: tiles taken so far (reset by its last block)
   alignas(8) uint8_t gone[kMaxRanks];  // [rank]: its process exited (written by the host's watcher)
   FamilyWatch watch;
+  int fail_claim;        // the first failed wait wins err[kFailSlot] (never cleared)
 };
 
 // Routing kernel: tokens per block (one tile), and the per-tile scratch it
@@ -85,6 +86,11 @@ struct ErrorInfo {
   volatile int channel;
   volatile long long a, b;
 };
+// Each kernel family has two host-mapped slots: err[kArgSlot] for argument
+// errors (reported once, then cleared: the communicator goes on) and
+// err[kFailSlot] for failed waits (timeout, exited peer, ranks out of step:
+// the communicator is broken, the slot is never cleared).
+constexpr int kArgSlot = 0, kFailSlot = 1, kErrorSlots = 2;
 
 enum ErrWhat {
   kWhatNone = 0,
@@ -132,7 +138,7 @@ struct CommView {
   char* bufs[kMaxRanks];  // every rank's buffer as mapped here
   size_t rows_off, meta_off, row_stride, meta_stride;
   DevLocal* local;
-  ErrorInfo* err;  // device view of the host-mapped slot
+  ErrorInfo* err;  // device view of the host-mapped slots [kErrorSlots]
   unsigned long long timeout_ns;
 };
 

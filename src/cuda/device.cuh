@@ -81,15 +81,25 @@ __device__ __forceinline__ void claimError(int* claim, ErrorInfo* err, int code,
   __threadfence_system();
 }
 
-// Records the first error of this rank in the host-visible slot `err`
-// (`local`: the rank-private words of a kernel family, DevLocal or LLLocal).
-// A wait that failed (epTimeout, epRemoteError) also makes every other wait
-// of the family leave.
+// Records the first argument error of this rank in the host-visible slot
+// err[kArgSlot] (`local`: the rank-private words of a kernel family, DevLocal
+// or LLLocal). The host reports it once and clears it; the communicator goes on.
 template <typename Local>
 __device__ __forceinline__ void recordError(Local* local, ErrorInfo* err, int code, int what, int peer, long long a,
                                             long long b) {
-  if (code == 8 || code == 6) atomicExch(&local->timed_out, 1);  // epTimeout, epRemoteError
-  claimError(&local->err_claim, err, code, what, peer, a, b);
+  claimError(&local->err_claim, err + kArgSlot, code, what, peer, a, b);
+}
+
+// A wait that failed (epTimeout, epRemoteError, ranks out of step): every
+// other wait of the family leaves (timed_out), and the first such report
+// takes err[kFailSlot]. Argument errors never hold that slot, so a failure
+// is never lost behind one (which would leave the family's later waits
+// leaving at once with nothing reported).
+template <typename Local>
+__device__ __forceinline__ void recordFailedWait(Local* local, ErrorInfo* err, int code, int what, int peer,
+                                                 long long a, long long b) {
+  atomicExch(&local->timed_out, 1);
+  claimError(&local->fail_claim, err + kFailSlot, code, what, peer, a, b);
 }
 
 // Nodes holding a rank of `ranks` (bit r: rank r); node_ranks[q]: the ranks
@@ -104,6 +114,10 @@ __device__ __forceinline__ int nodesOfRanks(unsigned ranks, const unsigned (&nod
 __device__ __forceinline__ void reportError(const CommView& cv, int code, int what, int peer,
                                             long long a, long long b) {
   recordError(cv.local, cv.err, code, what, peer, a, b);
+}
+__device__ __forceinline__ void reportFailedWait(const CommView& cv, int code, int what, int peer, long long a,
+                                                 long long b) {
+  recordFailedWait(cv.local, cv.err, code, what, peer, a, b);
 }
 
 // True once the host's watcher saw rank `peer`'s process exit.
@@ -219,14 +233,19 @@ __device__ __forceinline__ bool spinLoop(Local* local, unsigned long long timeou
     }
     if constexpr (kWatchFamily) {
       if (now + timeout_ns - deadline >= kFamilyProbeNs && peerOutOfStep(&local->watch, peer, epoch, what) != 0) {
+        // The confirmation leaves as the loop above would for another failed
+        // wait or an abort; an exit of the peer meanwhile is its own report.
+        bool exited = false;
         for (const unsigned long long until = now + kFamilyConfirmNs; globalTimer() < until;) {
           *word = load();
           if (done(*word)) return true;
+          if (*reinterpret_cast<volatile int*>(&local->timed_out)) return false;
+          if ((exited = peerGone(local->gone, peer))) break;
         }
+        if (exited) continue;
         if (const uint32_t found = peerOutOfStep(&local->watch, peer, epoch, what)) {
-          atomicExch(&local->timed_out, 1);
           tellLowLatencyPeers(&local->watch);
-          report(5, Word(found));
+          report(5, Word(found));  // sets timed_out (recordFailedWait)
           return false;
         }
       }
@@ -250,7 +269,7 @@ __device__ __forceinline__ long long waitTagged(const CommView& cv, const uint64
   const bool ok = spinWait<true>(
       p, cv.local, cv.timeout_ns, peer, &v,
       [&](uint64_t w) { return tagOf(w) == epoch && valOf(w) >= min_value; },
-      [&](int code, uint64_t w) { reportError(cv, code, what, peer, (long long)epoch, code == 5 ? (long long)w : min_value); },
+      [&](int code, uint64_t w) { reportFailedWait(cv, code, what, peer, (long long)epoch, code == 5 ? (long long)w : min_value); },
       epoch, what);
   return ok ? (long long)valOf(v) : -1;
 }
@@ -260,7 +279,7 @@ __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* 
   uint64_t v;
   return spinWait<true>(
       p, cv.local, cv.timeout_ns, peer, &v, [&](uint64_t w) { return reached(uint32_t(w), epoch); },
-      [&](int code, uint64_t w) { reportError(cv, code, what, peer, (long long)epoch, code == 5 ? (long long)w : 0); },
+      [&](int code, uint64_t w) { reportFailedWait(cv, code, what, peer, (long long)epoch, code == 5 ? (long long)w : 0); },
       epoch, what);
 }
 

@@ -98,6 +98,7 @@ struct LLLocal {
   int timed_out;            // as DevLocal::timed_out
   alignas(8) uint8_t gone[kMaxRanks];  // as DevLocal::gone; also set by a peer that found this rank in a
                                        // low-latency call while it was in a high-throughput one (FamilyWatch)
+  int fail_claim;           // as DevLocal::fail_claim
 };
 // LLLocal lies in the control area of the rank's LL buffer, which the peers
 // map, so that they can set its gone bytes.

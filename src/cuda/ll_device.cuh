@@ -115,6 +115,10 @@ __device__ __forceinline__ void llLoadHeaders(const LLView& v, int set, const in
 __device__ __forceinline__ void llReport(const LLView& v, int code, int what, int peer, long long a, long long b) {
   recordError(v.local, v.err, code, what, peer, a, b);
 }
+__device__ __forceinline__ void llReportFailedWait(const LLView& v, int code, int what, int peer, long long a,
+                                                   long long b) {
+  recordFailedWait(v.local, v.err, code, what, peer, a, b);
+}
 
 // Spins until the counter *p reaches target (device.cuh: spinWait). Returns
 // false after the timeout or once the peer's process exited (reported), or
@@ -123,7 +127,7 @@ __device__ __forceinline__ bool llWait(const LLView& v, const uint64_t* p, uint6
   uint64_t got;
   return spinWait(
       p, v.local, v.timeout_ns, peer, &got, [&](uint64_t w) { return w >= target; },
-      [&](int code, uint64_t w) { llReport(v, code, what, peer, (long long)target, (long long)w); });
+      [&](int code, uint64_t w) { llReportFailedWait(v, code, what, peer, (long long)target, (long long)w); });
 }
 
 // Counter target of pair p: the blocks of all pairs of its set so far.

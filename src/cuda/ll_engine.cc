@@ -189,8 +189,8 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   local_ = peerLocal(me);  // zeroed with the buffer
   view_.local = local_;
   void* hp = nullptr;
-  CUDACHECK(cudaHostAlloc(&hp, sizeof(ErrorInfo), cudaHostAllocMapped));
-  memset(hp, 0, sizeof(ErrorInfo));
+  CUDACHECK(cudaHostAlloc(&hp, kErrorSlots * sizeof(ErrorInfo), cudaHostAllocMapped));
+  memset(hp, 0, kErrorSlots * sizeof(ErrorInfo));
   err_host_ = static_cast<ErrorInfo*>(hp);
   void* dp = nullptr;
   CUDACHECK(cudaHostGetDevicePointer(&dp, hp, 0));
@@ -262,35 +262,23 @@ const char* llWhatName(int what) {
 // The claim is cleared on the call's stream, ahead of its kernels: not on the
 // legacy default stream, which would wait for the caller's blocking streams
 // (and for a kernel of a rank sharing the GPU that waits for this one).
+// The failure slot first (a failed wait: the communicator is broken, the
+// slot is never cleared), then the argument errors (reported once, cleared).
 epResult_t LLEngine::checkErrors(const char* fn, cudaStream_t stream) {
-  const int code = err_host_->code;
+  if (err_host_[kFailSlot].code != 0) return reportFailedWait(fn);
+  ErrorInfo& e = err_host_[kArgSlot];
+  const int code = e.code;
   if (code == 0) return epSuccess;
-  const int what = err_host_->what, peer = err_host_->peer;
-  // A wait for a peer marked gone whose process lives: the peer, in a
-  // high-throughput call, found this rank in a low-latency one (device.cuh:
-  // tellLowLatencyPeers; the watcher marks only exited processes).
-  const bool out_of_step = code == epRemoteError && peer >= 0 && peer < comm_->nranks && !peerExited(comm_, peer);
-  if (code == epTimeout || code == epRemoteError) comm_->broken.store(out_of_step ? int(epInvalidUsage) : code);
-  const long long a = err_host_->a, b = err_host_->b;
-  err_host_->code = 0;
+  const int what = e.what, peer = e.peer;
+  const long long a = e.a, b = e.b;
+  e.code = 0;
   cudaMemsetAsync(&local_->err_claim, 0, sizeof(int), stream);
-  if (out_of_step)
-    return setError(comm_, epInvalidUsage,
-                    "%s: rank %d is in a high-throughput call while an earlier low-latency call of rank %d waited "
-                    "for it (%s; that rank found it so): ranks must issue the same collective calls in the same "
-                    "order; the communicator cannot be used any more",
-                    fn, peer, comm_->rank, llWhatName(what));
   if (what == kLLWhatWire)
     return setError(comm_, epInvalidUsage,
                     "%s: an earlier low-latency dispatch: rank %d sent %s rows and this rank asked for %s: wire_type "
                     "must be the same on every rank",
                     fn, peer, dataTypeName(a ? epFloat8E4M3 : epBfloat16),
                     dataTypeName(b ? epFloat8E4M3 : epBfloat16));
-  if (code == epRemoteError)
-    return setError(comm_, epRemoteError,
-                    "%s: rank %d (pid %d) exited while an earlier low-latency call of rank %d waited for it (%s); "
-                    "the communicator cannot be used any more",
-                    fn, peer, comm_->peers[peer].pid, comm_->rank, llWhatName(what));
   if (what == kLLWhatNodeLimit)
     return setError(comm_, epInvalidArgument,
                     "%s: token %lld of an earlier low-latency dispatch selects experts on %lld nodes, more than "
@@ -299,11 +287,36 @@ epResult_t LLEngine::checkErrors(const char* fn, cudaStream_t stream) {
   if (what == kLLWhatBadTopk)
     return setError(comm_, epInvalidArgument, "%s: an earlier low-latency dispatch had topk_idx of token %lld = %lld: %s",
                     fn, a, b, llWhatName(what));
-  const char* hint = code == epTimeout ? ": that rank stopped, or is in another call (calls out of order, or a "
-                                         "high-throughput call against this low-latency one)"
-                                       : "";
-  return setError(comm_, epResult_t(code), "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) "
-                  "within %d ms%s", fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms, hint);
+  return setError(comm_, epResult_t(code), "%s: an earlier low-latency call: %s (%lld, %lld)", fn, llWhatName(what),
+                  a, b);
+}
+
+// A wait of a low-latency kernel failed (epTimeout, epRemoteError).
+epResult_t LLEngine::reportFailedWait(const char* fn) {
+  const ErrorInfo& e = err_host_[kFailSlot];
+  const int code = e.code, what = e.what, peer = e.peer;
+  const long long a = e.a, b = e.b;
+  // A wait for a peer marked gone whose process lives: the peer, in a
+  // high-throughput call, found this rank in a low-latency one (device.cuh:
+  // tellLowLatencyPeers; the watcher marks only exited processes).
+  const bool out_of_step = code == epRemoteError && peer >= 0 && peer < comm_->nranks && !peerExited(comm_, peer);
+  comm_->broken.store(out_of_step ? int(epInvalidUsage) : code);
+  if (out_of_step)
+    return setError(comm_, epInvalidUsage,
+                    "%s: rank %d is in a high-throughput call while an earlier low-latency call of rank %d waited "
+                    "for it (%s; that rank found it so): ranks must issue the same collective calls in the same "
+                    "order; the communicator cannot be used any more",
+                    fn, peer, comm_->rank, llWhatName(what));
+  if (code == epRemoteError)
+    return setError(comm_, epRemoteError,
+                    "%s: rank %d (pid %d) exited while an earlier low-latency call of rank %d waited for it (%s); "
+                    "the communicator cannot be used any more",
+                    fn, peer, comm_->peers[peer].pid, comm_->rank, llWhatName(what));
+  return setError(comm_, epResult_t(code),
+                  "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) within %d ms: that rank "
+                  "stopped, or is in another call (calls out of order, or a high-throughput call against this "
+                  "low-latency one); the communicator cannot be used any more",
+                  fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms);
 }
 
 epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {

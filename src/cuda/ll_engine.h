@@ -38,11 +38,13 @@ class LLEngine {
   epResult_t combine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);
   epResult_t complete(epHandle* h, cudaStream_t stream);
   void release(epHandle* h);
-  // Errors the LL kernels left in their slot, reported by the next call of
-  // either family (CudaBackend::checkKernelErrors looks here).
+  // Errors the LL kernels left in their slots (kFailSlot, kArgSlot),
+  // reported by the next call of either family (CudaBackend::checkKernelErrors
+  // looks here).
   epResult_t checkErrors(const char* fn, cudaStream_t stream);
 
  private:
+  epResult_t reportFailedWait(const char* fn);
   struct HandleState;
   void logTimes();
   epResult_t addSlot();  // callers hold slots_mu_ (or are init)
@@ -64,7 +66,7 @@ class LLEngine {
   void* own_mem_ = nullptr;
   std::vector<void*> conns_;
   LLLocal* local_ = nullptr;
-  ErrorInfo* err_host_ = nullptr;
+  ErrorInfo* err_host_ = nullptr;  // [kErrorSlots], host-mapped
   std::mutex slots_mu_;
   std::vector<LLHandleDev*> free_slots_, all_slots_;
   size_t slot_bytes_ = 0;

@@ -95,7 +95,7 @@ __device__ __noinline__ bool llPollFlag(const LLView& v, const uint64_t* p, int 
         return r;
       },
       [&](const ulonglong2& r) { return uint32_t(r.x >> 32) == tag && uint32_t(r.y >> 32) == tag; },
-      [&](int code, const ulonglong2& r) { llReport(v, code, kLLWhatDispatch, peer, tag, (long long)(r.x >> 32)); });
+      [&](int code, const ulonglong2& r) { llReportFailedWait(v, code, kLLWhatDispatch, peer, tag, (long long)(r.x >> 32)); });
   a = uint32_t(w.x);
   b = uint32_t(w.y);
   return ok;
@@ -127,7 +127,7 @@ __device__ __forceinline__ uint64_t llPollNtok(const LLView& v, const uint64_t* 
   uint64_t got = 0;
   const bool ok = spinWait(
       p, v.local, v.timeout_ns, src, &got, [&](uint64_t w) { return uint32_t(w >> 32) == tag; },
-      [&](int code, uint64_t w) { llReport(v, code, kLLWhatDispatch, src, tag, (long long)(w >> 32)); });
+      [&](int code, uint64_t w) { llReportFailedWait(v, code, kLLWhatDispatch, src, tag, (long long)(w >> 32)); });
   return ok ? got : 0;
 }
 

@@ -371,6 +371,45 @@ int runBadId(int R, int tokens) {
   return failed ? 1 : 0;
 }
 
+// A wait that fails after an argument error of the same kernel: rank 0
+// dispatches with an expert id out of range (the kernel reports it) while
+// the other ranks make no call, so its waits time out. Rank 0's next call
+// must report the timeout, not the bad id (a failed wait has a slot of its
+// own), and the one after it must fail too (the communicator is broken).
+int runTimeoutAfterBadId(int R) {
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
+  constexpr int kTimeoutMs = 1000;
+  RankedCase c(s, R, 32, [](epConfig_t& cfg) { cfg.timeout_ms = kTimeoutMs; }, false);
+  c.in[0].topk[3] = s.experts + 5;
+  epResult_t first = epSuccess, next = epSuccess, after = epSuccess;
+  std::string msg;
+  RankBarrier ready(R);
+  runRanks(R, [&](int r) {
+    setUpRank(s, R, r, c.comms[r], c.in[r], c.g[r], ready);
+    if (r != 0) return;  // the other ranks make no call
+    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, c.g[r]);
+    epHandle_t h = nullptr;
+    first = epLowLatencyDispatch(c.comms[r], &a, &h, c.g[r].stream);
+    CK(cudaStreamSynchronize(c.g[r].stream));
+    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
+    ca.y = c.g[r].y;
+    ca.out = c.g[r].out;
+    next = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
+    msg = epGetLastError(c.comms[r]);
+    after = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
+    CK(cudaStreamSynchronize(c.g[r].stream));
+    if (h != nullptr) epHandleDestroy(h);
+  });
+  c.close();
+  const bool failed = first != epSuccess || next != epTimeout ||
+                      msg.find("cannot be used any more") == std::string::npos || after == epSuccess;
+  printf("eager  R=%d expert id out of range on rank 0, then a timeout: dispatch %s, next call %s (%s), the one "
+         "after %s: %s\n",
+         R, epGetErrorString(first), epGetErrorString(next), msg.c_str(), epGetErrorString(after),
+         failed ? "FAILED" : "OK (the timeout reported)");
+  return failed ? 1 : 0;
+}
+
 // Rank 0 in a low-latency dispatch of `tokens` tokens per rank (1: flagged
 // records), the other ranks in a high-throughput one (calls out of step):
 // every rank must get epInvalidUsage saying so well before the timeout (a
@@ -819,6 +858,7 @@ int main(int argc, char** argv) {
     if (R >= 2) ((runBadId(R, 40) == 0) ? passed : failed)++;
     if (R >= 2) ((runBadId(R, 1) == 0) ? passed : failed)++;
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
+    if (R >= 2) ((runTimeoutAfterBadId(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R, 40) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R, 1) == 0) ? passed : failed)++;
     if (R >= 2) ((runFamiliesInStep(R) == 0) ? passed : failed)++;

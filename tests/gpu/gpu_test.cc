@@ -269,6 +269,39 @@ void runOutOfOrder(int max_ranks, int second) {
       });
 }
 
+// A wait that fails after an argument error of the same kernel: after a
+// dispatch on both ranks, rank 0 dispatches new ids, one of them out of range
+// (the routing kernel reports it), while rank 1 makes no call, so rank 0's
+// waits time out. Rank 0's next call must report the timeout (the kernels'
+// failed waits have a slot of their own, which the bad id does not hold), and
+// the one after it must fail too (the communicator is broken); neither may
+// succeed as if the kernels had run.
+void runTimeoutAfterBadId(int max_ranks) {
+  Case c{"EP2 bf16 h256 k4 timeout after a bad id", 2, 256, 4, 16, std::vector<int>(2, 64)};
+  constexpr int kTimeoutMs = 1000;
+  afterDispatchOnRanks(
+      c, max_ranks, 7, [](epConfig_t& cfg) { cfg.timeout_ms = kTimeoutMs; }, "rank 0 reports the timeout",
+      [&](int r, epComm_t comm, RankSide& side, epDispatchArgs_t& a, epHandle_t) {
+        if (r != 0) return;  // rank 1 makes no call
+        DevBufs& d = side.d;
+        const int64_t bad = c.E + 3;
+        CK(cudaMemcpy(static_cast<int64_t*>(d.topk) + 5, &bad, 8, cudaMemcpyHostToDevice));
+        epHandle_t h2 = nullptr;
+        const epResult_t first = epDispatch(comm, &a, &h2, side.s);
+        CK(cudaStreamSynchronize(side.s));
+        epLayoutArgs_t la = layoutArgs(c, r, d);
+        const epResult_t next = epLayout(comm, &la, side.s);
+        const std::string msg = epGetLastError(comm);
+        const epResult_t after = epLayout(comm, &la, side.s);
+        if (h2 != nullptr) epHandleDestroy(h2);
+        const bool ok = first == epSuccess && next == epTimeout &&
+                        msg.find("cannot be used any more") != std::string::npos && after != epSuccess;
+        printf("  %s %s: dispatch %s, next call %s (%s), the one after %s\n", ok ? "ok  " : "FAIL", c.name.c_str(),
+               epGetErrorString(first), epGetErrorString(next), msg.c_str(), epGetErrorString(after));
+        if (!ok) g_failures++;
+      });
+}
+
 // config.max_nodes_per_token on the GPU (gpu_test --node-limit, run with
 // EP_NODE_SIZE=1: each rank a node; the library reads its parameters once per
 // process, hence a run of its own). With a bound of 1, random tokens on both
@@ -611,6 +644,7 @@ int main(int argc, char** argv) {
   if (!ranks || ranks == 2) runWiderTopk(max_ranks);
   if (!ranks || ranks == 2) runOutOfOrder(max_ranks, 0);
   if (!ranks || ranks == 2) runOutOfOrder(max_ranks, 1);
+  if (!ranks || ranks == 2) runTimeoutAfterBadId(max_ranks);
   if (!ranks) runTooManyExperts();
   if (!ranks) runTooManyLowLatencyRows();
   if (!ranks) runUncheckedBadId(false);
