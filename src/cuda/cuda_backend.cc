@@ -127,7 +127,10 @@ class CudaBackend : public Backend {
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
   // A kernel's wait failed (timeout, exited peer, ranks out of step): the
   // communicator cannot go on (the argument errors it reports can).
-  bool kernelFailedForGood() const { return err_host_[cuda::kFailSlot].code != 0; }
+  bool kernelFailedForGood() const {
+    std::string ignored;
+    return err_host_[cuda::kFailSlot].code != 0 || notices_->outOfStep(&ignored);
+  }
   epResult_t reportFailedWait(const char* fn);
   epResult_t reportArgumentError(const char* fn, cudaStream_t stream);
   epResult_t allocSlot(HandleSlot** out);
@@ -155,7 +158,7 @@ class CudaBackend : public Backend {
   cuda::ErrorInfo* err_dev_ = nullptr;
   HState* hs_host_ = nullptr;  // pinned, for the exact-sizing count wait
   std::unique_ptr<cuda::LLEngine> ll_;  // config.low_latency = 1
-  std::unique_ptr<cuda::HostNotices> notices_;  // exited peers, abort
+  std::unique_ptr<cuda::HostNotices> notices_;  // exited peers, calls out of step, abort
   std::mutex slots_mu_;
   std::vector<HandleSlot*> free_slots_;
   std::vector<HandleSlot*> all_slots_;
@@ -432,8 +435,11 @@ epResult_t CudaBackend::init() {
   EPCHECK(watchOtherFamily());
   notices_ = std::make_unique<cuda::HostNotices>(comm_, dev_);
   EPCHECK(notices_->init());
-  notices_->addTarget(&local_->timed_out, local_->gone);
-  if (ll_) notices_->addTarget(&ll_->deviceLocal()->timed_out, ll_->deviceLocal()->gone);
+  notices_->addTarget(&local_->timed_out, local_->gone, err_host_);
+  if (ll_) {
+    notices_->addTarget(&ll_->deviceLocal()->timed_out, ll_->deviceLocal()->gone, ll_->errorSlots());
+    ll_->setNotices(notices_.get());
+  }
   notices_->watch();
   EPCHECK(bootstrapBarrier(comm_->bootstrap));
   ipc_->table->connected(ipc_->ctx, own_mem_);
@@ -541,11 +547,17 @@ const char* htKernelName(int kind) {
   }
 }
 
-// The failure slot first (the communicator is broken), then the low-latency
-// kernels' slots (a rank whose low-latency call failed, because a peer found
-// it out of step say, learns it at its next call of either family, not only
-// at its next low-latency one), then this family's argument errors.
+// Ranks found out of step by the host (HostNotices: the call logs differ)
+// first, then the failure slot (the communicator is broken), then the
+// low-latency kernels' slots (a rank whose low-latency call failed, because a
+// peer found it out of step say, learns it at its next call of either family,
+// not only at its next low-latency one), then this family's argument errors.
 epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
+  std::string out_of_step;
+  if (notices_->outOfStep(&out_of_step)) {
+    comm_->broken.store(epInvalidUsage);
+    return setError(comm_, epInvalidUsage, "%s: %s", fn, out_of_step.c_str());
+  }
   if (err_host_[cuda::kFailSlot].code != 0) return reportFailedWait(fn);
   if (ll_) EPCHECK(ll_->checkErrors(fn, stream));
   if (err_host_[cuda::kArgSlot].code != 0) return reportArgumentError(fn, stream);
@@ -684,6 +696,7 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   p.max_nodes = cuda::nodeLimitToCheck(comm_);
   cuda::nodeRanks(comm_, p.node_ranks);
   CUDACHECK(cudaError_t(cuda::launchRouting(p, s)));
+  notices_->recordCall(kCallRouting, s);
   h->routing = Routing();
   h->routing.nranks = comm_->nranks;
   h->routing.num_tokens = a.num_tokens;
@@ -744,6 +757,7 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
   p.recv_warps = recv_warps_;
   p.chunk_tokens = chunk_tokens_;
   CUDACHECK(cudaError_t(cuda::launchDispatch(p, channels_, s)));
+  notices_->recordCall(kCallDispatch, s);
   if (too_small)
     return setError(comm_, epInvalidArgument,
                     "epDispatch: recv_capacity = %lld is less than the %lld rows this rank receives (the "
@@ -782,6 +796,7 @@ epResult_t CudaBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
   p.push_warps = push_warps_;
   p.reduce_warps = reduce_warps_;
   CUDACHECK(cudaError_t(cuda::launchCombine(p, channels_, s)));
+  notices_->recordCall(kCallCombine, s);
   return epSuccess;
 }
 

@@ -1,10 +1,12 @@
 #include "host_notices.h"
 
 #include <chrono>
+#include <cstdio>
 
+#include "../bootstrap.h"
 #include "../debug.h"
+#include "../checks.h"
 #include "cuda_check.h"
-#include "cuda_common.h"
 
 namespace ep {
 namespace cuda {
@@ -16,6 +18,10 @@ HostNotices::~HostNotices() {
   }
   stop_cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
+  calls_.reset();
+  for (void* c : log_conns_)
+    if (c) shm_->table->close(shm_->ctx, c);
+  if (log_mem_) shm_->table->dereg_mem(shm_->ctx, log_mem_);
   if (stream_) cudaStreamDestroy(stream_);
   if (one_) cudaFreeHost(one_);
 }
@@ -26,7 +32,69 @@ epResult_t HostNotices::init() {
   CUDACHECK(cudaHostAlloc(&p, sizeof(int), cudaHostAllocDefault));
   one_ = static_cast<int*>(p);
   *one_ = 1;  // little endian: the first byte is 1 as well
+  return shareCallLog();
+}
+
+// This rank's call log in memory of the shm transport, and the peers' mapped
+// here. Without the transport, or for a peer whose log cannot be mapped (no
+// common shared-memory directory), calls out of order are found as before:
+// by the kernels where they look, else at the timeout. Every rank takes part
+// in the exchange either way.
+epResult_t HostNotices::shareCallLog() {
+  const int R = comm_->nranks, me = comm_->rank;
+  if (R < 2) return epSuccess;
+  struct Offer {
+    uint8_t ok;
+    char handle[EP_TRANSPORT_HANDLE_BYTES];
+  };
+  std::vector<Offer> offers(static_cast<size_t>(R));  // value-initialised: zeroed
+  std::string why;
+  shm_ = transportFind("shm", &why);
+  void* own = nullptr;
+  if (shm_ == nullptr)
+    EP_INFO(kSubsysCuda, "calls out of order are not compared on the host: %s", why.c_str());
+  else if (shm_->table->reg_mem(shm_->ctx, callLogBytes(), EP_TRANSPORT_MEM_HOST, &own, offers[size_t(me)].handle,
+                                &log_mem_) != epSuccess)
+    EP_INFO(kSubsysCuda, "calls out of order are not compared on the host: no shared memory for the call log");
+  else
+    offers[size_t(me)].ok = 1;
+  if (offers[size_t(me)].ok) callLogFormat(own);
+  EPCHECK(bootstrapAllGather(comm_->bootstrap, offers.data(), sizeof(Offer)));
+  if (offers[size_t(me)].ok) {
+    calls_ = std::make_unique<CallLog>(own, me, R);
+    log_conns_.assign(size_t(R), nullptr);
+    for (int r = 0; r < R; r++) {
+      if (r == me || !offers[size_t(r)].ok) continue;
+      int ok = 0;
+      void* ptr = nullptr;
+      shm_->table->can_connect(shm_->ctx, &comm_->peers[size_t(me)], &comm_->peers[size_t(r)], &ok);
+      if (ok && shm_->table->connect(shm_->ctx, &comm_->peers[size_t(r)], offers[size_t(r)].handle, &ptr,
+                                     &log_conns_[size_t(r)]) == epSuccess)
+        calls_->setPeer(r, ptr);
+      else
+        EP_INFO(kSubsysCuda, "rank %d's call log cannot be mapped: calls out of order with it are not compared "
+                "on the host", r);
+    }
+  }
+  EPCHECK(bootstrapBarrier(comm_->bootstrap));  // every log mapped: the names can go
+  if (log_mem_) shm_->table->connected(shm_->ctx, log_mem_);
   return epSuccess;
+}
+
+void HostNotices::recordCall(CallKind kind, cudaStream_t stream) {
+  if (!calls_) return;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
+    cudaGetLastError();
+    st = cudaStreamCaptureStatusActive;  // unknown: taken as captured (the logs are no longer compared)
+  }
+  calls_->record(kind, st != cudaStreamCaptureStatusNone);
+}
+
+bool HostNotices::outOfStep(std::string* what) {
+  if (!out_of_step_.load(std::memory_order_acquire)) return false;
+  *what = out_of_step_what_;
+  return true;
 }
 
 // Peers in another process (one in this process cannot exit alone).
@@ -42,13 +110,15 @@ void HostNotices::watch() {
     if (watched(r) && !comm_->pid_visible[r])
       EP_INFO(kSubsysCuda, "rank %d runs in another pid namespace: its exit is noticed at the timeout", r);
   }
-  if (any) watcher_ = std::thread([this] { run(); });
+  if (any || (calls_ && calls_->comparesAny())) watcher_ = std::thread([this] { run(); });
 }
 
 void HostNotices::run() {
   cudaSetDevice(dev_);
   const int R = comm_->nranks;
   std::vector<bool> marked(size_t(R), false);
+  bool pending = false, settled = !calls_;
+  CallMismatch seen;
   std::unique_lock<std::mutex> lock(stop_mu_);
   while (!stop_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
     for (int r = 0; r < R; r++) {
@@ -58,7 +128,37 @@ void HostNotices::run() {
       EP_WARN(kSubsysCuda, "rank %d (pid %d) exited: this rank's waits for it end with epRemoteError", r, pid);
       markGone(r);
     }
+    if (!settled) settled = lookAtCalls(&pending, &seen);
   }
+}
+
+// One look at the call logs; true once nothing is left to do. A difference
+// is acted on at the next look (100 ms on), unless a kernel of this rank
+// reported a failed wait by then: the kernels' own checks, where they have
+// one, name the waits, and take milliseconds.
+bool HostNotices::lookAtCalls(bool* pending, CallMismatch* seen) {
+  if (!*pending) {
+    *pending = calls_->findMismatch(seen);
+    return false;
+  }
+  if (kernelsReportedFailure()) return true;
+  char what[640];
+  snprintf(what, sizeof(what),
+           "rank %d's collective call %llu on this communicator is %s while rank %d's is %s: ranks must issue the "
+           "same collective calls in the same order; the communicator cannot be used any more",
+           seen->peer, (unsigned long long)seen->call + 1, callKindName(seen->theirs), comm_->rank,
+           callKindName(seen->mine));
+  out_of_step_what_ = what;
+  out_of_step_.store(true, std::memory_order_release);
+  EP_WARN(kSubsysCuda, "%s", what);
+  abort();  // every wait of this rank leaves
+  return true;
+}
+
+bool HostNotices::kernelsReportedFailure() const {
+  for (const Target& t : targets_)
+    if (t.slots[kFailSlot].code != 0) return true;
+  return false;
 }
 
 void HostNotices::markGone(int rank) {

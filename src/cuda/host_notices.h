@@ -4,23 +4,34 @@
 //     peers' pids every 100 ms and sets gone[rank] (the waits for that rank
 //     then end with epRemoteError, reported at the next call, instead of at
 //     the timeout);
+//   - ranks out of step: the same watcher compares the ranks' call logs
+//     (src/call_log.h, in host shared memory). A difference that no kernel
+//     of this rank has reported by the next look (the kernels' own checks
+//     take a few milliseconds where they have one) sets timed_out: every
+//     wait leaves, and the next call reports the two calls (outOfStep);
 //   - epCommAbort of this communicator: timed_out = 1 (every wait leaves, so
 //     the kernels end and the communicator can be freed at once).
 // The words are this rank's own device memory, written by copies on a stream
 // of their own, which run beside kernels that spin on the caller's stream.
-// Peers in this process are not watched (they cannot exit alone), nor peers
-// in another pid namespace (their pids mean nothing here).
+// Peers in this process are not watched for exits (they cannot exit alone),
+// nor peers in another pid namespace (their pids mean nothing here).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "../call_log.h"
 #include "../comm.h"
+#include "../transport.h"
+#include "cuda_common.h"
 
 namespace ep {
 namespace cuda {
@@ -29,21 +40,36 @@ class HostNotices {
  public:
   explicit HostNotices(epComm* comm, int device) : comm_(comm), dev_(device) {}
   ~HostNotices();
+  // Collective (bootstrap): also maps the peers' call logs.
   epResult_t init();
-  // The timed_out word and the gone[kMaxRanks] bytes of one kernel family.
-  void addTarget(int* timed_out, uint8_t* gone) { targets_.push_back({timed_out, gone}); }
-  // Starts the watcher when a peer runs in another process (after every addTarget).
+  // The timed_out word and the gone[kMaxRanks] bytes of one kernel family,
+  // and its host-mapped error slots (kErrorSlots), whose failure slot says
+  // that a kernel reported a failed wait.
+  void addTarget(int* timed_out, uint8_t* gone, const ErrorInfo* slots) {
+    targets_.push_back({timed_out, gone, slots});
+  }
+  // Starts the watcher when a peer runs in another process, or a peer's
+  // call log is mapped (after every addTarget).
   void watch();
   // epCommAbort: every wait of this rank leaves.
   void abort();
+  // A collective kernel this rank enqueued on `stream` (its call log).
+  void recordCall(CallKind kind, cudaStream_t stream);
+  // True once the watcher found the ranks out of step (and ended the
+  // kernels' waits); *what: the two calls.
+  bool outOfStep(std::string* what);
 
  private:
   struct Target {
     int* timed_out;
     uint8_t* gone;
+    const ErrorInfo* slots;
   };
+  epResult_t shareCallLog();
   bool watched(int rank) const;
   void run();
+  bool lookAtCalls(bool* pending, CallMismatch* seen);
+  bool kernelsReportedFailure() const;
   void markGone(int rank);
   void write(void* dst, size_t bytes);
 
@@ -52,6 +78,14 @@ class HostNotices {
   cudaStream_t stream_ = nullptr;
   int* one_ = nullptr;  // pinned source of the copies: 1 (int) / 1 (byte)
   std::vector<Target> targets_;
+  // The call logs: this rank's, registered with the shm transport, and the
+  // peers' as mapped here.
+  const TransportEntry* shm_ = nullptr;
+  void* log_mem_ = nullptr;
+  std::vector<void*> log_conns_;
+  std::unique_ptr<CallLog> calls_;
+  std::atomic<bool> out_of_step_{false};
+  std::string out_of_step_what_;  // written before out_of_step_ is set
   std::mutex mu_;  // the stream and one_ (the watcher and abort may both write)
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

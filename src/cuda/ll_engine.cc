@@ -357,6 +357,7 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
     return setError(comm_, epUnhandledCudaError, "epLowLatencyDispatch: kernel launch failed: %s",
                     cudaGetErrorString(cudaError_t(err)));
   }
+  notices_->recordCall(kCallLLDispatch, stream);
   if (send_only) h->pending = epHandle::Pending::kDispatch;
   return epSuccess;
 }
@@ -373,6 +374,7 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
   if (err != 0)
     return setError(comm_, epUnhandledCudaError, "epLowLatencyCombine: kernel launch failed: %s",
                     cudaGetErrorString(cudaError_t(err)));
+  notices_->recordCall(kCallLLCombine, stream);
   if (send_only) h->pending = epHandle::Pending::kCombine;
   return epSuccess;
 }

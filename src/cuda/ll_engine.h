@@ -12,6 +12,7 @@
 
 #include "../comm.h"
 #include "../transport.h"
+#include "host_notices.h"
 #include "ll_common.h"
 
 namespace ep {
@@ -26,6 +27,10 @@ class LLEngine {
   epResult_t init(const TransportEntry* ipc, const std::vector<epPeerInfo_v1_t>& peers);
   size_t bytes() const { return bytes_; }
   LLLocal* deviceLocal() const { return local_; }  // the words HostNotices writes
+  const ErrorInfo* errorSlots() const { return err_host_; }  // host-mapped, [kErrorSlots]
+  // Where the low-latency calls are logged (HostNotices::recordCall); set
+  // before the first call.
+  void setNotices(HostNotices* notices) { notices_ = notices; }
   // Rank r's LLLocal as mapped here (in the control area of its LL buffer).
   LLLocal* peerLocal(int r) const { return reinterpret_cast<LLLocal*>(view_.bufs[r] + kLLLocalOffset); }
   // This rank's signal counters (LLCtrl, at the start of its LL buffer): what
@@ -66,7 +71,8 @@ class LLEngine {
   void* own_mem_ = nullptr;
   std::vector<void*> conns_;
   LLLocal* local_ = nullptr;
-  ErrorInfo* err_host_ = nullptr;  // [kErrorSlots], host-mapped
+  ErrorInfo* err_host_ = nullptr;
+  HostNotices* notices_ = nullptr;  // [kErrorSlots], host-mapped
   std::mutex slots_mu_;
   std::vector<LLHandleDev*> free_slots_, all_slots_;
   size_t slot_bytes_ = 0;

@@ -410,6 +410,56 @@ int runTimeoutAfterBadId(int R) {
   return failed ? 1 : 0;
 }
 
+// Low-latency calls out of order among themselves: after a dispatch on
+// every rank, rank 0 combines while the others dispatch again. The kernels
+// have no look of their own for this (it would slow their waits); the host
+// compares the ranks' call logs. Every rank's next call, half a second on,
+// must return epInvalidUsage naming its own call (the second), well before
+// the timeout (10 s), not epTimeout.
+int runLowLatencyOutOfOrder(int R) {
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
+  constexpr int kTimeoutMs = 10000;
+  RankedCase c(s, R, 33, [](epConfig_t& cfg) { cfg.timeout_ms = kTimeoutMs; }, false);
+  std::vector<epResult_t> res(R, epSuccess);
+  std::vector<std::string> msg(R);
+  std::vector<double> secs(R, 0.0);
+  RankBarrier ready(R);
+  runRanks(R, [&](int r) {
+    GpuRank& g = c.g[r];
+    setUpRank(s, R, r, c.comms[r], c.in[r], g, ready);
+    epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g);
+    epHandle_t h = nullptr, h2 = nullptr;
+    EK(g.comm, epLowLatencyDispatch(g.comm, &a, &h, g.stream));
+    CK(cudaStreamSynchronize(g.stream));
+    const auto t0 = std::chrono::steady_clock::now();
+    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
+    ca.y = g.y;
+    ca.out = g.out;
+    res[r] = r == 0 ? epLowLatencyCombine(g.comm, &ca, h, g.stream) : epLowLatencyDispatch(g.comm, &a, &h2, g.stream);
+    cudaStreamSynchronize(g.stream);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (res[r] == epSuccess) res[r] = epLowLatencyDispatch(g.comm, &a, &h2, g.stream);  // reports, runs nothing
+    secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    msg[r] = epGetLastError(g.comm);
+    cudaStreamSynchronize(g.stream);
+    if (h2 != nullptr) epHandleDestroy(h2);
+    epHandleDestroy(h);
+  });
+  bool failed = false;
+  for (int r = 0; r < R; r++) {
+    const std::string mine = r == 0 ? "a low-latency combine" : "a low-latency dispatch";
+    printf("  rank %d: %s after %.2f s: %s\n", r, epGetErrorString(res[r]), secs[r], msg[r].c_str());
+    failed |= res[r] != epInvalidUsage || secs[r] > 0.25 * kTimeoutMs / 1000.0 ||
+              msg[r].find("ranks must issue the same collective calls in the same order") == std::string::npos ||
+              msg[r].find("collective call 2 ") == std::string::npos ||
+              msg[r].find("rank " + std::to_string(r) + "'s is " + mine) == std::string::npos;
+  }
+  c.close();
+  printf("eager  R=%d rank 0 combines, the others dispatch again: %s\n", R,
+         failed ? "FAILED" : "OK (reported as out of order)");
+  return failed ? 1 : 0;
+}
+
 // Rank 0 in a low-latency dispatch of `tokens` tokens per rank (1: flagged
 // records), the other ranks in a high-throughput one (calls out of step):
 // every rank must get epInvalidUsage saying so well before the timeout (a
@@ -859,6 +909,7 @@ int main(int argc, char** argv) {
     if (R >= 2) ((runBadId(R, 1) == 0) ? passed : failed)++;
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runTimeoutAfterBadId(R) == 0) ? passed : failed)++;
+    if (R >= 2) ((runLowLatencyOutOfOrder(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R, 40) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R, 1) == 0) ? passed : failed)++;
     if (R >= 2) ((runFamiliesInStep(R) == 0) ? passed : failed)++;

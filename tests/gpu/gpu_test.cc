@@ -225,12 +225,18 @@ void runWiderTopk(int max_ranks) {
 // Ranks in different high-throughput calls at the same point (calls out of
 // order): after a dispatch on both, `second` 0: rank 0 combines while rank 1
 // makes a cached re-dispatch; 1: rank 0 makes a cached re-dispatch while rank
-// 1 dispatches new ids (its routing kernel). Both ranks' kernels must find the
-// other in another kernel and the next call report epInvalidUsage naming both
-// calls, within 2 s (timeout 20 s), not epTimeout.
+// 1 dispatches new ids (its routing kernel); 2: every token to rank 0, then
+// rank 1 combines (sending rank 0 no rows, so that rank 0's kernel sees no
+// word of it) while rank 0 makes a cached re-dispatch. Both ranks must
+// report epInvalidUsage naming this rank's call, within 2 s (timeout 20 s),
+// not epTimeout: found by the kernels (their message names the waits: "of"
+// this call), or in case 2 on rank 0 by the host's comparison of the ranks'
+// call logs ("rank 0's is" this call).
 void runOutOfOrder(int max_ranks, int second) {
-  Case c{second == 0 ? "EP2 bf16 h256 k4 combine against re-dispatch" : "EP2 bf16 h256 k4 re-dispatch against new ids",
-         2, 256, 4, 16, std::vector<int>(2, 64)};
+  const char* names[] = {"EP2 bf16 h256 k4 combine against re-dispatch", "EP2 bf16 h256 k4 re-dispatch against new ids",
+                         "EP2 bf16 h256 k4 combine sending no rows against re-dispatch"};
+  Case c{names[second], 2, 256, 4, 16, std::vector<int>(2, 64)};
+  if (second == 2) c.only_rank = 0;
   afterDispatchOnRanks(
       c, max_ranks, 6, [](epConfig_t& cfg) { cfg.timeout_ms = 20000; }, "both ranks report the calls out of order",
       [&](int r, epComm_t comm, RankSide& side, epDispatchArgs_t& a, epHandle_t h) {
@@ -238,7 +244,7 @@ void runOutOfOrder(int max_ranks, int second) {
         const auto t0 = std::chrono::steady_clock::now();
         epResult_t res;
         const char* mine;
-        if (r == 0 && second == 0) {
+        if ((r == 0 && second == 0) || (r == 1 && second == 2)) {
           epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
           ca.y = d.recv_x;
           ca.out = d.out;
@@ -262,7 +268,8 @@ void runOutOfOrder(int max_ranks, int second) {
         const std::string msg = epGetLastError(comm);
         const bool ok = res == epInvalidUsage && secs < 2.0 &&
                         msg.find("ranks must issue the same collective calls in the same order") != std::string::npos &&
-                        msg.find(std::string("of ") + mine) != std::string::npos;
+                        (msg.find(std::string("of ") + mine) != std::string::npos ||
+                         msg.find("rank " + std::to_string(r) + "'s is " + mine) != std::string::npos);
         printf("  %s %s rank %d: %s after %.2f s: %s\n", ok ? "ok  " : "FAIL", c.name.c_str(), r,
                epGetErrorString(res), secs, msg.c_str());
         if (!ok) g_failures++;
@@ -644,6 +651,7 @@ int main(int argc, char** argv) {
   if (!ranks || ranks == 2) runWiderTopk(max_ranks);
   if (!ranks || ranks == 2) runOutOfOrder(max_ranks, 0);
   if (!ranks || ranks == 2) runOutOfOrder(max_ranks, 1);
+  if (!ranks || ranks == 2) runOutOfOrder(max_ranks, 2);
   if (!ranks || ranks == 2) runTimeoutAfterBadId(max_ranks);
   if (!ranks) runTooManyExperts();
   if (!ranks) runTooManyLowLatencyRows();

@@ -1,0 +1,86 @@
+#include "call_log.h"
+
+#include <algorithm>
+#include <atomic>
+
+namespace ep {
+
+// One rank's log. Slot c % kSlots holds call c as c << 8 | kind, so that a
+// reader knows a slot that was already reused for a later call. `issued` is
+// stored (release) after the slot, so calls below it can be read (acquire).
+struct CallLog::Shared {
+  std::atomic<uint64_t> issued;
+  std::atomic<uint64_t> captured_from;  // the first call logged into a graph capture (kNever: none)
+  std::atomic<uint64_t> slots[kSlots];
+};
+
+namespace {
+constexpr uint64_t kNever = ~uint64_t(0);
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "the logs are shared between processes");
+}  // namespace
+
+const char* callKindName(int kind) {
+  switch (kind) {
+    case kCallRouting: return "the routing of a dispatch (epDispatch with new ids, or epDispatchPrepare)";
+    case kCallDispatch: return "a dispatch (epDispatch)";
+    case kCallCombine: return "a combine (epCombine)";
+    case kCallLLDispatch: return "a low-latency dispatch (epLowLatencyDispatch)";
+    case kCallLLCombine: return "a low-latency combine (epLowLatencyCombine)";
+    default: return "no call";
+  }
+}
+
+size_t callLogBytes() { return sizeof(CallLog::Shared); }
+
+void callLogFormat(void* mem) {
+  auto* s = static_cast<CallLog::Shared*>(mem);
+  s->issued.store(0, std::memory_order_relaxed);
+  for (auto& slot : s->slots) slot.store(kNever, std::memory_order_relaxed);
+  s->captured_from.store(kNever, std::memory_order_release);
+}
+
+CallLog::CallLog(void* own, int rank, int nranks)
+    : own_(static_cast<Shared*>(own)), rank_(rank), peers_(size_t(nranks), nullptr), checked_(size_t(nranks), 0) {}
+
+void CallLog::setPeer(int r, const void* log) {
+  if (r != rank_) peers_[size_t(r)] = static_cast<const Shared*>(log);
+}
+
+bool CallLog::comparesAny() const {
+  return std::any_of(peers_.begin(), peers_.end(), [](const Shared* p) { return p != nullptr; });
+}
+
+void CallLog::record(CallKind kind, bool capturing) {
+  const uint64_t c = own_->issued.load(std::memory_order_relaxed);
+  own_->slots[c % kSlots].store(c << 8 | kind, std::memory_order_relaxed);
+  if (capturing && own_->captured_from.load(std::memory_order_relaxed) == kNever)
+    own_->captured_from.store(c, std::memory_order_relaxed);
+  own_->issued.store(c + 1, std::memory_order_release);
+}
+
+bool CallLog::findMismatch(CallMismatch* out) {
+  // issued first: the calls below it, and where captures began among them, are in.
+  const uint64_t mine = own_->issued.load(std::memory_order_acquire);
+  const uint64_t my_capture = own_->captured_from.load(std::memory_order_acquire);
+  for (size_t r = 0; r < peers_.size(); r++) {
+    const Shared* p = peers_[r];
+    if (p == nullptr) continue;
+    uint64_t hi = std::min(mine, p->issued.load(std::memory_order_acquire));
+    hi = std::min({hi, my_capture, p->captured_from.load(std::memory_order_acquire)});
+    const uint64_t lo = std::max(checked_[r], hi > uint64_t(kSlots) ? hi - kSlots : 0);
+    for (uint64_t c = lo; c < hi; c++) {
+      const uint64_t a = own_->slots[c % kSlots].load(std::memory_order_relaxed);
+      const uint64_t b = p->slots[c % kSlots].load(std::memory_order_acquire);
+      if (a >> 8 != c || b >> 8 != c) continue;  // reused for a later call since: not compared
+      if ((a & 0xff) != (b & 0xff)) {
+        checked_[r] = c + 1;
+        *out = CallMismatch{int(r), c, int(a & 0xff), int(b & 0xff)};
+        return true;
+      }
+    }
+    checked_[r] = std::max(checked_[r], hi);
+  }
+  return false;
+}
+
+}  // namespace ep

@@ -1,0 +1,80 @@
+// The order of a rank's collective kernels, in memory its node peers map, so
+// that ranks which issue them in different orders are told so instead of
+// waiting for their timeout.
+//
+// Collective calls must match one to one, in order, on every rank. Each
+// rank's host appends the kind of every collective kernel it enqueues (a
+// dispatch's routing, a dispatch, a combine, a low-latency dispatch or
+// combine) to its own log; a watcher compares the logs call by call. Two
+// kinds at the same position are ranks out of step, whatever their kernels
+// do: wait for each other forever, or finish with rows of another call.
+// Checking costs the kernels nothing (the logs are host memory, written at
+// enqueue time), so it also finds what the kernels cannot see cheaply:
+// low-latency calls out of order among themselves, a combine that sends a
+// rank no rows.
+//
+// Calls captured into a CUDA graph are logged once, at capture, but run at
+// every launch: from the first call either rank captured, the two logs no
+// longer line up with what runs, and are not compared any more.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ep {
+
+// A collective kernel, as the call that enqueues it (0: none).
+enum CallKind : uint8_t {
+  kCallNone = 0,
+  kCallRouting = 1,     // epDispatchPrepare, or epDispatch with new ids (before its dispatch)
+  kCallDispatch = 2,    // epDispatch
+  kCallCombine = 3,     // epCombine
+  kCallLLDispatch = 4,  // epLowLatencyDispatch
+  kCallLLCombine = 5,   // epLowLatencyCombine
+};
+const char* callKindName(int kind);
+
+// Bytes of one rank's log (its shared memory).
+size_t callLogBytes();
+// Makes zeroed memory of callLogBytes() an empty log (its owner, before
+// any peer maps it).
+void callLogFormat(void* mem);
+
+// Where two logs first differ: this rank's collective call `call` (from 0)
+// was of kind `mine`, rank `peer`'s of kind `theirs`.
+struct CallMismatch {
+  int peer = -1;
+  uint64_t call = 0;
+  int mine = kCallNone, theirs = kCallNone;
+};
+
+class CallLog {
+ public:
+  // Logs slots: the calls a look can still compare when one rank ran this
+  // far ahead of its last look; older ones are skipped, not misread.
+  static constexpr int kSlots = 256;
+  struct Shared;  // the layout of a log (call_log.cc)
+
+  // own: this rank's formatted log; peers are added with setPeer.
+  CallLog(void* own, int rank, int nranks);
+  // Rank r's log as mapped here (nullptr: not compared).
+  void setPeer(int r, const void* log);
+  bool comparesAny() const;
+
+  // Appends a kernel this rank enqueued (`capturing`: into a graph). Called
+  // by the thread in the communicator's call (one at a time).
+  void record(CallKind kind, bool capturing);
+  // Compares every peer's calls with this rank's, from where the last look
+  // ended up to the calls both have made: true at the first that differs.
+  // One caller at a time (the watcher).
+  bool findMismatch(CallMismatch* out);
+
+ private:
+  Shared* own_;
+  int rank_;
+  std::vector<const Shared*> peers_;
+  std::vector<uint64_t> checked_;  // [rank]: calls compared so far
+};
+
+}  // namespace ep

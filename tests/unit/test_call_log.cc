@@ -1,0 +1,221 @@
+// CallLog (src/call_log.h), the ranks' logs of their collective kernels that
+// the CUDA backend's watcher compares: logs that agree never differ, the
+// first call that differs is found on both sides, once, and only among the
+// calls both ranks made; a capture into a graph ends the comparison; slots
+// reused for later calls are skipped, not misread; a log written by another
+// process is read as written.
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "common.h"
+
+#include "call_log.h"
+
+namespace {
+
+using ep::CallKind;
+using ep::CallLog;
+using ep::CallMismatch;
+
+// Memory for one log, formatted.
+struct LogMemory {
+  std::vector<uint64_t> words = std::vector<uint64_t>(ep::callLogBytes() / 8 + 1, 0);
+  LogMemory() { ep::callLogFormat(words.data()); }
+  void* get() { return words.data(); }
+};
+
+// Two ranks of one communicator, each with the other's log mapped.
+struct Pair {
+  LogMemory mem[2];
+  CallLog log0{mem[0].get(), 0, 2}, log1{mem[1].get(), 1, 2};
+  Pair() {
+    log0.setPeer(1, mem[1].get());
+    log1.setPeer(0, mem[0].get());
+  }
+};
+
+CallKind kindOf(uint64_t i) { return CallKind(1 + i % 5); }
+
+void logs_that_agree_never_differ(void**) {
+  Pair p;
+  CallMismatch m;
+  assert_true(p.log0.comparesAny());
+  for (uint64_t i = 0; i < 1000; i++) {
+    p.log0.record(kindOf(i), false);
+    if (i % 7 == 0) assert_false(p.log1.findMismatch(&m));  // rank 1 behind: only what both made
+    p.log1.record(kindOf(i), false);
+    if (i % 3 == 0) assert_false(p.log0.findMismatch(&m));
+  }
+  assert_false(p.log0.findMismatch(&m));
+  assert_false(p.log1.findMismatch(&m));
+}
+
+void the_first_difference_is_found_on_both_sides_once(void**) {
+  Pair p;
+  for (int i = 0; i < 3; i++) {
+    p.log0.record(ep::kCallLLDispatch, false);
+    p.log1.record(ep::kCallLLDispatch, false);
+    p.log0.record(ep::kCallLLCombine, false);
+    p.log1.record(ep::kCallLLCombine, false);
+  }
+  p.log0.record(ep::kCallLLDispatch, false);
+  p.log1.record(ep::kCallLLDispatch, false);
+  p.log0.record(ep::kCallLLCombine, false);  // call 7: a combine here,
+  p.log1.record(ep::kCallLLDispatch, false);  // another dispatch there
+  CallMismatch m;
+  assert_true(p.log0.findMismatch(&m));
+  assert_int_equal(m.peer, 1);
+  assert_int_equal(m.call, 7);
+  assert_int_equal(m.mine, ep::kCallLLCombine);
+  assert_int_equal(m.theirs, ep::kCallLLDispatch);
+  assert_false(p.log0.findMismatch(&m));  // found once
+  assert_true(p.log1.findMismatch(&m));
+  assert_int_equal(m.peer, 0);
+  assert_int_equal(m.call, 7);
+  assert_int_equal(m.mine, ep::kCallLLDispatch);
+  assert_int_equal(m.theirs, ep::kCallLLCombine);
+}
+
+// A rank ahead is compared only up to the calls its peer made: the
+// difference appears when the peer makes the call.
+void only_calls_both_made_are_compared(void**) {
+  Pair p;
+  for (int i = 0; i < 5; i++) p.log0.record(ep::kCallCombine, false);
+  p.log1.record(ep::kCallCombine, false);
+  CallMismatch m;
+  assert_false(p.log0.findMismatch(&m));
+  assert_false(p.log1.findMismatch(&m));
+  p.log1.record(ep::kCallRouting, false);
+  assert_true(p.log0.findMismatch(&m));
+  assert_int_equal(m.call, 1);
+  assert_int_equal(m.theirs, ep::kCallRouting);
+}
+
+// From the first call either rank captured, nothing is compared (graph
+// launches run the captured calls again without logging them).
+void a_capture_ends_the_comparison(void**) {
+  for (int captor = 0; captor < 2; captor++) {
+    Pair p;
+    CallLog& a = captor == 0 ? p.log0 : p.log1;
+    CallLog& b = captor == 0 ? p.log1 : p.log0;
+    for (int i = 0; i < 4; i++) {
+      a.record(kindOf(i), false);
+      b.record(kindOf(i), false);
+    }
+    a.record(ep::kCallLLDispatch, true);  // captured once, launched many times
+    a.record(ep::kCallLLCombine, true);
+    a.record(ep::kCallRouting, false);
+    for (int i = 0; i < 6; i++) {
+      b.record(ep::kCallLLDispatch, false);
+      b.record(ep::kCallLLCombine, false);
+    }
+    b.record(ep::kCallRouting, false);
+    CallMismatch m;
+    assert_false(p.log0.findMismatch(&m));
+    assert_false(p.log1.findMismatch(&m));
+  }
+  // A difference before the capture is still found.
+  Pair p;
+  p.log0.record(ep::kCallDispatch, false);
+  p.log1.record(ep::kCallCombine, false);
+  p.log0.record(ep::kCallCombine, true);
+  p.log1.record(ep::kCallCombine, false);
+  CallMismatch m;
+  assert_true(p.log0.findMismatch(&m));
+  assert_int_equal(m.call, 0);
+}
+
+// Slots hold the last kSlots calls: a look after both ran far ahead compares
+// the calls still there; a rank far behind its peer compares nothing the
+// peer's slots no longer hold, and never takes a later call for its own.
+void reused_slots_are_skipped_not_misread(void**) {
+  const uint64_t n = 3 * CallLog::kSlots + 17;
+  {
+    Pair p;
+    for (uint64_t i = 0; i < n; i++) {
+      p.log0.record(kindOf(i), false);
+      p.log1.record(kindOf(i), false);
+    }
+    CallMismatch m;
+    assert_false(p.log0.findMismatch(&m));
+    p.log0.record(ep::kCallRouting, false);
+    p.log1.record(ep::kCallCombine, false);
+    assert_true(p.log0.findMismatch(&m));
+    assert_int_equal(m.call, n);
+  }
+  {
+    Pair p;
+    for (uint64_t i = 0; i < n; i++) p.log1.record(kindOf(i), false);
+    // Rank 0's calls agree with rank 1's of the same position, whose slots
+    // now hold calls n - kSlots and later.
+    for (uint64_t i = 0; i < 40; i++) p.log0.record(kindOf(i), false);
+    CallMismatch m;
+    assert_false(p.log0.findMismatch(&m));
+    assert_false(p.log1.findMismatch(&m));
+  }
+}
+
+void unmapped_peers_are_not_compared(void**) {
+  LogMemory mem;
+  CallLog log(mem.get(), 0, 3);
+  assert_false(log.comparesAny());
+  log.record(ep::kCallDispatch, false);
+  CallMismatch m;
+  assert_false(log.findMismatch(&m));
+}
+
+// Another process writes rank 1's log in shared memory; rank 0, here, finds
+// its difference.
+void a_log_written_by_another_process(void**) {
+  const size_t bytes = ep::callLogBytes();
+  void* shared = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(shared != MAP_FAILED);
+  ep::callLogFormat(shared);
+  const pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    CallLog theirs(shared, 1, 2);
+    for (int i = 0; i < 100; i++) theirs.record(kindOf(i), false);
+    theirs.record(ep::kCallLLCombine, false);
+    _exit(0);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  LogMemory mine;
+  CallLog log(mine.get(), 0, 2);
+  log.setPeer(1, shared);
+  for (int i = 0; i < 100; i++) log.record(kindOf(i), false);
+  CallMismatch m;
+  assert_false(log.findMismatch(&m));
+  log.record(ep::kCallLLDispatch, false);
+  assert_true(log.findMismatch(&m));
+  assert_int_equal(m.call, 100);
+  assert_int_equal(m.theirs, ep::kCallLLCombine);
+  munmap(shared, bytes);
+}
+
+void kinds_have_names(void**) {
+  for (int k = ep::kCallRouting; k <= ep::kCallLLCombine; k++)
+    assert_true(strcmp(ep::callKindName(k), ep::callKindName(ep::kCallNone)) != 0);
+  assert_contains(ep::callKindName(ep::kCallLLCombine), "epLowLatencyCombine");
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(logs_that_agree_never_differ),
+      cmocka_unit_test(the_first_difference_is_found_on_both_sides_once),
+      cmocka_unit_test(only_calls_both_made_are_compared),
+      cmocka_unit_test(a_capture_ends_the_comparison),
+      cmocka_unit_test(reused_slots_are_skipped_not_misread),
+      cmocka_unit_test(unmapped_peers_are_not_compared),
+      cmocka_unit_test(a_log_written_by_another_process),
+      cmocka_unit_test(kinds_have_names),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
