@@ -237,6 +237,10 @@ void runOutOfOrder(int max_ranks, int second) {
                          "EP2 bf16 h256 k4 combine sending no rows against re-dispatch"};
   Case c{names[second], 2, 256, 4, 16, std::vector<int>(2, 64)};
   if (second == 2) c.only_rank = 0;
+  // Neither rank frees its buffers (cudaFree waits for the whole GPU, and
+  // holds up the host's notice to the other rank's kernel on a shared GPU)
+  // before both reported.
+  RankBarrier reported(2);
   afterDispatchOnRanks(
       c, max_ranks, 6, [](epConfig_t& cfg) { cfg.timeout_ms = 20000; }, "both ranks report the calls out of order",
       [&](int r, epComm_t comm, RankSide& side, epDispatchArgs_t& a, epHandle_t h) {
@@ -273,6 +277,7 @@ void runOutOfOrder(int max_ranks, int second) {
         printf("  %s %s rank %d: %s after %.2f s: %s\n", ok ? "ok  " : "FAIL", c.name.c_str(), r,
                epGetErrorString(res), secs, msg.c_str());
         if (!ok) g_failures++;
+        reported.wait();
       });
 }
 
