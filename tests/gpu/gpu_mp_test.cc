@@ -28,8 +28,9 @@
 //
 // Then the wall time of a low-latency layer (dispatch + combine) per rank,
 // printed, not checked (timeLlLayers). Then ranks out of step (rank 0 in a
-// low-latency dispatch, the others in a high-throughput one): every rank must
-// return epInvalidUsage within seconds (runOutOfStep). Last, a peer that
+// low-latency dispatch, the others in a high-throughput one; then low-latency
+// calls out of order among themselves): every rank must return
+// epInvalidUsage within seconds (runOutOfStep). Last, a peer that
 // exits: the last rank leaves without destroying its communicators; the
 // others' waiting GPU calls must fail with epRemoteError naming it within
 // seconds (runPeerExit).
@@ -48,6 +49,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 
 #include "common/launch.h"
 #include "gpu_common.h"
@@ -311,13 +313,54 @@ ll::GpuRank joinLlRank(const ll::Shape& s, int R, int rank, const epUniqueId& id
   return g;
 }
 
+// Low-latency calls out of order among themselves, across processes (a
+// communicator of `id`, timeout 60 s): after a dispatch on every rank, rank
+// 0 combines while the others dispatch again. Only the hosts' call logs,
+// compared across the processes, find it: every rank's next call (valid on
+// its own) must return epInvalidUsage naming collective call 2 within 10 s.
+bool runLlOutOfOrder(int R, int rank, const epUniqueId& id) {
+  const ll::Shape s{2048, 4, 8 * R, 64, std::vector<int>(R, 64), false, false, false};
+  epConfig_t cfg = ll::configFor(s, epBackendCuda);
+  cfg.device = gpuOf(rank);
+  cfg.timeout_ms = 60000;
+  ll::GpuRank g = joinLlRank(s, R, rank, id, cfg, "low-latency calls out of order", 10);
+  const epComm_t comm = g.comm;
+  epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, rank, g);
+  epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
+  ca.y = g.y;
+  ca.out = g.out;
+  epHandle_t h = nullptr, h2 = nullptr;
+  EK(comm, epLowLatencyDispatch(comm, &a, &h, g.stream));
+  CK(cudaStreamSynchronize(g.stream));
+  const auto t0 = std::chrono::steady_clock::now();
+  epResult_t res = rank == 0 ? epLowLatencyCombine(comm, &ca, h, g.stream) : epLowLatencyDispatch(comm, &a, &h2, g.stream);
+  cudaStreamSynchronize(g.stream);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // in case the kernels did not wait
+  if (res == epSuccess)
+    res = rank == 0 ? epLowLatencyDispatch(comm, &a, &h2, g.stream) : epLowLatencyCombine(comm, &ca, h, g.stream);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string msg = epGetLastError(comm);
+  const bool ok = res == epInvalidUsage && secs < 10.0 &&
+                  msg.find("ranks must issue the same collective calls in the same order") != std::string::npos &&
+                  msg.find("collective call 2 ") != std::string::npos;
+  printf("  %s rank %d (low-latency calls out of order): %s after %.2f s: %s\n", ok ? "ok  " : "FAIL", rank,
+         epGetErrorString(res), secs, msg.c_str());
+  cudaStreamSynchronize(g.stream);
+  if (h2) epHandleDestroy(h2);
+  epHandleDestroy(h);
+  ll::freeRank(g);
+  return epCommDestroy(comm) == epSuccess && ok;
+}
+
 // Ranks out of step across processes: rank 0 makes a low-latency dispatch
 // (then its combine, which reports), the others an exact-sized
 // high-throughput dispatch, on one communicator (timeout 60 s). Every rank
 // must return epInvalidUsage saying so within 10 s: the high-throughput ranks
 // find rank 0's low-latency sends and mark themselves in its buffer; rank 0's
 // host must read that mark as the notice of a live process, not as an exit.
-bool runOutOfStep(int R, int rank, const epUniqueId& id, int* result) {
+// Then, on a communicator of id2, low-latency calls out of order
+// (runLlOutOfOrder).
+bool runOutOfStep(int R, int rank, const epUniqueId& id, const epUniqueId& id2, int* result) {
   const ll::Shape s{2048, 4, 8 * R, 64, std::vector<int>(R, 64), false, false, false};
   epConfig_t cfg = ll::configFor(s, epBackendCuda);
   cfg.device = gpuOf(rank);
@@ -338,8 +381,9 @@ bool runOutOfStep(int R, int rank, const epUniqueId& id, int* result) {
   if (h) epHandleDestroy(h);
   ll::freeRank(g);
   const bool destroyed = epCommDestroy(comm) == epSuccess;
-  *result = ok && destroyed ? 0 : 1;
-  return ok && destroyed;
+  const bool ll_ok = runLlOutOfOrder(R, rank, id2);
+  *result = ok && destroyed && ll_ok ? 0 : 1;
+  return ok && destroyed && ll_ok;
 }
 
 // Wall time per low-latency layer (dispatch + combine, FP8, 128 tokens of
@@ -390,7 +434,7 @@ int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vecto
   timeLlLayers(R, rank, ids[2 * (n + 2)]);
   {
     const auto t0 = std::chrono::steady_clock::now();
-    const bool ok = runOutOfStep(R, rank, ids[2 * n], &results[n * R + rank]);
+    const bool ok = runOutOfStep(R, rank, ids[2 * n], ids[2 * n + 1], &results[n * R + rank]);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!ok || rank == 0) printf("%s EP%d out of step on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", R, rank, s);
     all &= ok;
@@ -498,8 +542,9 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < nres; i++) results[i] = -1;  // not run
   printf("gpu_mp_test: %d ranks as processes on %d GPU%s, %zu cases\n", R, std::min(ndev, R), ndev == 1 ? "" : "s",
          ncases);
-  // Per case: the CUDA and the host communicator (out of step: one CUDA; peer
-  // exit: two CUDA); then the layer timing's.
+  // Per case: the CUDA and the host communicator (out of step: two CUDA, the
+  // families, then low-latency calls out of order; peer exit: two CUDA); then
+  // the layer timing's.
   std::vector<epUniqueId> ids(2 * ncases + 1);
   int rank = -1;
   std::vector<int> codes;
