@@ -313,17 +313,24 @@ ll::GpuRank joinLlRank(const ll::Shape& s, int R, int rank, const epUniqueId& id
   return g;
 }
 
+// The shape of the out-of-step cases, and a rank of one (timeout 60 s).
+ll::Shape outOfStepShape(int R) { return ll::Shape{2048, 4, 8 * R, 64, std::vector<int>(R, 64), false, false, false}; }
+ll::GpuRank joinOutOfStepRank(const ll::Shape& s, int R, int rank, const epUniqueId& id, const std::string& what,
+                              uint64_t seed) {
+  epConfig_t cfg = ll::configFor(s, epBackendCuda);
+  cfg.device = gpuOf(rank);
+  cfg.timeout_ms = 60000;
+  return joinLlRank(s, R, rank, id, cfg, what, seed);
+}
+
 // Low-latency calls out of order among themselves, across processes (a
 // communicator of `id`, timeout 60 s): after a dispatch on every rank, rank
 // 0 combines while the others dispatch again. Only the hosts' call logs,
 // compared across the processes, find it: every rank's next call (valid on
 // its own) must return epInvalidUsage naming collective call 2 within 10 s.
 bool runLlOutOfOrder(int R, int rank, const epUniqueId& id) {
-  const ll::Shape s{2048, 4, 8 * R, 64, std::vector<int>(R, 64), false, false, false};
-  epConfig_t cfg = ll::configFor(s, epBackendCuda);
-  cfg.device = gpuOf(rank);
-  cfg.timeout_ms = 60000;
-  ll::GpuRank g = joinLlRank(s, R, rank, id, cfg, "low-latency calls out of order", 10);
+  const ll::Shape s = outOfStepShape(R);
+  ll::GpuRank g = joinOutOfStepRank(s, R, rank, id, "low-latency calls out of order", 10);
   const epComm_t comm = g.comm;
   epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, rank, g);
   epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
@@ -361,11 +368,8 @@ bool runLlOutOfOrder(int R, int rank, const epUniqueId& id) {
 // Then, on a communicator of id2, low-latency calls out of order
 // (runLlOutOfOrder).
 bool runOutOfStep(int R, int rank, const epUniqueId& id, const epUniqueId& id2, int* result) {
-  const ll::Shape s{2048, 4, 8 * R, 64, std::vector<int>(R, 64), false, false, false};
-  epConfig_t cfg = ll::configFor(s, epBackendCuda);
-  cfg.device = gpuOf(rank);
-  cfg.timeout_ms = 60000;
-  ll::GpuRank g = joinLlRank(s, R, rank, id, cfg, "out of step", 9);
+  const ll::Shape s = outOfStepShape(R);
+  ll::GpuRank g = joinOutOfStepRank(s, R, rank, id, "out of step", 9);
   const epComm_t comm = g.comm;
   const auto t0 = std::chrono::steady_clock::now();
   epHandle_t h = nullptr;
