@@ -5,18 +5,24 @@
 
 namespace ep {
 
-// One rank's log. Slot c % kSlots holds call c as c << 8 | kind, so that a
-// reader knows a slot that was already reused for a later call. `issued` is
-// stored (release) after the slot, so calls below it can be read (acquire).
+// One rank's log. Slot c % kSlots holds call c as its low 24 bits << 8 |
+// kind, so that a reader knows a slot that was already reused for a later
+// call (a reader 2^24 calls behind, the only way to mistake one, would be
+// tens of seconds late). `issued` is stored (release) after the slot, so
+// calls below it can be read (acquire).
 struct CallLog::Shared {
   std::atomic<uint64_t> issued;
   std::atomic<uint64_t> captured_from;  // the first call logged into a graph capture (kNever: none)
-  std::atomic<uint64_t> slots[kSlots];
+  std::atomic<uint32_t> slots[kSlots];
 };
 
 namespace {
 constexpr uint64_t kNever = ~uint64_t(0);
-static_assert(std::atomic<uint64_t>::is_always_lock_free, "the logs are shared between processes");
+constexpr uint32_t kEmpty = ~uint32_t(0);  // no call yet (kind 0xff is no kind)
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the logs are shared between processes");
+uint32_t slotOf(uint64_t call, CallKind kind) { return uint32_t(call << 8) | kind; }
+bool holds(uint32_t slot, uint64_t call) { return slot != kEmpty && slot >> 8 == uint32_t(call & 0xffffff); }
 }  // namespace
 
 const char* callKindName(int kind) {
@@ -35,7 +41,7 @@ size_t callLogBytes() { return sizeof(CallLog::Shared); }
 void callLogFormat(void* mem) {
   auto* s = static_cast<CallLog::Shared*>(mem);
   s->issued.store(0, std::memory_order_relaxed);
-  for (auto& slot : s->slots) slot.store(kNever, std::memory_order_relaxed);
+  for (auto& slot : s->slots) slot.store(kEmpty, std::memory_order_relaxed);
   s->captured_from.store(kNever, std::memory_order_release);
 }
 
@@ -52,7 +58,7 @@ bool CallLog::comparesAny() const {
 
 void CallLog::record(CallKind kind, bool capturing) {
   const uint64_t c = own_->issued.load(std::memory_order_relaxed);
-  own_->slots[c % kSlots].store(c << 8 | kind, std::memory_order_relaxed);
+  own_->slots[c % kSlots].store(slotOf(c, kind), std::memory_order_relaxed);
   if (capturing && own_->captured_from.load(std::memory_order_relaxed) == kNever)
     own_->captured_from.store(c, std::memory_order_relaxed);
   own_->issued.store(c + 1, std::memory_order_release);
@@ -69,9 +75,9 @@ bool CallLog::findMismatch(CallMismatch* out) {
     hi = std::min({hi, my_capture, p->captured_from.load(std::memory_order_acquire)});
     const uint64_t lo = std::max(checked_[r], hi > uint64_t(kSlots) ? hi - kSlots : 0);
     for (uint64_t c = lo; c < hi; c++) {
-      const uint64_t a = own_->slots[c % kSlots].load(std::memory_order_relaxed);
-      const uint64_t b = p->slots[c % kSlots].load(std::memory_order_acquire);
-      if (a >> 8 != c || b >> 8 != c) continue;  // reused for a later call since: not compared
+      const uint32_t a = own_->slots[c % kSlots].load(std::memory_order_relaxed);
+      const uint32_t b = p->slots[c % kSlots].load(std::memory_order_acquire);
+      if (!holds(a, c) || !holds(b, c)) continue;  // reused for a later call since: not compared
       if ((a & 0xff) != (b & 0xff)) {
         checked_[r] = c + 1;
         *out = CallMismatch{int(r), c, int(a & 0xff), int(b & 0xff)};

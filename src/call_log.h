@@ -51,9 +51,11 @@ struct CallMismatch {
 
 class CallLog {
  public:
-  // Logs slots: the calls a look can still compare when one rank ran this
-  // far ahead of its last look; older ones are skipped, not misread.
-  static constexpr int kSlots = 256;
+  // Log slots: the calls a look can still compare when both ranks ran this
+  // far past its last look (older ones are skipped, not misread). A host
+  // issues a collective call every few microseconds at most (a kernel launch
+  // takes 3 us), so 65536 hold more than the 100 ms between looks.
+  static constexpr int kSlots = 65536;
   struct Shared;  // the layout of a log (call_log.cc)
 
   // own: this rank's formatted log; peers are added with setPeer.

@@ -129,7 +129,7 @@ class CudaBackend : public Backend {
   // communicator cannot go on (the argument errors it reports can).
   bool kernelFailedForGood() const {
     std::string ignored;
-    return err_host_[cuda::kFailSlot].code != 0 || notices_->outOfStep(&ignored);
+    return err_host_[cuda::kFailSlot].code != 0 || (ll_ && ll_->failed()) || notices_->outOfStep(&ignored);
   }
   epResult_t reportFailedWait(const char* fn);
   epResult_t reportArgumentError(const char* fn, cudaStream_t stream);
@@ -716,11 +716,13 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
 epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool ids_routed, epStream_t stream) {
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  // A bad expert id of this very dispatch (exact sizing) is reported after the
-  // rows moved, so the other ranks are not left waiting.
-  const bool exact_new = h->counts_known && !h->dispatched && err_host_[cuda::kArgSlot].code == epInvalidArgument &&
-                         !kernelFailedForGood();
-  if (!exact_new) EPCHECK(checkKernelErrors("epDispatch", s));
+  // A handle's first dispatch is launched whatever argument error the kernels
+  // reported meanwhile (its own routing kernel may have found a bad id just
+  // now): the peers' dispatches wait for its rows. Only a failed wait stops
+  // it (the communicator is broken). With exact sizing the dispatch reports
+  // the error after the rows moved; in capacity mode the next call does.
+  const bool first = !h->dispatched;
+  if (!first || kernelFailedForGood()) EPCHECK(checkKernelErrors("epDispatch", s));
   auto* slot = static_cast<HandleSlot*>(h->backend_state);
   if (slot == nullptr) return setError(comm_, epInternalError, "epDispatch: handle without routing state");
   const Config& cfg = comm_->cfg;
@@ -763,7 +765,7 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
                     "epDispatch: recv_capacity = %lld is less than the %lld rows this rank receives (the "
                     "rows were sent so the other ranks complete; nothing was written)",
                     (long long)a.recv_capacity, (long long)h->routing.num_recv);
-  if (exact_new) EPCHECK(checkKernelErrors("epDispatch", s));
+  if (first && h->counts_known) EPCHECK(checkKernelErrors("epDispatch", s));
   if (!capacity_mode && a.num_recv) {
     if (!h->counts_known)
       return setError(comm_, epInvalidUsage,

@@ -117,7 +117,8 @@ void HostNotices::run() {
   cudaSetDevice(dev_);
   const int R = comm_->nranks;
   std::vector<bool> marked(size_t(R), false);
-  bool pending = false, settled = !calls_;
+  int looks_pending = 0;
+  bool settled = !calls_;
   CallMismatch seen;
   std::unique_lock<std::mutex> lock(stop_mu_);
   while (!stop_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
@@ -128,20 +129,26 @@ void HostNotices::run() {
       EP_WARN(kSubsysCuda, "rank %d (pid %d) exited: this rank's waits for it end with epRemoteError", r, pid);
       markGone(r);
     }
-    if (!settled) settled = lookAtCalls(&pending, &seen);
+    if (!settled) settled = lookAtCalls(&looks_pending, &seen);
   }
 }
 
 // One look at the call logs; true once nothing is left to do. A difference
-// is acted on at the next look (100 ms on), unless a kernel of this rank
-// reported a failed wait by then: the kernels' own checks, where they have
-// one, name the waits, and take milliseconds.
-bool HostNotices::lookAtCalls(bool* pending, CallMismatch* seen) {
-  if (!*pending) {
-    *pending = calls_->findMismatch(seen);
+// is acted on kActAfterLooks looks after the one that found it, unless a
+// kernel of this rank reported a failed wait by then: the kernels' own
+// checks, where they have one, name the waits and take milliseconds. The
+// wait also spares the kernels of earlier calls that the GPU has not run yet
+// (their waits would end too), unless it runs more than that behind the host.
+bool HostNotices::lookAtCalls(int* looks_pending, CallMismatch* seen) {
+  if (*looks_pending == 0) {
+    if (calls_->findMismatch(seen)) *looks_pending = 1;
     return false;
   }
-  if (kernelsReportedFailure()) return true;
+  if (kernelsReportedFailure()) {
+    abort();  // the communicator is broken: the other family's waits leave too
+    return true;
+  }
+  if ((*looks_pending)++ < kActAfterLooks) return false;
   char what[640];
   snprintf(what, sizeof(what),
            "rank %d's collective call %llu on this communicator is %s while rank %d's is %s: ranks must issue the "

@@ -6,9 +6,10 @@
 //     the timeout);
 //   - ranks out of step: the same watcher compares the ranks' call logs
 //     (src/call_log.h, in host shared memory). A difference that no kernel
-//     of this rank has reported by the next look (the kernels' own checks
-//     take a few milliseconds where they have one) sets timed_out: every
-//     wait leaves, and the next call reports the two calls (outOfStep);
+//     of this rank has reported within half a second (the kernels' own
+//     checks take a few milliseconds where they have one) sets timed_out:
+//     every wait leaves, and the next call reports the two calls
+//     (outOfStep);
 //   - epCommAbort of this communicator: timed_out = 1 (every wait leaves, so
 //     the kernels end and the communicator can be freed at once).
 // The words are this rank's own device memory, written by copies on a stream
@@ -60,6 +61,9 @@ class HostNotices {
   bool outOfStep(std::string* what);
 
  private:
+  // Looks (100 ms apart) between finding calls out of step and ending the
+  // kernels' waits (lookAtCalls).
+  static constexpr int kActAfterLooks = 5;
   struct Target {
     int* timed_out;
     uint8_t* gone;
@@ -68,7 +72,7 @@ class HostNotices {
   epResult_t shareCallLog();
   bool watched(int rank) const;
   void run();
-  bool lookAtCalls(bool* pending, CallMismatch* seen);
+  bool lookAtCalls(int* looks_pending, CallMismatch* seen);
   bool kernelsReportedFailure() const;
   void markGone(int rank);
   void write(void* dst, size_t bytes);

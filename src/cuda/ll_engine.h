@@ -28,6 +28,7 @@ class LLEngine {
   size_t bytes() const { return bytes_; }
   LLLocal* deviceLocal() const { return local_; }  // the words HostNotices writes
   const ErrorInfo* errorSlots() const { return err_host_; }  // host-mapped, [kErrorSlots]
+  bool failed() const { return err_host_[kFailSlot].code != 0; }  // a wait failed: the communicator is broken
   // Where the low-latency calls are logged (HostNotices::recordCall); set
   // before the first call.
   void setNotices(HostNotices* notices) { notices_ = notices; }
@@ -71,8 +72,8 @@ class LLEngine {
   void* own_mem_ = nullptr;
   std::vector<void*> conns_;
   LLLocal* local_ = nullptr;
-  ErrorInfo* err_host_ = nullptr;
-  HostNotices* notices_ = nullptr;  // [kErrorSlots], host-mapped
+  ErrorInfo* err_host_ = nullptr;  // [kErrorSlots], host-mapped
+  HostNotices* notices_ = nullptr;
   std::mutex slots_mu_;
   std::vector<LLHandleDev*> free_slots_, all_slots_;
   size_t slot_bytes_ = 0;
