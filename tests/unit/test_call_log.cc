@@ -2,12 +2,15 @@
 // the CUDA backend's watcher compares: logs that agree never differ, the
 // first call that differs is found on both sides, once, and only among the
 // calls both ranks made; a capture into a graph ends the comparison; slots
-// reused for later calls are skipped, not misread; a log written by another
-// process is read as written.
+// reused for later calls are skipped, not misread, also while both ranks
+// log and a third thread looks; a log written by another process is read as
+// written.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "common.h"
@@ -158,6 +161,33 @@ void reused_slots_are_skipped_not_misread(void**) {
   }
 }
 
+// Both ranks log the same calls from their own threads while a third looks,
+// as the watcher does: no look may see a difference that is not there (a
+// slot read before its call was published, or a reused one misread), and
+// the difference made last is found.
+void looks_while_both_ranks_log(void**) {
+  Pair p;
+  const uint64_t n = 2 * CallLog::kSlots + 1000;
+  std::atomic<int> writing{2};
+  std::atomic<int> false_reports{0};
+  auto writer = [&](CallLog* log) {
+    for (uint64_t i = 0; i < n; i++) log->record(kindOf(i * 7 + i / 3), false);
+    writing--;
+  };
+  std::thread w0(writer, &p.log0), w1(writer, &p.log1);
+  CallMismatch m;
+  while (writing.load() > 0)
+    if (p.log0.findMismatch(&m)) false_reports++;
+  w0.join();
+  w1.join();
+  if (p.log0.findMismatch(&m)) false_reports++;
+  assert_int_equal(false_reports.load(), 0);
+  p.log0.record(ep::kCallDispatch, false);
+  p.log1.record(ep::kCallCombine, false);
+  assert_true(p.log0.findMismatch(&m));
+  assert_int_equal(m.call, n);
+}
+
 void unmapped_peers_are_not_compared(void**) {
   LogMemory mem;
   CallLog log(mem.get(), 0, 3);
@@ -213,6 +243,7 @@ int main() {
       cmocka_unit_test(only_calls_both_made_are_compared),
       cmocka_unit_test(a_capture_ends_the_comparison),
       cmocka_unit_test(reused_slots_are_skipped_not_misread),
+      cmocka_unit_test(looks_while_both_ranks_log),
       cmocka_unit_test(unmapped_peers_are_not_compared),
       cmocka_unit_test(a_log_written_by_another_process),
       cmocka_unit_test(kinds_have_names),
