@@ -720,8 +720,10 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
   // reported meanwhile (its own routing kernel may have found a bad id just
   // now): the peers' dispatches wait for its rows. Only a failed wait stops
   // it (the communicator is broken). With exact sizing the dispatch reports
-  // the error after the rows moved; in capacity mode the next call does.
+  // an error already there after the rows moved (its own kernel's reports
+  // come at the next call, as always); in capacity mode the next call does.
   const bool first = !h->dispatched;
+  const bool report_after = first && h->counts_known && err_host_[cuda::kArgSlot].code != 0;
   if (!first || kernelFailedForGood()) EPCHECK(checkKernelErrors("epDispatch", s));
   auto* slot = static_cast<HandleSlot*>(h->backend_state);
   if (slot == nullptr) return setError(comm_, epInternalError, "epDispatch: handle without routing state");
@@ -765,7 +767,7 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
                     "epDispatch: recv_capacity = %lld is less than the %lld rows this rank receives (the "
                     "rows were sent so the other ranks complete; nothing was written)",
                     (long long)a.recv_capacity, (long long)h->routing.num_recv);
-  if (first && h->counts_known) EPCHECK(checkKernelErrors("epDispatch", s));
+  if (report_after) EPCHECK(checkKernelErrors("epDispatch", s));
   if (!capacity_mode && a.num_recv) {
     if (!h->counts_known)
       return setError(comm_, epInvalidUsage,
