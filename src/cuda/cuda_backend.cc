@@ -127,10 +127,7 @@ class CudaBackend : public Backend {
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
   // A kernel's wait failed (timeout, exited peer, ranks out of step): the
   // communicator cannot go on (the argument errors it reports can).
-  bool kernelFailedForGood() const {
-    std::string ignored;
-    return err_host_[cuda::kFailSlot].code != 0 || (ll_ && ll_->failed()) || notices_->outOfStep(&ignored);
-  }
+  bool kernelFailedForGood() const { return notices_->kernelsReportedFailure() || notices_->outOfStep(); }
   epResult_t reportFailedWait(const char* fn);
   epResult_t reportArgumentError(const char* fn, cudaStream_t stream);
   epResult_t allocSlot(HandleSlot** out);
@@ -553,10 +550,9 @@ const char* htKernelName(int kind) {
 // peer found it out of step say, learns it at its next call of either family,
 // not only at its next low-latency one), then this family's argument errors.
 epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
-  std::string out_of_step;
-  if (notices_->outOfStep(&out_of_step)) {
+  if (const char* out_of_step = notices_->outOfStep()) {
     comm_->broken.store(epInvalidUsage);
-    return setError(comm_, epInvalidUsage, "%s: %s", fn, out_of_step.c_str());
+    return setError(comm_, epInvalidUsage, "%s: %s", fn, out_of_step);
   }
   if (err_host_[cuda::kFailSlot].code != 0) return reportFailedWait(fn);
   if (ll_) EPCHECK(ll_->checkErrors(fn, stream));

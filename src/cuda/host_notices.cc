@@ -91,10 +91,8 @@ void HostNotices::recordCall(CallKind kind, cudaStream_t stream) {
   calls_->record(kind, st != cudaStreamCaptureStatusNone);
 }
 
-bool HostNotices::outOfStep(std::string* what) {
-  if (!out_of_step_.load(std::memory_order_acquire)) return false;
-  *what = out_of_step_what_;
-  return true;
+const char* HostNotices::outOfStep() const {
+  return out_of_step_.load(std::memory_order_acquire) ? out_of_step_what_.c_str() : nullptr;
 }
 
 // Peers in another process (one in this process cannot exit alone).

@@ -56,9 +56,11 @@ class HostNotices {
   void abort();
   // A collective kernel this rank enqueued on `stream` (its call log).
   void recordCall(CallKind kind, cudaStream_t stream);
-  // True once the watcher found the ranks out of step (and ended the
-  // kernels' waits); *what: the two calls.
-  bool outOfStep(std::string* what);
+  // Once the watcher found the ranks out of step (and ended the kernels'
+  // waits): the two calls; else null.
+  const char* outOfStep() const;
+  // A kernel of either family reported a failed wait (its failure slot).
+  bool kernelsReportedFailure() const;
 
  private:
   // Looks (100 ms apart) between finding calls out of step and ending the
@@ -73,7 +75,6 @@ class HostNotices {
   bool watched(int rank) const;
   void run();
   bool lookAtCalls(int* looks_pending, CallMismatch* seen);
-  bool kernelsReportedFailure() const;
   void markGone(int rank);
   void write(void* dst, size_t bytes);
 

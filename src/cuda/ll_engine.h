@@ -28,7 +28,6 @@ class LLEngine {
   size_t bytes() const { return bytes_; }
   LLLocal* deviceLocal() const { return local_; }  // the words HostNotices writes
   const ErrorInfo* errorSlots() const { return err_host_; }  // host-mapped, [kErrorSlots]
-  bool failed() const { return err_host_[kFailSlot].code != 0; }  // a wait failed: the communicator is broken
   // Where the low-latency calls are logged (HostNotices::recordCall); set
   // before the first call.
   void setNotices(HostNotices* notices) { notices_ = notices; }
