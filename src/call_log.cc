@@ -9,11 +9,14 @@ namespace ep {
 // kind, so that a reader knows a slot that was already reused for a later
 // call (a reader 2^24 calls behind, the only way to mistake one, would be
 // tens of seconds late). `issued` is stored (release) after the slot, so
-// calls below it can be read (acquire).
+// calls below it can be read (acquire). `ll_size` has a cache line of its
+// own: it changes rarely, and the peers read it at every small low-latency
+// dispatch, where `issued` changes at every call.
 struct CallLog::Shared {
   std::atomic<uint64_t> issued;
   std::atomic<uint64_t> captured_from;  // the first call logged into a graph capture (kNever: none)
-  std::atomic<uint32_t> slots[kSlots];
+  alignas(64) std::atomic<uint32_t> ll_size;  // the latest low-latency dispatch: kLLSize*
+  alignas(64) std::atomic<uint32_t> slots[kSlots];
 };
 
 namespace {
@@ -21,6 +24,7 @@ constexpr uint64_t kNever = ~uint64_t(0);
 constexpr uint32_t kEmpty = ~uint32_t(0);  // no call yet (kind 0xff is no kind)
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the logs are shared between processes");
+constexpr uint32_t kLLSizeNone = 0, kLLSizeSmall = 1, kLLSizeLarge = 2;
 uint32_t slotOf(uint64_t call, CallKind kind) { return uint32_t(call << 8) | kind; }
 bool holds(uint32_t slot, uint64_t call) { return slot != kEmpty && slot >> 8 == uint32_t(call & 0xffffff); }
 }  // namespace
@@ -41,6 +45,7 @@ size_t callLogBytes() { return sizeof(CallLog::Shared); }
 void callLogFormat(void* mem) {
   auto* s = static_cast<CallLog::Shared*>(mem);
   s->issued.store(0, std::memory_order_relaxed);
+  s->ll_size.store(kLLSizeNone, std::memory_order_relaxed);
   for (auto& slot : s->slots) slot.store(kEmpty, std::memory_order_relaxed);
   s->captured_from.store(kNever, std::memory_order_release);
 }
@@ -62,6 +67,20 @@ void CallLog::record(CallKind kind, bool capturing) {
   if (capturing && own_->captured_from.load(std::memory_order_relaxed) == kNever)
     own_->captured_from.store(c, std::memory_order_relaxed);
   own_->issued.store(c + 1, std::memory_order_release);
+}
+
+// Relaxed: a size read late only makes one call mixed (which every receive
+// handles), and the owner stores only a change, so that the peers' reads hit
+// their caches while the size stays.
+void CallLog::noteLLDispatch(bool small) {
+  const uint32_t v = small ? kLLSizeSmall : kLLSizeLarge;
+  if (own_->ll_size.load(std::memory_order_relaxed) != v) own_->ll_size.store(v, std::memory_order_relaxed);
+}
+
+int CallLog::peerWithLargeLLDispatch() const {
+  for (size_t r = 0; r < peers_.size(); r++)
+    if (peers_[r] != nullptr && peers_[r]->ll_size.load(std::memory_order_relaxed) == kLLSizeLarge) return int(r);
+  return -1;
 }
 
 bool CallLog::findMismatch(CallMismatch* out) {

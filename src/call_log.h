@@ -16,6 +16,10 @@
 // Calls captured into a CUDA graph are logged once, at capture, but run at
 // every launch: from the first call either rank captured, the two logs no
 // longer line up with what runs, and are not compared any more.
+//
+// The log also carries the size of the rank's latest low-latency dispatch,
+// small (within the rank's bound for flagged records) or not, for the
+// peers' choice of records (noteLLDispatch).
 #pragma once
 
 #include <cstddef>
@@ -71,6 +75,16 @@ class CallLog {
   // ended up to the calls both have made: true at the first that differs.
   // One caller at a time (the watcher).
   bool findMismatch(CallMismatch* out);
+
+  // Low-latency dispatches: this rank's latest was `small` (within its own
+  // bound for flagged records, EP_CUDA_LL_FLAGGED). Called by the thread in
+  // the communicator's call; a change is published to the peers.
+  void noteLLDispatch(bool small);
+  // The lowest peer whose latest low-latency dispatch was not small (-1:
+  // none, or none known yet). A rank whose call is small sends plain records
+  // when there is one: its receivers then take the plain-only receive, where
+  // a call that mixes flagged and plain sources takes a slower one.
+  int peerWithLargeLLDispatch() const;
 
  private:
   Shared* own_;

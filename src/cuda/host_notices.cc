@@ -91,6 +91,21 @@ void HostNotices::recordCall(CallKind kind, cudaStream_t stream) {
   calls_->record(kind, st != cudaStreamCaptureStatusNone);
 }
 
+bool HostNotices::llSendsFlagged(bool small, bool follow_peers, int num_tokens) {
+  if (!calls_) return small;
+  calls_->noteLLDispatch(small);
+  if (!small || !follow_peers) return small;
+  const int peer = calls_->peerWithLargeLLDispatch();
+  if (peer < 0) return true;
+  if (!told_plain_) {
+    told_plain_ = true;
+    EP_INFO(kSubsysCuda, "low-latency dispatch of %d tokens sends plain records: rank %d's latest sent more "
+            "tokens than flagged records take, and a call of flagged and plain sources takes a slower receive "
+            "(EP_CUDA_LL_FLAGGED_PEERS=0: flagged records whatever the peers send); logged once", num_tokens, peer);
+  }
+  return false;
+}
+
 const char* HostNotices::outOfStep() const {
   return out_of_step_.load(std::memory_order_acquire) ? out_of_step_what_.c_str() : nullptr;
 }

@@ -56,6 +56,12 @@ class HostNotices {
   void abort();
   // A collective kernel this rank enqueued on `stream` (its call log).
   void recordCall(CallKind kind, cudaStream_t stream);
+  // A low-latency dispatch, `small` when within this rank's bound for
+  // flagged records: publishes its size (call log). Whether it sends
+  // flagged records: when small and, with `follow_peers`, when no peer's
+  // latest low-latency dispatch was large (src/call_log.h). Without mapped
+  // call logs: when small.
+  bool llSendsFlagged(bool small, bool follow_peers, int num_tokens);
   // Once the watcher found the ranks out of step (and ended the kernels'
   // waits): the two calls; else null.
   const char* outOfStep() const;
@@ -89,6 +95,7 @@ class HostNotices {
   void* log_mem_ = nullptr;
   std::vector<void*> log_conns_;
   std::unique_ptr<CallLog> calls_;
+  bool told_plain_ = false;  // llSendsFlagged's INFO line was logged
   std::atomic<bool> out_of_step_{false};
   std::string out_of_step_what_;  // written before out_of_step_ is set
   std::mutex mu_;  // the stream and one_ (the watcher and abort may both write)

@@ -153,6 +153,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   CUDACHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev_));
   pdl_ = param::CUDA_LL_PDL() != 0 && cc_major >= 9;  // griddepcontrol: sm_90 and later
   flag_tokens_ = int(std::min<int64_t>(std::max<int64_t>(param::CUDA_LL_FLAGGED(), 0), kLLFlagTokens));
+  follow_peers_ = param::CUDA_LL_FLAGGED_PEERS() != 0;
   const int flag_fit = llFlagTokensFit(R, c.max_topk);
   if (flag_tokens_ > flag_fit) {
     EP_INFO(kSubsysCuda, "low-latency calls of at most %d tokens send flagged records (EP_CUDA_LL_FLAGGED=%d): "
@@ -333,7 +334,11 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   p.num_topk = a.num_topk;
   p.fp8 = a.wire_type == epFloat8E4M3;
   p.pow2 = (a.flags & EP_LL_ROUND_SCALE_POW2) != 0;
-  p.flagged = flag_tokens_ > 0 && a.num_tokens <= flag_tokens_;  // 0: never, not even a call of 0 tokens
+  // 0: never, not even a call of 0 tokens. Plain records, too, where a peer's
+  // latest call was too large for flagged ones (they would meet in a mixed
+  // receive): the size each rank's host saw last, not this call's.
+  p.flagged = notices_->llSendsFlagged(flag_tokens_ > 0 && a.num_tokens <= flag_tokens_, follow_peers_,
+                                       a.num_tokens);
   p.flag_cap = flag_cap_;
   p.recv_x = static_cast<uint8_t*>(a.recv_x);
   p.recv_scales = a.recv_scales;

@@ -61,6 +61,7 @@ class LLEngine {
   int slices_ = -1;  // EP_CUDA_LL_SLICES, read once at init
   bool pdl_ = false;  // programmatic dependent launch (EP_CUDA_LL_PDL, Hopper and later)
   int flag_tokens_ = 0;  // calls of at most this many tokens send flagged records (EP_CUDA_LL_FLAGGED)
+  bool follow_peers_ = true;  // small calls send plain records beside a large peer (EP_CUDA_LL_FLAGGED_PEERS)
   int flag_cap_ = 0;  // the largest flag_tokens_ of any rank (agreed at init)
   // config.max_nodes_per_token, checked by a kernel before each dispatch's
   // where a token could exceed it (max_nodes > 0; node_limit.h).

@@ -14,6 +14,9 @@
 //   gpu_ll_test --bench-tokens A/B[/...]
 //                          the same with one rank per entry, rank r sending
 //                          that many tokens (ranks share GPUs as below)
+//   gpu_ll_test --mixed [--ranks N]
+//                          correctness of ranks with different batch sizes
+//                          only (two ranks, or N; they share GPUs as below)
 //   gpu_ll_test --ranks N  correctness at EP N only; with fewer GPUs than N,
 //                          rank r on GPU r % GPUs (ranks share GPUs, each
 //                          with its share of the SMs)
@@ -200,6 +203,30 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
          s.repeats ? " repeats" : "", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
+
+// Ranks of different batch sizes (R > 1): small calls of plain records
+// beside large ones (no flagged source); small calls of flagged records
+// beside large plain ones (a mixed receive, where the small ranks send
+// flagged records: the first call of a communicator, or every call with
+// EP_CUDA_LL_FLAGGED_PEERS=0); flagged calls of different sizes.
+std::vector<Shape> unevenShapes(int R) {
+  std::vector<Shape> shapes;
+  if (R < 2) return shapes;
+  std::vector<int> small_plain(R);
+  for (int r = 0; r < R; r++) small_plain[r] = r % 2 ? 100 : 8;
+  shapes.push_back({7168, 8, 288, 128, small_plain, true, false, false});
+  shapes.push_back({7168, 8, 288, 128, small_plain, false, false, true});
+  std::vector<int> mixed(R);
+  for (int r = 0; r < R; r++) mixed[r] = r % 2 ? 100 : 1 + (7 * r / 2) % 8;  // 1, 8, 7, 6 flagged tokens
+  shapes.push_back({7168, 8, 288, 128, mixed, true, false, false});
+  shapes.push_back({7168, 8, 288, 128, mixed, true, true, true});
+  shapes.push_back({1040, 32, 36 * R, 128, mixed, false, false, false, true});
+  std::vector<int> uneven(R);
+  for (int r = 0; r < R; r++) uneven[r] = 8 - (3 * r) % 8;  // 8, 5, 2, 7, ...
+  shapes.push_back({7168, 8, 288, 8, uneven, false, false, false});
+  return shapes;
+}
+
 
 // Three layers in one graph, each with its own inputs, routing and outputs
 // (so a layer that read the other buffer set, or the previous layer's rows,
@@ -809,6 +836,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   int failed = 0, passed = 0;
+  if (argc > 1 && std::string(argv[1]) == "--mixed") {
+    // Ranks of different batch sizes only, two ranks (sharing the GPU when
+    // there is one) or --ranks N after it.
+    int R = 2;
+    if (argc > 3 && std::string(argv[2]) == "--ranks") R = ranksOption(argc - 1, argv + 1, "gpu_ll_test --mixed");
+    if (R < 2) {
+      fprintf(stderr, "gpu_ll_test: --mixed takes 2..8 ranks\n");
+      return 2;
+    }
+    if (R > Rmax) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    for (const Shape& s : unevenShapes(R)) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
+    printf("gpu_ll_test --mixed: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+  }
   std::vector<int> rank_counts = {1};
   if (Rmax >= 2) rank_counts.push_back(2);
   // --small: three small shapes (one with repeated experts), EP1 and EP2, for
@@ -868,19 +909,7 @@ int main(int argc, char** argv) {
       last[R - 1] = 0;
       shapes.push_back({512, 4, 4 * R, 40, last, true, false, false});
     }
-    if (R > 1) {  // small calls of plain records beside large ones, no flagged source (the whole-row receive)
-      std::vector<int> small_plain(R);
-      for (int r = 0; r < R; r++) small_plain[r] = r % 2 ? 100 : 8;
-      shapes.push_back({7168, 8, 288, 128, small_plain, true, false, false});
-      shapes.push_back({7168, 8, 288, 128, small_plain, false, false, true});
-    }
-    if (R > 1) {  // small calls (flagged records) beside large ones (plain records) in one call
-      std::vector<int> mixed(R);
-      for (int r = 0; r < R; r++) mixed[r] = r % 2 ? 100 : 1 + (7 * r / 2) % 8;  // 1, 8, 7, 6 flagged tokens
-      shapes.push_back({7168, 8, 288, 128, mixed, true, false, false});
-      shapes.push_back({7168, 8, 288, 128, mixed, true, true, true});
-      shapes.push_back({1040, 32, 36 * R, 128, mixed, false, false, false, true});
-    }
+    for (const Shape& u : unevenShapes(R)) shapes.push_back(u);
     // Flagged records at the default's largest flagged call (8 tokens; top-32
     // above EP2: fewer, llFlagTokensFit, and 8 go plain), repeats, BF16 and
     // FP8 split; at the full hidden size with 5 and 8 tokens per rank, and
@@ -890,11 +919,6 @@ int main(int argc, char** argv) {
     shapes.push_back({1040, 32, 36 * R, 8, std::vector<int>(R, 8), true, true, true});
     shapes.push_back({7168, 8, 288, 8, std::vector<int>(R, 8), true, false, false});
     shapes.push_back({7168, 8, 288, 8, std::vector<int>(R, 5), true, false, true, true});
-    if (R > 1) {
-      std::vector<int> uneven(R);
-      for (int r = 0; r < R; r++) uneven[r] = 8 - (3 * r) % 8;  // 8, 5, 2, 7, ...
-      shapes.push_back({7168, 8, 288, 8, uneven, false, false, false});
-    }
     for (const Shape& s : shapes) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
     Shape gs{7168, 8, 288, 64, std::vector<int>(R, 64), true, false, true};
     ((runShape(gs, R, 11, true) == 0) ? passed : failed)++;

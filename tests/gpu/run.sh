@@ -61,6 +61,21 @@ EP_CUDA_LL_FLAGGED=16 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_t
 EP_CUDA_LL_FLAGGED=0 EP_CUDA_LL_PDL=0 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 |
   tee "$LOGS/gpu_ll_test_plain.log" | tail -1
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test (EP_CUDA_LL_FLAGGED=0 EP_CUDA_LL_PDL=0): FAILED"; status=1; }
+# Ranks of uneven batches (two, sharing the GPU when there is one). With
+# EP_CUDA_LL_FLAGGED_PEERS=0 the small ranks send flagged records beside the
+# large ones' plain records at every call (the mixed receive); by default
+# they send plain ones once they have seen a large peer, as the INFO line
+# (once per communicator) says.
+EP_CUDA_LL_FLAGGED_PEERS=0 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" --mixed 2>&1 |
+  tee "$LOGS/gpu_ll_test_mixed.log" | tail -1
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --mixed (EP_CUDA_LL_FLAGGED_PEERS=0): FAILED"; status=1; }
+rm -f "$LOGS"/ll_peers.*.log
+EP_DEBUG=INFO EP_DEBUG_SUBSYS=CUDA EP_DEBUG_FILE="$LOGS/ll_peers.%p.log" \
+  timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" --mixed 2>&1 |
+  tee "$LOGS/gpu_ll_test_mixed_peers.log" | tail -1
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --mixed: FAILED"; status=1; }
+grep -q "sends plain records: rank" "$LOGS"/ll_peers.*.log 2>/dev/null ||
+  { echo "gpu_ll_test --mixed: no small call sent plain records beside a large peer"; status=1; }
 fi
 timeout ${EP_GPU_TEST_TIMEOUT:-540} "$BUILD/tests/gpu_test" 2>&1 | tee "$LOGS/gpu_test.log"
 rc=${PIPESTATUS[0]}

@@ -4,7 +4,9 @@
 // calls both ranks made; a capture into a graph ends the comparison; slots
 // reused for later calls are skipped, not misread, also while both ranks
 // log and a third thread looks; a log written by another process is read as
-// written.
+// written. Also the sizes of the ranks' latest low-latency dispatches, which
+// the logs carry: a small call sends plain records while a peer's latest
+// was large, and goes back to flagged ones once it is not.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,11 +25,15 @@ using ep::CallKind;
 using ep::CallLog;
 using ep::CallMismatch;
 
-// Memory for one log, formatted.
+// Memory for one log, formatted (aligned as a mapping is: the log has
+// fields on cache lines of their own).
 struct LogMemory {
-  std::vector<uint64_t> words = std::vector<uint64_t>(ep::callLogBytes() / 8 + 1, 0);
-  LogMemory() { ep::callLogFormat(words.data()); }
-  void* get() { return words.data(); }
+  struct alignas(64) Line {
+    unsigned char bytes[64];
+  };
+  std::vector<Line> lines = std::vector<Line>(ep::callLogBytes() / 64 + 1);
+  LogMemory() { ep::callLogFormat(lines.data()); }
+  void* get() { return lines.data(); }
 };
 
 // Two ranks of one communicator, each with the other's log mapped.
@@ -228,6 +234,40 @@ void a_log_written_by_another_process(void**) {
   munmap(shared, bytes);
 }
 
+// What a rank reads of its peers' latest low-latency dispatches: nothing
+// before they made one; the lowest peer whose latest was large; none once
+// every peer's latest is small again. A rank's own size is not its peers'.
+void latest_low_latency_sizes(void**) {
+  LogMemory mem[3];
+  CallLog log0(mem[0].get(), 0, 3), log1(mem[1].get(), 1, 3), log2(mem[2].get(), 2, 3);
+  for (int r = 0; r < 3; r++) {
+    log0.setPeer(r, mem[r].get());
+    log1.setPeer(r, mem[r].get());
+    log2.setPeer(r, mem[r].get());
+  }
+  assert_int_equal(log0.peerWithLargeLLDispatch(), -1);
+  log0.noteLLDispatch(false);  // rank 0 large: not its own peer
+  assert_int_equal(log0.peerWithLargeLLDispatch(), -1);
+  assert_int_equal(log1.peerWithLargeLLDispatch(), 0);
+  log2.noteLLDispatch(false);
+  assert_int_equal(log1.peerWithLargeLLDispatch(), 0);
+  assert_int_equal(log0.peerWithLargeLLDispatch(), 2);
+  log0.noteLLDispatch(true);
+  assert_int_equal(log1.peerWithLargeLLDispatch(), 2);
+  log2.noteLLDispatch(true);
+  log2.noteLLDispatch(true);  // unchanged
+  assert_int_equal(log0.peerWithLargeLLDispatch(), -1);
+  assert_int_equal(log1.peerWithLargeLLDispatch(), -1);
+  assert_int_equal(log2.peerWithLargeLLDispatch(), -1);
+  // The sizes do not touch the calls: the logs still agree.
+  CallMismatch m;
+  assert_false(log0.findMismatch(&m));
+  // Unmapped peers are not read.
+  LogMemory alone;
+  CallLog lone(alone.get(), 0, 2);
+  assert_int_equal(lone.peerWithLargeLLDispatch(), -1);
+}
+
 void kinds_have_names(void**) {
   for (int k = ep::kCallRouting; k <= ep::kCallLLCombine; k++)
     assert_true(strcmp(ep::callKindName(k), ep::callKindName(ep::kCallNone)) != 0);
@@ -246,6 +286,7 @@ int main() {
       cmocka_unit_test(looks_while_both_ranks_log),
       cmocka_unit_test(unmapped_peers_are_not_compared),
       cmocka_unit_test(a_log_written_by_another_process),
+      cmocka_unit_test(latest_low_latency_sizes),
       cmocka_unit_test(kinds_have_names),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
