@@ -99,9 +99,10 @@ bool HostNotices::llSendsFlagged(bool small, bool follow_peers, int num_tokens) 
   if (peer < 0) return true;
   if (!told_plain_) {
     told_plain_ = true;
-    EP_INFO(kSubsysCuda, "low-latency dispatch of %d tokens sends plain records: rank %d's latest sent more "
-            "tokens than flagged records take, and a call of flagged and plain sources takes a slower receive "
-            "(EP_CUDA_LL_FLAGGED_PEERS=0: flagged records whatever the peers send); logged once", num_tokens, peer);
+    EP_INFO(kSubsysCuda, "a low-latency dispatch sends plain records where its size (%d) would take flagged "
+            "ones: rank %d's latest was too large for flagged records, and a call of flagged and plain sources "
+            "takes a slower receive (EP_CUDA_LL_FLAGGED_PEERS=0: flagged records whatever the peers send); "
+            "logged once", num_tokens, peer);
   }
   return false;
 }

@@ -74,7 +74,7 @@ EP_DEBUG=INFO EP_DEBUG_SUBSYS=CUDA EP_DEBUG_FILE="$LOGS/ll_peers.%p.log" \
   timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" --mixed 2>&1 |
   tee "$LOGS/gpu_ll_test_mixed_peers.log" | tail -1
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --mixed: FAILED"; status=1; }
-grep -q "sends plain records: rank" "$LOGS"/ll_peers.*.log 2>/dev/null ||
+grep -q "dispatch sends plain records where its size" "$LOGS"/ll_peers.*.log 2>/dev/null ||
   { echo "gpu_ll_test --mixed: no small call sent plain records beside a large peer"; status=1; }
 fi
 timeout ${EP_GPU_TEST_TIMEOUT:-540} "$BUILD/tests/gpu_test" 2>&1 | tee "$LOGS/gpu_test.log"
