@@ -21,7 +21,8 @@
 //     BF16 wires, split halves (EP_LL_SEND_ONLY + epLowLatencyComplete), two
 //     rounds per case (both buffer sets); the ranks other than 0 run with
 //     EP_CUDA_LL_FLAGGED=0, and in one case rank 0 sends 2 tokens (flagged
-//     records to ranks that never send them).
+//     records to ranks that never send them; rank 0 runs with
+//     EP_CUDA_LL_FLAGGED_PEERS=0).
 // Shapes: hidden 7168, top-8 of 256 experts; and hidden 2056 / 2064, top-5 of
 // 8R experts, 100 + 37 r tokens on rank r (a 2056-element row is 2056 bytes in
 // FP8, not a multiple of 16, so the FP8 cases of that shape use 2064).
@@ -424,6 +425,9 @@ int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vecto
   // Only rank 0 may send flagged records (small low-latency calls); the
   // library reads the variable at the first low-latency init of this process.
   if (rank != 0) setenv("EP_CUDA_LL_FLAGGED", "0", 1);
+  // And rank 0 sends them whatever its peers send (by default a small call
+  // follows a peer whose latest call went plain, as these always do).
+  if (rank == 0) setenv("EP_CUDA_LL_FLAGGED_PEERS", "0", 1);
   CK(cudaSetDevice(gpuOf(rank)));
   bool all = true;
   for (size_t i = 0; i < cases.size(); i++) {

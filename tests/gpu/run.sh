@@ -46,10 +46,11 @@ EP_CUDA_LL_SLICES=1 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_tes
   tee "$LOGS/gpu_ll_test_slices.log" | tail -1
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test (EP_CUDA_LL_SLICES=1): FAILED"; status=1; }
 # Flagged records for calls of at most 2 tokens only (8 by default): the 3-
-# to 8-token cases send plain records, beside peers that send flagged ones.
-EP_CUDA_LL_FLAGGED=2 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 |
+# to 8-token cases send plain records, beside peers that send flagged ones
+# (EP_CUDA_LL_FLAGGED_PEERS=0: also once they have seen those peers).
+EP_CUDA_LL_FLAGGED=2 EP_CUDA_LL_FLAGGED_PEERS=0 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 |
   tee "$LOGS/gpu_ll_test_flagged.log" | tail -1
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test (EP_CUDA_LL_FLAGGED=2): FAILED"; status=1; }
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test (EP_CUDA_LL_FLAGGED=2 EP_CUDA_LL_FLAGGED_PEERS=0): FAILED"; status=1; }
 # The most flagged tokens (16): the 9- to 16-token cases send flagged records
 # too (two header records per warp, the largest stage).
 EP_CUDA_LL_FLAGGED=16 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" 2>&1 |
