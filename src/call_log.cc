@@ -9,13 +9,16 @@ namespace ep {
 // kind, so that a reader knows a slot that was already reused for a later
 // call (a reader 2^24 calls behind, the only way to mistake one, would be
 // tens of seconds late). `issued` is stored (release) after the slot, so
-// calls below it can be read (acquire). `ll_size` has a cache line of its
-// own: it changes rarely, and the peers read it at every small low-latency
-// dispatch, where `issued` changes at every call.
+// calls below it can be read (acquire).
+// Low-latency dispatch n is ll_done[n % kLLRing] = n << 2 | kLLPlain (it sent
+// plain records) | kLLLarge (it was not small); ll_latest repeats the latest.
+// Relaxed throughout: a choice read late only makes a call mixed, which every
+// receive handles. On cache lines of their own, away from `issued`.
 struct CallLog::Shared {
   std::atomic<uint64_t> issued;
   std::atomic<uint64_t> captured_from;  // the first call logged into a graph capture (kNever: none)
-  alignas(64) std::atomic<uint32_t> ll_size;  // the latest low-latency dispatch: kLLSize*
+  alignas(64) std::atomic<uint64_t> ll_latest;
+  alignas(64) std::atomic<uint64_t> ll_done[kLLRing];
   alignas(64) std::atomic<uint32_t> slots[kSlots];
 };
 
@@ -24,7 +27,8 @@ constexpr uint64_t kNever = ~uint64_t(0);
 constexpr uint32_t kEmpty = ~uint32_t(0);  // no call yet (kind 0xff is no kind)
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the logs are shared between processes");
-constexpr uint32_t kLLSizeNone = 0, kLLSizeSmall = 1, kLLSizeLarge = 2;
+constexpr uint64_t kLLNone = ~uint64_t(0);  // no dispatch (its number matches none)
+constexpr uint64_t kLLLarge = 1, kLLPlain = 2;
 uint32_t slotOf(uint64_t call, CallKind kind) { return uint32_t(call << 8) | kind; }
 bool holds(uint32_t slot, uint64_t call) { return slot != kEmpty && slot >> 8 == uint32_t(call & 0xffffff); }
 }  // namespace
@@ -45,7 +49,8 @@ size_t callLogBytes() { return sizeof(CallLog::Shared); }
 void callLogFormat(void* mem) {
   auto* s = static_cast<CallLog::Shared*>(mem);
   s->issued.store(0, std::memory_order_relaxed);
-  s->ll_size.store(kLLSizeNone, std::memory_order_relaxed);
+  s->ll_latest.store(kLLNone, std::memory_order_relaxed);
+  for (auto& d : s->ll_done) d.store(kLLNone, std::memory_order_relaxed);
   for (auto& slot : s->slots) slot.store(kEmpty, std::memory_order_relaxed);
   s->captured_from.store(kNever, std::memory_order_release);
 }
@@ -69,18 +74,46 @@ void CallLog::record(CallKind kind, bool capturing) {
   own_->issued.store(c + 1, std::memory_order_release);
 }
 
-// Relaxed: a size read late only makes one call mixed (which every receive
-// handles), and the owner stores only a change, so that the peers' reads hit
-// their caches while the size stays.
-void CallLog::noteLLDispatch(bool small) {
-  const uint32_t v = small ? kLLSizeSmall : kLLSizeLarge;
-  if (own_->ll_size.load(std::memory_order_relaxed) != v) own_->ll_size.store(v, std::memory_order_relaxed);
-}
-
-int CallLog::peerWithLargeLLDispatch() const {
-  for (size_t r = 0; r < peers_.size(); r++)
-    if (peers_[r] != nullptr && peers_[r]->ll_size.load(std::memory_order_relaxed) == kLLSizeLarge) return int(r);
-  return -1;
+// The first small peer to make dispatch n decides for the small ones after
+// it, so that ranks whose hosts run at different distances ahead still send
+// alike: a host ahead of a peer reads that peer's previous dispatch as a
+// prediction; the peer, coming later, reads the choice itself. Two small
+// ranks that choose at the same moment may still differ (a mixed call).
+bool CallLog::chooseLLRecords(bool small, bool follow_peers, int* peer) {
+  const uint64_t n = ll_next_++;
+  bool flagged = small;
+  *peer = -1;
+  if (small && follow_peers) {
+    int adopted = -1, decided_large = -1, predicted_large = -1;  // adopted: 0 flagged, 1 plain
+    for (size_t r = 0; r < peers_.size(); r++) {
+      const Shared* p = peers_[r];
+      if (p == nullptr) continue;
+      const uint64_t d = p->ll_done[n % kLLRing].load(std::memory_order_relaxed);
+      if (d != kLLNone && d >> 2 == n) {  // made this dispatch already
+        if (d & kLLLarge) {
+          if (decided_large < 0) decided_large = int(r);
+        } else if (d & kLLPlain) {
+          if (adopted != 1) *peer = int(r);
+          adopted = 1;
+        } else if (adopted < 0) {
+          adopted = 0;
+        }
+        continue;
+      }
+      const uint64_t latest = p->ll_latest.load(std::memory_order_relaxed);
+      if (latest != kLLNone && (latest & kLLLarge) && predicted_large < 0) predicted_large = int(r);
+    }
+    if (adopted >= 0) {
+      flagged = adopted == 0;
+    } else {
+      *peer = decided_large >= 0 ? decided_large : predicted_large;
+      flagged = *peer < 0;
+    }
+  }
+  const uint64_t d = n << 2 | (small ? 0 : kLLLarge) | (flagged ? 0 : kLLPlain);
+  own_->ll_done[n % kLLRing].store(d, std::memory_order_relaxed);
+  own_->ll_latest.store(d, std::memory_order_relaxed);
+  return flagged;
 }
 
 bool CallLog::findMismatch(CallMismatch* out) {

@@ -17,9 +17,9 @@
 // every launch: from the first call either rank captured, the two logs no
 // longer line up with what runs, and are not compared any more.
 //
-// The log also carries the size of the rank's latest low-latency dispatch,
-// small (within the rank's bound for flagged records) or not, for the
-// peers' choice of records (noteLLDispatch).
+// The log also carries the rank's recent low-latency dispatches: whether
+// each was small (within the rank's bound for flagged records) and what it
+// sent, for the peers' choice of records (chooseLLRecords).
 #pragma once
 
 #include <cstddef>
@@ -76,21 +76,29 @@ class CallLog {
   // One caller at a time (the watcher).
   bool findMismatch(CallMismatch* out);
 
-  // Low-latency dispatches: this rank's latest was `small` (within its own
-  // bound for flagged records, EP_CUDA_LL_FLAGGED). Called by the thread in
-  // the communicator's call; a change is published to the peers.
-  void noteLLDispatch(bool small);
-  // The lowest peer whose latest low-latency dispatch was not small (-1:
-  // none, or none known yet). A rank whose call is small sends plain records
-  // when there is one: its receivers then take the plain-only receive, where
-  // a call that mixes flagged and plain sources takes a slower one.
-  int peerWithLargeLLDispatch() const;
+  // Low-latency dispatches, numbered from 0 on every rank alike (the calls
+  // match one to one). Chooses the records of this rank's next one, `small`
+  // when within its own bound for flagged records (EP_CUDA_LL_FLAGGED), and
+  // records the call for the peers. A call that mixes flagged and plain
+  // sources takes a slower receive, so with `follow_peers` a small call
+  //   - does what the small peers that already made this dispatch chose;
+  //   - else sends plain records when a peer that made it was not small;
+  //   - else when a peer's latest dispatch (a prediction: that peer is
+  //     behind) was not small;
+  //   - else flagged ones.
+  // Without `follow_peers`, or not small: flagged when small. Returns
+  // whether to send flagged records; *peer: the peer that made the call
+  // plain (-1: none). Called by the thread in the communicator's call.
+  bool chooseLLRecords(bool small, bool follow_peers, int* peer);
+  // Dispatches a peer may be ahead and still be read exactly.
+  static constexpr int kLLRing = 64;
 
  private:
   Shared* own_;
   int rank_;
   std::vector<const Shared*> peers_;
   std::vector<uint64_t> checked_;  // [rank]: calls compared so far
+  uint64_t ll_next_ = 0;           // this rank's next low-latency dispatch
 };
 
 }  // namespace ep

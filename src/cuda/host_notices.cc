@@ -93,18 +93,17 @@ void HostNotices::recordCall(CallKind kind, cudaStream_t stream) {
 
 bool HostNotices::llSendsFlagged(bool small, bool follow_peers, int num_tokens) {
   if (!calls_) return small;
-  calls_->noteLLDispatch(small);
-  if (!small || !follow_peers) return small;
-  const int peer = calls_->peerWithLargeLLDispatch();
-  if (peer < 0) return true;
-  if (!told_plain_) {
+  int peer = -1;
+  const bool flagged = calls_->chooseLLRecords(small, follow_peers, &peer);
+  if (small && !flagged && !told_plain_) {
     told_plain_ = true;
     EP_INFO(kSubsysCuda, "a low-latency dispatch sends plain records where its size (%d) would take flagged "
-            "ones: rank %d's latest was too large for flagged records, and a call of flagged and plain sources "
-            "takes a slower receive (EP_CUDA_LL_FLAGGED_PEERS=0: flagged records whatever the peers send); "
-            "logged once", num_tokens, peer);
+            "ones: rank %d sends plain records in it, or did in its latest when it has not made it yet (over "
+            "its bound, flagged records off there, or following another peer), and a call of flagged and plain sources takes a slower receive "
+            "(EP_CUDA_LL_FLAGGED_PEERS=0: flagged records whatever the peers send); logged once",
+            num_tokens, peer);
   }
-  return false;
+  return flagged;
 }
 
 const char* HostNotices::outOfStep() const {

@@ -57,10 +57,9 @@ class HostNotices {
   // A collective kernel this rank enqueued on `stream` (its call log).
   void recordCall(CallKind kind, cudaStream_t stream);
   // A low-latency dispatch, `small` when within this rank's bound for
-  // flagged records: publishes its size (call log). Whether it sends
-  // flagged records: when small and, with `follow_peers`, when no peer's
-  // latest low-latency dispatch was large (src/call_log.h). Without mapped
-  // call logs: when small.
+  // flagged records: whether it sends flagged records (with `follow_peers`,
+  // as the peers' call logs say: CallLog::chooseLLRecords; without mapped
+  // call logs, when small). Logs at INFO the first call made plain.
   bool llSendsFlagged(bool small, bool follow_peers, int num_tokens);
   // Once the watcher found the ranks out of step (and ended the kernels'
   // waits): the two calls; else null.

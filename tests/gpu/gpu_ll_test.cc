@@ -204,11 +204,12 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   return bad ? 1 : 0;
 }
 
-// Ranks of different batch sizes (R > 1): small calls of plain records
-// beside large ones (no flagged source); small calls of flagged records
-// beside large plain ones (a mixed receive, where the small ranks send
-// flagged records: the first call of a communicator, or every call with
-// EP_CUDA_LL_FLAGGED_PEERS=0); flagged calls of different sizes.
+// Ranks of different batch sizes (R > 1): 8 tokens beside 100 (flagged
+// beside plain at the default bound of 8, plain beside plain below it); 1 to
+// 8 tokens beside 100; flagged calls of different sizes. Small ranks send
+// flagged records beside large plain ones (a mixed receive) where they chose
+// before they saw a large peer (by default: at most a communicator's first
+// dispatch), or at every call with EP_CUDA_LL_FLAGGED_PEERS=0.
 std::vector<Shape> unevenShapes(int R) {
   std::vector<Shape> shapes;
   if (R < 2) return shapes;
@@ -840,9 +841,9 @@ int main(int argc, char** argv) {
     // Ranks of different batch sizes only, two ranks (sharing the GPU when
     // there is one) or --ranks N after it.
     int R = 2;
-    if (argc > 3 && std::string(argv[2]) == "--ranks") R = ranksOption(argc - 1, argv + 1, "gpu_ll_test --mixed");
-    if (R < 2) {
-      fprintf(stderr, "gpu_ll_test: --mixed takes 2..8 ranks\n");
+    if (argc > 2) R = std::string(argv[2]) == "--ranks" ? ranksOption(argc - 1, argv + 1, "gpu_ll_test --mixed") : 0;
+    if (R < 2 || argc == 3 || argc > 4) {
+      fprintf(stderr, "gpu_ll_test: --mixed takes no argument but --ranks N, N in 2..8\n");
       return 2;
     }
     if (R > Rmax) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);

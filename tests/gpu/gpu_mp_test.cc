@@ -426,7 +426,7 @@ int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vecto
   // library reads the variable at the first low-latency init of this process.
   if (rank != 0) setenv("EP_CUDA_LL_FLAGGED", "0", 1);
   // And rank 0 sends them whatever its peers send (by default a small call
-  // follows a peer whose latest call went plain, as these always do).
+  // sends plain records beside peers that cannot send flagged ones).
   if (rank == 0) setenv("EP_CUDA_LL_FLAGGED_PEERS", "0", 1);
   CK(cudaSetDevice(gpuOf(rank)));
   bool all = true;

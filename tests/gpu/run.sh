@@ -64,9 +64,10 @@ EP_CUDA_LL_FLAGGED=0 EP_CUDA_LL_PDL=0 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUIL
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test (EP_CUDA_LL_FLAGGED=0 EP_CUDA_LL_PDL=0): FAILED"; status=1; }
 # Ranks of uneven batches (two, sharing the GPU when there is one). With
 # EP_CUDA_LL_FLAGGED_PEERS=0 the small ranks send flagged records beside the
-# large ones' plain records at every call (the mixed receive); by default
-# they send plain ones once they have seen a large peer, as the INFO line
-# (once per communicator) says.
+# large ones' plain records at every call (the mixed receive; elsewhere only
+# where a small rank chose before it saw a large one); by default they send
+# plain ones once they have seen a large peer, as the INFO line (once per
+# communicator) says.
 EP_CUDA_LL_FLAGGED_PEERS=0 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" --mixed 2>&1 |
   tee "$LOGS/gpu_ll_test_mixed.log" | tail -1
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --mixed (EP_CUDA_LL_FLAGGED_PEERS=0): FAILED"; status=1; }
@@ -107,6 +108,13 @@ for n in ${EP_GPU_RANKS-$default_ranks}; do
   if [ "$LL" != 0 ] && [ "$n" != "$ngpu" ]; then
     timeout ${EP_GPU_LL_RANKS_TIMEOUT:-900} "$BUILD/tests/gpu_ll_test" --ranks "$n" 2>&1 | tee "$LOGS/gpu_ll_test_ranks$n.log" | tail -2
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --ranks $n: FAILED"; status=1; }
+  fi
+  # The mixed receive with several flagged sources (the run above takes it
+  # only where a small rank chose before it saw a large one).
+  if [ "$LL" != 0 ] && [ "$n" -gt 2 ]; then
+    EP_CUDA_LL_FLAGGED_PEERS=0 timeout ${EP_GPU_LL_RANKS_TIMEOUT:-900} "$BUILD/tests/gpu_ll_test" --mixed --ranks "$n" \
+      2>&1 | tee "$LOGS/gpu_ll_test_mixed_ranks$n.log" | tail -1
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --mixed --ranks $n (EP_CUDA_LL_FLAGGED_PEERS=0): FAILED"; status=1; }
   fi
 done
 # A library built for another architecture than GPU 0's: init must refuse it

@@ -4,9 +4,9 @@
 // calls both ranks made; a capture into a graph ends the comparison; slots
 // reused for later calls are skipped, not misread, also while both ranks
 // log and a third thread looks; a log written by another process is read as
-// written. Also the sizes of the ranks' latest low-latency dispatches, which
-// the logs carry: a small call sends plain records while a peer's latest
-// was large, and goes back to flagged ones once it is not.
+// written. Also the low-latency dispatches the logs carry, from which a
+// small call chooses its records: plain beside a large peer, as the first
+// small peer to make the same dispatch chose, flagged when every rank is small.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -234,38 +234,117 @@ void a_log_written_by_another_process(void**) {
   munmap(shared, bytes);
 }
 
-// What a rank reads of its peers' latest low-latency dispatches: nothing
-// before they made one; the lowest peer whose latest was large; none once
-// every peer's latest is small again. A rank's own size is not its peers'.
-void latest_low_latency_sizes(void**) {
+// Three ranks of one communicator, each with the others' logs mapped.
+struct Trio {
   LogMemory mem[3];
-  CallLog log0(mem[0].get(), 0, 3), log1(mem[1].get(), 1, 3), log2(mem[2].get(), 2, 3);
-  for (int r = 0; r < 3; r++) {
-    log0.setPeer(r, mem[r].get());
-    log1.setPeer(r, mem[r].get());
-    log2.setPeer(r, mem[r].get());
+  CallLog log[3] = {{mem[0].get(), 0, 3}, {mem[1].get(), 1, 3}, {mem[2].get(), 2, 3}};
+  Trio() {
+    for (auto& l : log)
+      for (int r = 0; r < 3; r++) l.setPeer(r, mem[r].get());
   }
-  assert_int_equal(log0.peerWithLargeLLDispatch(), -1);
-  log0.noteLLDispatch(false);  // rank 0 large: not its own peer
-  assert_int_equal(log0.peerWithLargeLLDispatch(), -1);
-  assert_int_equal(log1.peerWithLargeLLDispatch(), 0);
-  log2.noteLLDispatch(false);
-  assert_int_equal(log1.peerWithLargeLLDispatch(), 0);
-  assert_int_equal(log0.peerWithLargeLLDispatch(), 2);
-  log0.noteLLDispatch(true);
-  assert_int_equal(log1.peerWithLargeLLDispatch(), 2);
-  log2.noteLLDispatch(true);
-  log2.noteLLDispatch(true);  // unchanged
-  assert_int_equal(log0.peerWithLargeLLDispatch(), -1);
-  assert_int_equal(log1.peerWithLargeLLDispatch(), -1);
-  assert_int_equal(log2.peerWithLargeLLDispatch(), -1);
-  // The sizes do not touch the calls: the logs still agree.
+};
+
+// Rank r's choice for its next low-latency dispatch; *peer as returned.
+bool choose(CallLog& log, bool small, int* peer = nullptr, bool follow = true) {
+  int p = -2;
+  const bool flagged = log.chooseLLRecords(small, follow, &p);
+  if (peer) *peer = p;
+  return flagged;
+}
+
+// Steady batches: small ranks beside a large one send plain records from
+// the second dispatch on (the first small rank's first read found nothing);
+// ranks alike send alike.
+void low_latency_choices_steady(void**) {
+  Trio t;
+  int peer = -2;
+  assert_true(choose(t.log[0], true, &peer));  // dispatch 0: nothing known yet
+  assert_int_equal(peer, -1);
+  assert_false(choose(t.log[1], false));  // rank 1 large: plain, whatever its peers
+  assert_true(choose(t.log[2], true, &peer));  // follows rank 0 (the call is mixed either way)
+  assert_int_equal(peer, -1);
+  // Dispatch 1, rank 0 first: rank 1 has not made it, its latest was large.
+  assert_false(choose(t.log[0], true, &peer));
+  assert_int_equal(peer, 1);
+  assert_false(choose(t.log[2], true, &peer));  // follows rank 0
+  assert_int_equal(peer, 0);
+  assert_false(choose(t.log[1], false));
+  // Every rank small from dispatch 2 on, rank 1 first: flagged everywhere.
+  assert_true(choose(t.log[1], true));
+  assert_true(choose(t.log[0], true));
+  assert_true(choose(t.log[2], true));
+  for (int n = 0; n < 3 * CallLog::kLLRing; n++)  // past the ring's wrap
+    for (auto& l : t.log) assert_true(choose(l, true));
+  // Without following, a small call sends flagged records beside a large one.
+  assert_false(choose(t.log[1], false));
+  assert_true(choose(t.log[0], true, &peer, false));
+  assert_int_equal(peer, -1);
+  assert_true(choose(t.log[2], true));  // and a following rank after it does what it did
+}
+
+// Every rank goes small at the same dispatch while one host runs ahead: it
+// reads its peers' previous (large) dispatch and sends plain records; the
+// peers, coming later, follow its choice instead of sending flagged ones
+// beside it. The next dispatch is flagged everywhere.
+void low_latency_choices_when_all_shrink(void**) {
+  Trio t;
+  for (auto& l : t.log) assert_false(choose(l, false));  // dispatch 0: all large
+  int peer = -2;
+  assert_false(choose(t.log[0], true, &peer));  // dispatch 1: rank 0 ahead
+  assert_int_equal(peer, 1);
+  assert_false(choose(t.log[2], true, &peer));  // follows rank 0 (rank 1's latest is large too)
+  assert_int_equal(peer, 0);
+  assert_false(choose(t.log[1], true, &peer));
+  assert_int_equal(peer, 0);
+  assert_true(choose(t.log[0], true));  // dispatch 2: every latest small
+  assert_true(choose(t.log[1], true));
+  assert_true(choose(t.log[2], true));
+  // Rank 2 large at dispatch 3: rank 0, after it, sends plain records, and
+  // predicts plain for dispatch 4 from rank 2's latest.
+  assert_false(choose(t.log[2], false));
+  assert_false(choose(t.log[0], true, &peer));
+  assert_int_equal(peer, 2);
+  assert_false(choose(t.log[0], true, &peer));
+  assert_int_equal(peer, 2);
+}
+
+// A small peer that already chose flagged records for a dispatch is followed
+// although another peer made it large: plain would only add a third kind of
+// rank (the call is mixed either way), and the small ranks stay alike.
+void low_latency_choices_follow_the_first_small_rank(void**) {
+  Trio t;
+  assert_false(choose(t.log[2], false));  // dispatch 0: rank 2 large
+  int peer = -2;
+  assert_true(choose(t.log[0], true, &peer, false));  // rank 0 does not follow: flagged
+  assert_int_equal(peer, -1);
+  assert_true(choose(t.log[1], true, &peer));  // follows rank 0
+  assert_int_equal(peer, -1);
+}
+
+// A peer more than kLLRing dispatches ahead is read through its latest; the
+// calls' comparison is not touched by the choices; unmapped peers are not read.
+void low_latency_choices_far_ahead_and_alone(void**) {
+  Pair p;
+  for (int n = 0; n < CallLog::kLLRing + 5; n++) {
+    p.log1.record(ep::kCallLLDispatch, false);
+    int peer = -2;
+    p.log1.chooseLLRecords(false, true, &peer);
+  }
+  int peer = -2;
+  assert_false(p.log0.chooseLLRecords(true, true, &peer));  // its slot holds a later dispatch
+  assert_int_equal(peer, 1);
+  p.log0.record(ep::kCallLLDispatch, false);
   CallMismatch m;
-  assert_false(log0.findMismatch(&m));
-  // Unmapped peers are not read.
+  assert_false(p.log0.findMismatch(&m));
+  assert_false(p.log1.findMismatch(&m));
+  p.log0.record(ep::kCallLLCombine, false);  // call 1: a combine here, a dispatch there
+  assert_true(p.log0.findMismatch(&m));
+  assert_int_equal(m.call, 1);
   LogMemory alone;
   CallLog lone(alone.get(), 0, 2);
-  assert_int_equal(lone.peerWithLargeLLDispatch(), -1);
+  assert_true(lone.chooseLLRecords(true, true, &peer));
+  assert_int_equal(peer, -1);
+  assert_false(lone.chooseLLRecords(false, true, &peer));
 }
 
 void kinds_have_names(void**) {
@@ -286,7 +365,10 @@ int main() {
       cmocka_unit_test(looks_while_both_ranks_log),
       cmocka_unit_test(unmapped_peers_are_not_compared),
       cmocka_unit_test(a_log_written_by_another_process),
-      cmocka_unit_test(latest_low_latency_sizes),
+      cmocka_unit_test(low_latency_choices_steady),
+      cmocka_unit_test(low_latency_choices_when_all_shrink),
+      cmocka_unit_test(low_latency_choices_follow_the_first_small_rank),
+      cmocka_unit_test(low_latency_choices_far_ahead_and_alone),
       cmocka_unit_test(kinds_have_names),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
