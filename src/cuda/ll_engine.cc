@@ -334,9 +334,9 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   p.num_topk = a.num_topk;
   p.fp8 = a.wire_type == epFloat8E4M3;
   p.pow2 = (a.flags & EP_LL_ROUND_SCALE_POW2) != 0;
-  // 0: never, not even a call of 0 tokens. Plain records, too, where a peer's
-  // latest call was too large for flagged ones (they would meet in a mixed
-  // receive): the size each rank's host saw last, not this call's.
+  // 0: never, not even a call of 0 tokens. Plain records, too, where the
+  // peers' call logs say this dispatch would meet plain sources (a mixed
+  // receive, slower): CallLog::chooseLLRecords.
   p.flagged = notices_->llSendsFlagged(flag_tokens_ > 0 && a.num_tokens <= flag_tokens_, follow_peers_,
                                        a.num_tokens);
   p.flag_cap = flag_cap_;
