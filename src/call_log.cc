@@ -9,27 +9,26 @@ namespace ep {
 // kind, so that a reader knows a slot that was already reused for a later
 // call (a reader 2^24 calls behind, the only way to mistake one, would be
 // tens of seconds late). `issued` is stored (release) after the slot, so
-// calls below it can be read (acquire).
-// Low-latency dispatch n is ll_done[n % kLLRing] = n << 2 | kLLPlain (it sent
-// plain records) | kLLLarge (it was not small); ll_latest repeats the latest.
-// Relaxed throughout: a choice read late only makes a call mixed, which every
-// receive handles. On cache lines of their own, away from `issued`.
+// calls below it can be read (acquire). A low-latency dispatch's kind byte
+// carries its llDispatchNote; `ll_latest` repeats the latest such slot (on a
+// cache line of its own, away from `issued`). The choice of records reads
+// both relaxed: read late, it only makes a call mixed, which every receive
+// handles.
 struct CallLog::Shared {
   std::atomic<uint64_t> issued;
   std::atomic<uint64_t> captured_from;  // the first call logged into a graph capture (kNever: none)
-  alignas(64) std::atomic<uint64_t> ll_latest;
-  alignas(64) std::atomic<uint64_t> ll_done[kLLRing];
+  alignas(64) std::atomic<uint32_t> ll_latest;
   alignas(64) std::atomic<uint32_t> slots[kSlots];
 };
 
 namespace {
 constexpr uint64_t kNever = ~uint64_t(0);
-constexpr uint32_t kEmpty = ~uint32_t(0);  // no call yet (kind 0xff is no kind)
+constexpr uint32_t kEmpty = ~uint32_t(0);  // no call yet (kind 0x3f is no kind)
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the logs are shared between processes");
-constexpr uint64_t kLLNone = ~uint64_t(0);  // no dispatch (its number matches none)
-constexpr uint64_t kLLLarge = 1, kLLPlain = 2;
-uint32_t slotOf(uint64_t call, CallKind kind) { return uint32_t(call << 8) | kind; }
+constexpr uint32_t kKindMask = 0x3f;  // the kind in a slot's low byte (the rest: llDispatchNote)
+static_assert((kKindMask & (kCallLLLarge | kCallLLPlain)) == 0, "the note's bits are not the kind's");
+uint32_t slotOf(uint64_t call, CallKind kind, uint8_t note) { return uint32_t(call << 8) | kind | note; }
 bool holds(uint32_t slot, uint64_t call) { return slot != kEmpty && slot >> 8 == uint32_t(call & 0xffffff); }
 }  // namespace
 
@@ -49,8 +48,7 @@ size_t callLogBytes() { return sizeof(CallLog::Shared); }
 void callLogFormat(void* mem) {
   auto* s = static_cast<CallLog::Shared*>(mem);
   s->issued.store(0, std::memory_order_relaxed);
-  s->ll_latest.store(kLLNone, std::memory_order_relaxed);
-  for (auto& d : s->ll_done) d.store(kLLNone, std::memory_order_relaxed);
+  s->ll_latest.store(kEmpty, std::memory_order_relaxed);
   for (auto& slot : s->slots) slot.store(kEmpty, std::memory_order_relaxed);
   s->captured_from.store(kNever, std::memory_order_release);
 }
@@ -66,54 +64,48 @@ bool CallLog::comparesAny() const {
   return std::any_of(peers_.begin(), peers_.end(), [](const Shared* p) { return p != nullptr; });
 }
 
-void CallLog::record(CallKind kind, bool capturing) {
+void CallLog::record(CallKind kind, bool capturing, uint8_t note) {
   const uint64_t c = own_->issued.load(std::memory_order_relaxed);
-  own_->slots[c % kSlots].store(slotOf(c, kind), std::memory_order_relaxed);
+  const uint32_t slot = slotOf(c, kind, note);
+  own_->slots[c % kSlots].store(slot, std::memory_order_relaxed);
+  if (kind == kCallLLDispatch) own_->ll_latest.store(slot, std::memory_order_relaxed);
   if (capturing && own_->captured_from.load(std::memory_order_relaxed) == kNever)
     own_->captured_from.store(c, std::memory_order_relaxed);
   own_->issued.store(c + 1, std::memory_order_release);
 }
 
-// The first small peer to make dispatch n decides for the small ones after
+// The first small peer to log the dispatch decides for the small ones after
 // it, so that ranks whose hosts run at different distances ahead still send
-// alike: a host ahead of a peer reads that peer's previous dispatch as a
-// prediction; the peer, coming later, reads the choice itself. Two small
-// ranks that choose at the same moment may still differ (a mixed call).
-bool CallLog::chooseLLRecords(bool small, bool follow_peers, int* peer) {
-  const uint64_t n = ll_next_++;
-  bool flagged = small;
+// alike: a host ahead of a peer reads that peer's previous low-latency
+// dispatch as a prediction; the peer, coming later, reads the choice itself.
+// Two small ranks that choose at the same moment may still differ (a mixed
+// call).
+bool CallLog::chooseLLRecords(bool small, bool follow_peers, int* peer) const {
   *peer = -1;
-  if (small && follow_peers) {
-    int adopted = -1, decided_large = -1, predicted_large = -1;  // adopted: 0 flagged, 1 plain
-    for (size_t r = 0; r < peers_.size(); r++) {
-      const Shared* p = peers_[r];
-      if (p == nullptr) continue;
-      const uint64_t d = p->ll_done[n % kLLRing].load(std::memory_order_relaxed);
-      if (d != kLLNone && d >> 2 == n) {  // made this dispatch already
-        if (d & kLLLarge) {
-          if (decided_large < 0) decided_large = int(r);
-        } else if (d & kLLPlain) {
-          if (adopted != 1) *peer = int(r);
-          adopted = 1;
-        } else if (adopted < 0) {
-          adopted = 0;
-        }
-        continue;
+  if (!small || !follow_peers) return small;
+  const uint64_t n = own_->issued.load(std::memory_order_relaxed);  // the call about to be logged
+  int adopted = -1, decided_large = -1, predicted_large = -1;  // adopted: 0 flagged, 1 plain
+  for (size_t r = 0; r < peers_.size(); r++) {
+    const Shared* p = peers_[r];
+    if (p == nullptr) continue;
+    const uint32_t d = p->slots[n % kSlots].load(std::memory_order_relaxed);
+    if (holds(d, n) && (d & kKindMask) == kCallLLDispatch) {  // logged this call already
+      if (d & kCallLLLarge) {
+        if (decided_large < 0) decided_large = int(r);
+      } else if (d & kCallLLPlain) {
+        if (adopted != 1) *peer = int(r);
+        adopted = 1;
+      } else if (adopted < 0) {
+        adopted = 0;
       }
-      const uint64_t latest = p->ll_latest.load(std::memory_order_relaxed);
-      if (latest != kLLNone && (latest & kLLLarge) && predicted_large < 0) predicted_large = int(r);
+      continue;
     }
-    if (adopted >= 0) {
-      flagged = adopted == 0;
-    } else {
-      *peer = decided_large >= 0 ? decided_large : predicted_large;
-      flagged = *peer < 0;
-    }
+    const uint32_t latest = p->ll_latest.load(std::memory_order_relaxed);
+    if (latest != kEmpty && (latest & kCallLLLarge) && predicted_large < 0) predicted_large = int(r);
   }
-  const uint64_t d = n << 2 | (small ? 0 : kLLLarge) | (flagged ? 0 : kLLPlain);
-  own_->ll_done[n % kLLRing].store(d, std::memory_order_relaxed);
-  own_->ll_latest.store(d, std::memory_order_relaxed);
-  return flagged;
+  if (adopted >= 0) return adopted == 0;
+  *peer = decided_large >= 0 ? decided_large : predicted_large;
+  return *peer < 0;
 }
 
 bool CallLog::findMismatch(CallMismatch* out) {
@@ -130,9 +122,9 @@ bool CallLog::findMismatch(CallMismatch* out) {
       const uint32_t a = own_->slots[c % kSlots].load(std::memory_order_relaxed);
       const uint32_t b = p->slots[c % kSlots].load(std::memory_order_acquire);
       if (!holds(a, c) || !holds(b, c)) continue;  // reused for a later call since: not compared
-      if ((a & 0xff) != (b & 0xff)) {
+      if ((a & kKindMask) != (b & kKindMask)) {
         checked_[r] = c + 1;
-        *out = CallMismatch{int(r), c, int(a & 0xff), int(b & 0xff)};
+        *out = CallMismatch{int(r), c, int(a & kKindMask), int(b & kKindMask)};
         return true;
       }
     }

@@ -17,9 +17,9 @@
 // every launch: from the first call either rank captured, the two logs no
 // longer line up with what runs, and are not compared any more.
 //
-// The log also carries the rank's recent low-latency dispatches: whether
-// each was small (within the rank's bound for flagged records) and what it
-// sent, for the peers' choice of records (chooseLLRecords).
+// A low-latency dispatch's entry also says whether it was small (within the
+// rank's bound for flagged records) and what it sent, for the peers' choice
+// of records (chooseLLRecords).
 #pragma once
 
 #include <cstddef>
@@ -38,6 +38,13 @@ enum CallKind : uint8_t {
   kCallLLCombine = 5,   // epLowLatencyCombine
 };
 const char* callKindName(int kind);
+// What a low-latency dispatch's entry adds to its kind: it was not small (over
+// the rank's bound for flagged records, or flagged records off there), it
+// sent plain records.
+constexpr uint8_t kCallLLLarge = 0x40, kCallLLPlain = 0x80;
+inline uint8_t llDispatchNote(bool small, bool flagged) {
+  return uint8_t((small ? 0 : kCallLLLarge) | (flagged ? 0 : kCallLLPlain));
+}
 
 // Bytes of one rank's log (its shared memory).
 size_t callLogBytes();
@@ -68,37 +75,35 @@ class CallLog {
   void setPeer(int r, const void* log);
   bool comparesAny() const;
 
-  // Appends a kernel this rank enqueued (`capturing`: into a graph). Called
-  // by the thread in the communicator's call (one at a time).
-  void record(CallKind kind, bool capturing);
+  // Appends a kernel this rank enqueued (`capturing`: into a graph; `note`: a
+  // low-latency dispatch's llDispatchNote). Called by the thread in the
+  // communicator's call (one at a time).
+  void record(CallKind kind, bool capturing, uint8_t note = 0);
   // Compares every peer's calls with this rank's, from where the last look
   // ended up to the calls both have made: true at the first that differs.
   // One caller at a time (the watcher).
   bool findMismatch(CallMismatch* out);
 
-  // Low-latency dispatches, numbered from 0 on every rank alike (the calls
-  // match one to one). Chooses the records of this rank's next one, `small`
-  // when within its own bound for flagged records (EP_CUDA_LL_FLAGGED), and
-  // records the call for the peers. A call that mixes flagged and plain
-  // sources takes a slower receive, so with `follow_peers` a small call
-  //   - does what the small peers that already made this dispatch chose;
-  //   - else sends plain records when a peer that made it was not small;
-  //   - else when a peer's latest dispatch (a prediction: that peer is
-  //     behind) was not small;
+  // The records of the low-latency dispatch this rank logs next (its next
+  // call: the same call on every rank), `small` when within its own bound
+  // for flagged records (EP_CUDA_LL_FLAGGED). A call that mixes flagged and
+  // plain sources takes a slower receive, so with `follow_peers` a small call
+  //   - does what the small peers that already logged this call chose;
+  //   - else sends plain records when a peer that logged it was not small;
+  //   - else when a peer's latest low-latency dispatch (a prediction: that
+  //     peer is behind) was not small;
   //   - else flagged ones.
   // Without `follow_peers`, or not small: flagged when small. Returns
   // whether to send flagged records; *peer: the peer that made the call
-  // plain (-1: none). Called by the thread in the communicator's call.
-  bool chooseLLRecords(bool small, bool follow_peers, int* peer);
-  // Dispatches a peer may be ahead and still be read exactly.
-  static constexpr int kLLRing = 64;
+  // plain (-1: none). The call is then logged with record(kCallLLDispatch,
+  // ..., llDispatchNote(small, flagged)).
+  bool chooseLLRecords(bool small, bool follow_peers, int* peer) const;
 
  private:
   Shared* own_;
   int rank_;
   std::vector<const Shared*> peers_;
   std::vector<uint64_t> checked_;  // [rank]: calls compared so far
-  uint64_t ll_next_ = 0;           // this rank's next low-latency dispatch
 };
 
 }  // namespace ep

@@ -81,14 +81,14 @@ epResult_t HostNotices::shareCallLog() {
   return epSuccess;
 }
 
-void HostNotices::recordCall(CallKind kind, cudaStream_t stream) {
+void HostNotices::recordCall(CallKind kind, cudaStream_t stream, uint8_t note) {
   if (!calls_) return;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
     cudaGetLastError();
     st = cudaStreamCaptureStatusActive;  // unknown: taken as captured (the logs are no longer compared)
   }
-  calls_->record(kind, st != cudaStreamCaptureStatusNone);
+  calls_->record(kind, st != cudaStreamCaptureStatusNone, note);
 }
 
 bool HostNotices::llSendsFlagged(bool small, bool follow_peers, int num_tokens) {
@@ -99,8 +99,9 @@ bool HostNotices::llSendsFlagged(bool small, bool follow_peers, int num_tokens) 
     told_plain_ = true;
     EP_INFO(kSubsysCuda, "a low-latency dispatch sends plain records where its size (%d) would take flagged "
             "ones: rank %d sends plain records in it, or did in its latest when it has not made it yet (over "
-            "its bound, flagged records off there, or following another peer), and a call of flagged and plain sources takes a slower receive "
-            "(EP_CUDA_LL_FLAGGED_PEERS=0: flagged records whatever the peers send); logged once",
+            "its bound, flagged records off there, or following another peer), and a call of flagged and "
+            "plain sources takes a slower receive (EP_CUDA_LL_FLAGGED_PEERS=0: flagged records whatever the "
+            "peers send); logged once",
             num_tokens, peer);
   }
   return flagged;

@@ -54,12 +54,14 @@ class HostNotices {
   void watch();
   // epCommAbort: every wait of this rank leaves.
   void abort();
-  // A collective kernel this rank enqueued on `stream` (its call log).
-  void recordCall(CallKind kind, cudaStream_t stream);
-  // A low-latency dispatch, `small` when within this rank's bound for
-  // flagged records: whether it sends flagged records (with `follow_peers`,
-  // as the peers' call logs say: CallLog::chooseLLRecords; without mapped
-  // call logs, when small). Logs at INFO the first call made plain.
+  // A collective kernel this rank enqueued on `stream` (its call log; `note`:
+  // a low-latency dispatch's llDispatchNote).
+  void recordCall(CallKind kind, cudaStream_t stream, uint8_t note = 0);
+  // The low-latency dispatch this rank records next, `small` when within its
+  // bound for flagged records: whether it sends flagged records (with
+  // `follow_peers`, as the peers' call logs say: CallLog::chooseLLRecords;
+  // without mapped call logs, when small). Logs at INFO the first call made
+  // plain.
   bool llSendsFlagged(bool small, bool follow_peers, int num_tokens);
   // Once the watcher found the ranks out of step (and ended the kernels'
   // waits): the two calls; else null.

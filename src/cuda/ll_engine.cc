@@ -337,8 +337,8 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   // 0: never, not even a call of 0 tokens. Plain records, too, where the
   // peers' call logs say this dispatch would meet plain sources (a mixed
   // receive, slower): CallLog::chooseLLRecords.
-  p.flagged = notices_->llSendsFlagged(flag_tokens_ > 0 && a.num_tokens <= flag_tokens_, follow_peers_,
-                                       a.num_tokens);
+  const bool small = flag_tokens_ > 0 && a.num_tokens <= flag_tokens_;
+  p.flagged = notices_->llSendsFlagged(small, follow_peers_, a.num_tokens);
   p.flag_cap = flag_cap_;
   p.recv_x = static_cast<uint8_t*>(a.recv_x);
   p.recv_scales = a.recv_scales;
@@ -362,7 +362,7 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
     return setError(comm_, epUnhandledCudaError, "epLowLatencyDispatch: kernel launch failed: %s",
                     cudaGetErrorString(cudaError_t(err)));
   }
-  notices_->recordCall(kCallLLDispatch, stream);
+  notices_->recordCall(kCallLLDispatch, stream, llDispatchNote(small, p.flagged));
   if (send_only) h->pending = epHandle::Pending::kDispatch;
   return epSuccess;
 }

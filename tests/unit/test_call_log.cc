@@ -244,10 +244,12 @@ struct Trio {
   }
 };
 
-// Rank r's choice for its next low-latency dispatch; *peer as returned.
+// A rank's next call, a low-latency dispatch: its choice of records, then
+// the call logged with it, as the CUDA backend does; *peer as returned.
 bool choose(CallLog& log, bool small, int* peer = nullptr, bool follow = true) {
   int p = -2;
   const bool flagged = log.chooseLLRecords(small, follow, &p);
+  log.record(ep::kCallLLDispatch, false, ep::llDispatchNote(small, flagged));
   if (peer) *peer = p;
   return flagged;
 }
@@ -273,7 +275,7 @@ void low_latency_choices_steady(void**) {
   assert_true(choose(t.log[1], true));
   assert_true(choose(t.log[0], true));
   assert_true(choose(t.log[2], true));
-  for (int n = 0; n < 3 * CallLog::kLLRing; n++)  // past the ring's wrap
+  for (int n = 0; n < 300; n++)
     for (auto& l : t.log) assert_true(choose(l, true));
   // Without following, a small call sends flagged records beside a large one.
   assert_false(choose(t.log[1], false));
@@ -321,30 +323,38 @@ void low_latency_choices_follow_the_first_small_rank(void**) {
   assert_int_equal(peer, -1);
 }
 
-// A peer more than kLLRing dispatches ahead is read through its latest; the
-// calls' comparison is not touched by the choices; unmapped peers are not read.
+// A peer whose slot of this call holds another call (more than kSlots calls
+// ahead), or another kind of call (a combine here), is read through its
+// latest low-latency dispatch; the notes do not make kinds differ in the
+// calls' comparison; unmapped peers are not read.
 void low_latency_choices_far_ahead_and_alone(void**) {
   Pair p;
-  for (int n = 0; n < CallLog::kLLRing + 5; n++) {
-    p.log1.record(ep::kCallLLDispatch, false);
-    int peer = -2;
-    p.log1.chooseLLRecords(false, true, &peer);
-  }
+  for (int n = 0; n < CallLog::kSlots + 5; n++) choose(p.log1, false);
   int peer = -2;
-  assert_false(p.log0.chooseLLRecords(true, true, &peer));  // its slot holds a later dispatch
+  assert_false(choose(p.log0, true, &peer));  // its slot holds a later call
   assert_int_equal(peer, 1);
-  p.log0.record(ep::kCallLLDispatch, false);
+  // Dispatches with different notes are the same kind of call.
+  Pair n;
+  assert_false(choose(n.log1, false));
+  assert_false(choose(n.log0, true));  // plain beside rank 1: a note other than rank 1's
   CallMismatch m;
-  assert_false(p.log0.findMismatch(&m));
-  assert_false(p.log1.findMismatch(&m));
-  p.log0.record(ep::kCallLLCombine, false);  // call 1: a combine here, a dispatch there
-  assert_true(p.log0.findMismatch(&m));
-  assert_int_equal(m.call, 1);
+  assert_false(n.log0.findMismatch(&m));
+  assert_false(n.log1.findMismatch(&m));
+  // Rank 1 made call 0 a combine: read as not made there, and the calls
+  // differ by their kinds, the note left out.
+  Pair q;
+  q.log1.record(ep::kCallLLCombine, false);
+  assert_true(choose(q.log0, true, &peer));
+  assert_int_equal(peer, -1);
+  assert_true(q.log0.findMismatch(&m));
+  assert_int_equal(m.call, 0);
+  assert_int_equal(m.mine, ep::kCallLLDispatch);
+  assert_int_equal(m.theirs, ep::kCallLLCombine);
   LogMemory alone;
   CallLog lone(alone.get(), 0, 2);
-  assert_true(lone.chooseLLRecords(true, true, &peer));
+  assert_true(choose(lone, true, &peer));
   assert_int_equal(peer, -1);
-  assert_false(lone.chooseLLRecords(false, true, &peer));
+  assert_false(choose(lone, false, &peer));
 }
 
 void kinds_have_names(void**) {
