@@ -534,15 +534,10 @@ const char* whatName(int what) {
   }
 }
 
-// A collective high-throughput kernel as the call that runs it.
-const char* htKernelName(int kind) {
-  switch (kind) {
-    case cuda::kHtRouting: return "the routing of a dispatch (epDispatch with new ids, or epDispatchPrepare)";
-    case cuda::kHtDispatch: return "a dispatch (epDispatch)";
-    case cuda::kHtCombine: return "a combine (epCombine)";
-    default: return "a high-throughput call";
-  }
-}
+// The kernels' kinds are the call log's, so a report names them as it does.
+static_assert(int(cuda::kHtRouting) == kCallRouting && int(cuda::kHtDispatch) == kCallDispatch &&
+                  int(cuda::kHtCombine) == kCallCombine,
+              "a high-throughput kernel's kind is its call's (callKindName)");
 
 // Ranks found out of step by the host (HostNotices: the call logs differ)
 // first, then the failure slot (the communicator is broken), then the
@@ -591,7 +586,7 @@ epResult_t CudaBackend::reportFailedWait(const char* fn) {
                   "%s: rank %d is in %s while rank %d (GPU %d) waited for it in %s of %s (collective kernel %lld "
                   "of each): ranks must issue the same collective calls in the same order; the communicator "
                   "cannot be used any more",
-                  fn, peer, htKernelName(int(b >> 8)), comm_->rank, dev_, whatName(what), htKernelName(int(b & 0xff)),
+                  fn, peer, callKindName(int(b >> 8)), comm_->rank, dev_, whatName(what), callKindName(int(b & 0xff)),
                   a);
 }
 

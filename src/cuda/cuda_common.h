@@ -37,7 +37,7 @@ struct Ctrl {
 };
 
 // The collective high-throughput kernels (as a report of ranks out of step
-// names them).
+// names them): the same values as their calls' CallKind (src/call_log.h).
 enum HtKernel { kHtRouting = 1, kHtDispatch = 2, kHtCombine = 3 };
 
 // What a high-throughput wait reads once it has lasted kFamilyProbeNs
