@@ -789,6 +789,15 @@ inline epLowLatencyDispatchArgs_t dispatchArgs(const Shape& s, int r, const GpuR
   return a;
 }
 
+// The combine of g's expert outputs into g's output (flags: EP_LL_SEND_ONLY or 0).
+inline epLowLatencyCombineArgs_t combineArgs(const GpuRank& g, unsigned flags = 0) {
+  epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+  c.flags = flags;
+  c.y = g.y;
+  c.out = g.out;
+  return c;
+}
+
 // Enqueues one dispatch + combine; with s.split, the halves are split by other
 // work, which between(0) (after the dispatch's send half) and between(1) (after
 // the combine's) enqueue on g.stream.
@@ -799,10 +808,7 @@ inline void enqueueLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h, const
     between(0);
     EK(g.comm, epLowLatencyComplete(g.comm, *h, g.stream));
   }
-  epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-  c.flags = s.split ? EP_LL_SEND_ONLY : 0u;
-  c.y = g.y;
-  c.out = g.out;
+  epLowLatencyCombineArgs_t c = combineArgs(g, s.split ? EP_LL_SEND_ONLY : 0u);
   EK(g.comm, epLowLatencyCombine(g.comm, &c, *h, g.stream));
   if (s.split) {
     between(1);
@@ -920,8 +926,7 @@ inline void bench(int R, int tokens, bool split, std::vector<int> per_rank = {})
       epLowLatencyDispatchArgs_t a = dispatchArgs(s, r, g[r]);
       a.flags = 0;  // unsplit: the combine follows directly
       EK(comms[r], epLowLatencyDispatch(comms[r], &a, &hs[l], g[r].stream));
-      epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-      c.y = g[r].y; c.out = g[r].out;
+      epLowLatencyCombineArgs_t c = combineArgs(g[r]);
       EK(comms[r], epLowLatencyCombine(comms[r], &c, hs[l], g[r].stream));
     }
     CK(cudaStreamSynchronize(g[r].stream));
@@ -945,8 +950,7 @@ inline void bench(int R, int tokens, bool split, std::vector<int> per_rank = {})
         mark(4 * l + 1);
         if (split) EK(comms[r], epLowLatencyComplete(comms[r], hs[l], g[r].stream));
         mark(4 * l + 2);
-        epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-        c.y = g[r].y; c.out = g[r].out;
+        epLowLatencyCombineArgs_t c = combineArgs(g[r]);
         EK(comms[r], epLowLatencyCombine(comms[r], &c, hs[l], g[r].stream));
         mark(4 * l + 3);
       }
@@ -1052,9 +1056,7 @@ inline epResult_t syncedLayer(const Shape& s, int r, GpuRank& g, epHandle_t* h) 
   const epResult_t res = epLowLatencyDispatch(g.comm, &a, h, g.stream);
   if (res != epSuccess) return res;
   CK(cudaStreamSynchronize(g.stream));
-  epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
-  ca.y = g.y;
-  ca.out = g.out;
+  epLowLatencyCombineArgs_t ca = combineArgs(g);
   return epLowLatencyCombine(g.comm, &ca, *h, g.stream);
 }
 

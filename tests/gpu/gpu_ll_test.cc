@@ -321,9 +321,7 @@ int runWireMismatch(int R) {
     epHandle_t h = nullptr;
     EK(c.comms[r], epLowLatencyDispatch(c.comms[r], &a, &h, c.g[r].stream));
     CK(cudaStreamSynchronize(c.g[r].stream));
-    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
-    ca.y = c.g[r].y;
-    ca.out = c.g[r].out;
+    epLowLatencyCombineArgs_t ca = ll::combineArgs(c.g[r]);
     const epResult_t res = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
     const std::string msg = epGetLastError(c.comms[r]);
     if (res != epInvalidUsage || msg.find("wire_type must be the same") == std::string::npos) {
@@ -355,9 +353,7 @@ int layerAfterReport(const Shape& s, int r, GpuRank& g, epResult_t want, const s
   epHandle_t h = nullptr;
   EK(g.comm, epLowLatencyDispatch(g.comm, &a, &h, g.stream));
   CK(cudaStreamSynchronize(g.stream));  // a kernel's report is in by now
-  epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-  c.y = g.y;
-  c.out = g.out;
+  epLowLatencyCombineArgs_t c = ll::combineArgs(g);
   int bad = 0;
   epResult_t res = epLowLatencyCombine(g.comm, &c, h, g.stream);
   const std::string msg = epGetLastError(g.comm);
@@ -419,9 +415,7 @@ int runTimeoutAfterBadId(int R) {
     epHandle_t h = nullptr;
     first = epLowLatencyDispatch(c.comms[r], &a, &h, c.g[r].stream);
     CK(cudaStreamSynchronize(c.g[r].stream));
-    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
-    ca.y = c.g[r].y;
-    ca.out = c.g[r].out;
+    epLowLatencyCombineArgs_t ca = ll::combineArgs(c.g[r]);
     next = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
     msg = epGetLastError(c.comms[r]);
     after = epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream);
@@ -460,9 +454,7 @@ int runLowLatencyOutOfOrder(int R) {
     EK(g.comm, epLowLatencyDispatch(g.comm, &a, &h, g.stream));
     CK(cudaStreamSynchronize(g.stream));
     const auto t0 = std::chrono::steady_clock::now();
-    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
-    ca.y = g.y;
-    ca.out = g.out;
+    epLowLatencyCombineArgs_t ca = ll::combineArgs(g);
     res[r] = r == 0 ? epLowLatencyCombine(g.comm, &ca, h, g.stream) : epLowLatencyDispatch(g.comm, &a, &h2, g.stream);
     cudaStreamSynchronize(g.stream);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -649,10 +641,7 @@ int runLateInputs(int R, int tokens, bool split, bool graph) {
     EK(c.comms[r], epLowLatencyDispatch(c.comms[r], &da, &h, c.g[r].stream));
     if (split) EK(c.comms[r], epLowLatencyComplete(c.comms[r], h, c.g[r].stream));
     late(a.y, c.g[r].y, a.ny);
-    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
-    ca.flags = split ? EP_LL_SEND_ONLY : 0u;
-    ca.y = c.g[r].y;
-    ca.out = c.g[r].out;
+    epLowLatencyCombineArgs_t ca = ll::combineArgs(c.g[r], split ? EP_LL_SEND_ONLY : 0u);
     EK(c.comms[r], epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream));
     if (split) EK(c.comms[r], epLowLatencyComplete(c.comms[r], h, c.g[r].stream));
     if (graph) {  // the kernels' programmatic edges are the graph's now
@@ -746,9 +735,7 @@ int runSendHalfDoesNotWait(int R) {
     CK(cudaStreamSynchronize(c.g[r].stream));
     send_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EK(c.comms[r], epLowLatencyComplete(c.comms[r], h, c.g[r].stream));
-    epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
-    ca.y = c.g[r].y;
-    ca.out = c.g[r].out;
+    epLowLatencyCombineArgs_t ca = ll::combineArgs(c.g[r]);
     EK(c.comms[r], epLowLatencyCombine(c.comms[r], &ca, h, c.g[r].stream));
     CK(cudaStreamSynchronize(c.g[r].stream));
     epHandleDestroy(h);

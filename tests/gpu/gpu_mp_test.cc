@@ -283,9 +283,7 @@ bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_
     const char* what = "epLowLatencyDispatch";
     if (res == epSuccess) {
       CK(cudaStreamSynchronize(g.stream));
-      epLowLatencyCombineArgs_t cb = EP_LL_COMBINE_ARGS_INITIALIZER;
-      cb.y = g.y;
-      cb.out = g.out;
+      epLowLatencyCombineArgs_t cb = ll::combineArgs(g);
       res = epLowLatencyCombine(ll_comm, &cb, h, g.stream);
       what = "epLowLatencyCombine after the dispatch";
     }
@@ -334,9 +332,7 @@ bool runLlOutOfOrder(int R, int rank, const epUniqueId& id) {
   ll::GpuRank g = joinOutOfStepRank(s, R, rank, id, "low-latency calls out of order", 10);
   const epComm_t comm = g.comm;
   epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, rank, g);
-  epLowLatencyCombineArgs_t ca = EP_LL_COMBINE_ARGS_INITIALIZER;
-  ca.y = g.y;
-  ca.out = g.out;
+  epLowLatencyCombineArgs_t ca = ll::combineArgs(g);
   epHandle_t h = nullptr, h2 = nullptr;
   EK(comm, epLowLatencyDispatch(comm, &a, &h, g.stream));
   CK(cudaStreamSynchronize(g.stream));
