@@ -13,11 +13,12 @@ namespace ep {
 // carries its llDispatchNote; `ll_latest` repeats the latest such slot (on a
 // cache line of its own, away from `issued`). The choice of records reads
 // both relaxed: read late, it only makes a call mixed, which every receive
-// handles.
+// handles. `closed` is written once, when the rank leaves its communicator.
 struct CallLog::Shared {
   std::atomic<uint64_t> issued;
   std::atomic<uint64_t> captured_from;  // the first call logged into a graph capture (kNever: none)
   alignas(64) std::atomic<uint32_t> ll_latest;
+  alignas(64) std::atomic<uint32_t> closed;  // a CloseKind
   alignas(64) std::atomic<uint32_t> slots[kSlots];
 };
 
@@ -49,6 +50,7 @@ void callLogFormat(void* mem) {
   auto* s = static_cast<CallLog::Shared*>(mem);
   s->issued.store(0, std::memory_order_relaxed);
   s->ll_latest.store(kEmpty, std::memory_order_relaxed);
+  s->closed.store(kOpen, std::memory_order_relaxed);
   for (auto& slot : s->slots) slot.store(kEmpty, std::memory_order_relaxed);
   s->captured_from.store(kNever, std::memory_order_release);
 }
@@ -106,6 +108,17 @@ bool CallLog::chooseLLRecords(bool small, bool follow_peers, int* peer) const {
   if (adopted >= 0) return adopted == 0;
   *peer = decided_large >= 0 ? decided_large : predicted_large;
   return *peer < 0;
+}
+
+void CallLog::announceClosed(CloseKind how) {
+  uint32_t open = kOpen;
+  own_->closed.compare_exchange_strong(open, how, std::memory_order_release, std::memory_order_relaxed);
+}
+
+CloseKind CallLog::peerClosed(int r) const {
+  if (r < 0 || size_t(r) >= peers_.size() || peers_[size_t(r)] == nullptr) return kOpen;
+  const uint32_t how = peers_[size_t(r)]->closed.load(std::memory_order_acquire);
+  return how == kClosedDestroyed || how == kClosedAborted ? CloseKind(how) : kOpen;
 }
 
 bool CallLog::findMismatch(CallMismatch* out) {

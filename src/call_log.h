@@ -20,6 +20,11 @@
 // A low-latency dispatch's entry also says whether it was small (within the
 // rank's bound for flagged records) and what it sent, for the peers' choice
 // of records (chooseLLRecords).
+//
+// A log also says when its rank destroyed or aborted its communicator
+// (announceClosed), so that the peers' waits for it end at once instead of
+// at their timeout: the logs outlive their owner's communicator in the
+// peers' mappings.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +50,13 @@ constexpr uint8_t kCallLLLarge = 0x40, kCallLLPlain = 0x80;
 inline uint8_t llDispatchNote(bool small, bool flagged) {
   return uint8_t((small ? 0 : kCallLLLarge) | (flagged ? 0 : kCallLLPlain));
 }
+
+// How a rank left its communicator (0: it has not).
+enum CloseKind : uint8_t {
+  kOpen = 0,
+  kClosedDestroyed = 1,  // epCommDestroy, once its kernels had finished
+  kClosedAborted = 2,    // epCommAbort (its kernels told to stop waiting)
+};
 
 // Bytes of one rank's log (its shared memory).
 size_t callLogBytes();
@@ -98,6 +110,13 @@ class CallLog {
   // plain (-1: none). The call is then logged with record(kCallLLDispatch,
   // ..., llDispatchNote(small, flagged)).
   bool chooseLLRecords(bool small, bool follow_peers, int* peer) const;
+
+  // This rank left its communicator: `how` (the first announcement stays:
+  // an abort is not turned into a destroy by the free that follows it).
+  void announceClosed(CloseKind how);
+  // How rank r left its communicator, as its log says (kOpen: it has not,
+  // or its log is not mapped here).
+  CloseKind peerClosed(int r) const;
 
  private:
   Shared* own_;

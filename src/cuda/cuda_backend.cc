@@ -97,8 +97,12 @@ class CudaBackend : public Backend {
   epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, bool ids_routed, epStream_t stream) override;
   epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
   void releaseHandle(epHandle* h) override;
+  // epCommAbort: this rank's waits leave, and the peers' waits for it too
+  // (its call log says it aborted: their watchers mark it gone).
   void abort() override {
-    if (notices_) notices_->abort();
+    if (!notices_) return;
+    notices_->abort();
+    notices_->announceClosed(kClosedAborted);
   }
   // The low-latency calls report both families' kernel errors first
   // (checkKernelErrors: this slot, then the engine's), as every call does.
@@ -129,6 +133,11 @@ class CudaBackend : public Backend {
   // communicator cannot go on (the argument errors it reports can).
   bool kernelFailedForGood() const { return notices_->kernelsReportedFailure() || notices_->outOfStep(); }
   epResult_t reportFailedWait(const char* fn);
+  // The peer a failed wait found gone: how it left (HostNotices::goneWhat).
+  std::string goneWhat(int peer) const {
+    std::string what = notices_->goneWhat(peer);
+    return what.empty() ? "rank " + std::to_string(peer) + " left" : what;
+  }
   epResult_t reportArgumentError(const char* fn, cudaStream_t stream);
   epResult_t allocSlot(HandleSlot** out);
   epResult_t watchOtherFamily();
@@ -163,12 +172,15 @@ class CudaBackend : public Backend {
 
 CudaBackend::~CudaBackend() {
   DeviceGuard g(dev_);
+  // Kernels of this rank may still run: wait for them (the watcher still
+  // ends their waits for a peer that left). Peers only write into this
+  // buffer during operations this rank takes part in, so once they are done
+  // nobody touches it any more. Then the peers may learn that this rank
+  // left: everything it sent has landed.
+  cudaDeviceSynchronize();
+  if (notices_) notices_->announceClosed(kClosedDestroyed);
   notices_.reset();  // the watcher stops before what it writes into goes
   ll_.reset();
-  // Kernels of this rank may still run: wait for them. Peers only write into
-  // this buffer during operations this rank takes part in, so once they are
-  // done nobody touches it any more.
-  cudaDeviceSynchronize();
   if (ipc_ != nullptr) {
     for (void* c : conns_)
       if (c) ipc_->table->close(ipc_->ctx, c);
@@ -540,16 +552,26 @@ static_assert(int(cuda::kHtRouting) == kCallRouting && int(cuda::kHtDispatch) ==
               "a high-throughput kernel's kind is its call's (callKindName)");
 
 // Ranks found out of step by the host (HostNotices: the call logs differ)
-// first, then the failure slot (the communicator is broken), then the
-// low-latency kernels' slots (a rank whose low-latency call failed, because a
-// peer found it out of step say, learns it at its next call of either family,
-// not only at its next low-latency one), then this family's argument errors.
+// first, then the failure slots (the communicator is broken; a rank whose
+// low-latency call failed, because a peer found it out of step say, learns it
+// at its next call of either family, not only at its next low-latency one),
+// then a peer that left its communicator while no kernel waited for it, then
+// the argument errors of the low-latency kernels and of this family.
 epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
   if (const char* out_of_step = notices_->outOfStep()) {
     comm_->broken.store(epInvalidUsage);
     return setError(comm_, epInvalidUsage, "%s: %s", fn, out_of_step);
   }
   if (err_host_[cuda::kFailSlot].code != 0) return reportFailedWait(fn);
+  if (ll_ && ll_->waitFailed()) return ll_->checkErrors(fn, stream);
+  const int closed = notices_->closedPeer();
+  if (closed >= 0) {  // no kernel waited for it: refused before any kernel writes into its buffers
+    comm_->broken.store(epRemoteError);
+    return setError(comm_, epRemoteError,
+                    "%s: %s, so rank %d (GPU %d) cannot make collective calls on it any more; destroy this "
+                    "communicator",
+                    fn, notices_->goneWhat(closed).c_str(), comm_->rank, dev_);
+  }
   if (ll_) EPCHECK(ll_->checkErrors(fn, stream));
   if (err_host_[cuda::kArgSlot].code != 0) return reportArgumentError(fn, stream);
   return epSuccess;
@@ -563,9 +585,9 @@ epResult_t CudaBackend::reportFailedWait(const char* fn) {
   if (code == epRemoteError) {
     comm_->broken.store(epRemoteError);
     return setError(comm_, epRemoteError,
-                    "%s: rank %d (pid %d) exited while rank %d (GPU %d) waited for it in %s (channel %d); the "
-                    "communicator cannot be used any more",
-                    fn, peer, comm_->peers[peer].pid, comm_->rank, dev_, whatName(what), channel);
+                    "%s: %s while rank %d (GPU %d) waited for it in %s (channel %d); the communicator cannot be "
+                    "used any more",
+                    fn, goneWhat(peer).c_str(), comm_->rank, dev_, whatName(what), channel);
   }
   if (code == epTimeout) {
     comm_->broken.store(epTimeout);

@@ -127,6 +127,10 @@ void HostNotices::watch() {
   if (any || (calls_ && calls_->comparesAny())) watcher_ = std::thread([this] { run(); });
 }
 
+namespace {
+enum GoneWhy : uint8_t { kNotGone = 0, kGoneExited, kGoneDestroyed, kGoneAborted };
+}  // namespace
+
 void HostNotices::run() {
   cudaSetDevice(dev_);
   const int R = comm_->nranks;
@@ -136,15 +140,41 @@ void HostNotices::run() {
   CallMismatch seen;
   std::unique_lock<std::mutex> lock(stop_mu_);
   while (!stop_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
-    for (int r = 0; r < R; r++) {
-      const int pid = comm_->peers[r].pid;
-      if (!watched(r) || marked[r] || !peerExited(comm_, r)) continue;
+    for (int r = 0; r < R && r < kMaxRanks; r++) {
+      if (r == comm_->rank || marked[r]) continue;
+      GoneWhy why = kNotGone;
+      if (watched(r) && peerExited(comm_, r)) why = kGoneExited;
+      else if (calls_ != nullptr && calls_->peerClosed(r) != kOpen)
+        why = calls_->peerClosed(r) == kClosedAborted ? kGoneAborted : kGoneDestroyed;
+      if (why == kNotGone) continue;
       marked[r] = true;
-      EP_WARN(kSubsysCuda, "rank %d (pid %d) exited: this rank's waits for it end with epRemoteError", r, pid);
+      gone_why_[r].store(why, std::memory_order_release);
+      if (why == kGoneExited) {
+        EP_WARN(kSubsysCuda, "rank %d (pid %d) exited: this rank's waits for it end with epRemoteError", r,
+                comm_->peers[r].pid);
+      } else {
+        // At the end of a job every rank sees its peers leave: not a warning.
+        EP_INFO(kSubsysCuda, "%s: this rank's waits for it end with epRemoteError, its further collective calls "
+                "are refused", goneWhat(r).c_str());
+        int none = -1;
+        first_closed_.compare_exchange_strong(none, r, std::memory_order_acq_rel);
+      }
       markGone(r);
     }
     if (!settled) settled = lookAtCalls(&looks_pending, &seen);
   }
+}
+
+std::string HostNotices::goneWhat(int r) const {
+  if (r < 0 || r >= comm_->nranks || r >= kMaxRanks) return "";
+  char what[96];
+  switch (gone_why_[r].load(std::memory_order_acquire)) {
+    case kGoneExited: snprintf(what, sizeof(what), "rank %d (pid %d) exited", r, comm_->peers[r].pid); break;
+    case kGoneDestroyed: snprintf(what, sizeof(what), "rank %d destroyed its communicator", r); break;
+    case kGoneAborted: snprintf(what, sizeof(what), "rank %d aborted its communicator", r); break;
+    default: return "";
+  }
+  return what;
 }
 
 // One look at the call logs; true once nothing is left to do. A difference

@@ -4,6 +4,13 @@
 //     peers' pids every 100 ms and sets gone[rank] (the waits for that rank
 //     then end with epRemoteError, reported at the next call, instead of at
 //     the timeout);
+//   - a peer that destroyed or aborted its communicator (its call log says
+//     so, announceClosed): gone[rank] as for an exit, and this rank's further
+//     collective calls are refused on the host (closedPeer), before any
+//     kernel could write into the peer's freed buffers. A destroy announces
+//     once its kernels have finished (what they sent has landed: a wait for
+//     it sees it when it loads once more), an abort at once (its kernels
+//     stop waiting, so what they have not sent never comes);
 //   - ranks out of step: the same watcher compares the ranks' call logs
 //     (src/call_log.h, in host shared memory). A difference that no kernel
 //     of this rank has reported within half a second (the kernels' own
@@ -15,7 +22,8 @@
 // The words are this rank's own device memory, written by copies on a stream
 // of their own, which run beside kernels that spin on the caller's stream.
 // Peers in this process are not watched for exits (they cannot exit alone),
-// nor peers in another pid namespace (their pids mean nothing here).
+// nor peers in another pid namespace (their pids mean nothing here); their
+// destroy or abort is seen wherever the call logs are mapped.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,6 +62,19 @@ class HostNotices {
   void watch();
   // epCommAbort: every wait of this rank leaves.
   void abort();
+  // This rank leaves its communicator (its call log says so to the peers'
+  // watchers): kClosedAborted from epCommAbort, kClosedDestroyed once the
+  // GPU finished this rank's kernels.
+  void announceClosed(CloseKind how) {
+    if (calls_) calls_->announceClosed(how);
+  }
+  // A peer that destroyed or aborted its communicator, as the watcher saw
+  // it (-1: none); goneWhat(r) says how.
+  int closedPeer() const { return first_closed_.load(std::memory_order_acquire); }
+  // "rank R (pid P) exited", "rank R destroyed its communicator" or "rank R
+  // aborted its communicator" once the watcher marked rank r gone for that
+  // reason; else "".
+  std::string goneWhat(int r) const;
   // A collective kernel this rank enqueued on `stream` (its call log; `note`:
   // a low-latency dispatch's llDispatchNote).
   void recordCall(CallKind kind, cudaStream_t stream, uint8_t note = 0);
@@ -97,6 +118,10 @@ class HostNotices {
   std::vector<void*> log_conns_;
   std::unique_ptr<CallLog> calls_;
   bool told_plain_ = false;  // llSendsFlagged's INFO line was logged
+  // Why the watcher marked each rank gone (a GoneWhy, host_notices.cc), set
+  // before its gone bytes; the first rank that closed its communicator.
+  std::atomic<uint8_t> gone_why_[kMaxRanks] = {};
+  std::atomic<int> first_closed_{-1};
   std::atomic<bool> out_of_step_{false};
   std::string out_of_step_what_;  // written before out_of_step_ is set
   std::mutex mu_;  // the stream and one_ (the watcher and abort may both write)

@@ -297,10 +297,12 @@ epResult_t LLEngine::reportFailedWait(const char* fn) {
   const ErrorInfo& e = err_host_[kFailSlot];
   const int code = e.code, what = e.what, peer = e.peer;
   const long long a = e.a, b = e.b;
-  // A wait for a peer marked gone whose process lives: the peer, in a
-  // high-throughput call, found this rank in a low-latency one (device.cuh:
-  // tellLowLatencyPeers; the watcher marks only exited processes).
-  const bool out_of_step = code == epRemoteError && peer >= 0 && peer < comm_->nranks && !peerExited(comm_, peer);
+  // A wait for a peer marked gone that the watcher did not mark (its process
+  // lives, its communicator too): the peer, in a high-throughput call, found
+  // this rank in a low-latency one (device.cuh: tellLowLatencyPeers).
+  const std::string gone = code == epRemoteError && notices_ ? notices_->goneWhat(peer) : std::string();
+  const bool out_of_step =
+      code == epRemoteError && peer >= 0 && peer < comm_->nranks && gone.empty() && !peerExited(comm_, peer);
   comm_->broken.store(out_of_step ? int(epInvalidUsage) : code);
   if (out_of_step)
     return setError(comm_, epInvalidUsage,
@@ -308,11 +310,15 @@ epResult_t LLEngine::reportFailedWait(const char* fn) {
                     "for it (%s; that rank found it so): ranks must issue the same collective calls in the same "
                     "order; the communicator cannot be used any more",
                     fn, peer, comm_->rank, llWhatName(what));
-  if (code == epRemoteError)
+  if (code == epRemoteError) {
+    char exited[64];
+    snprintf(exited, sizeof(exited), "rank %d (pid %d) exited", peer,
+             peer >= 0 && peer < comm_->nranks ? comm_->peers[size_t(peer)].pid : -1);
     return setError(comm_, epRemoteError,
-                    "%s: rank %d (pid %d) exited while an earlier low-latency call of rank %d waited for it (%s); "
-                    "the communicator cannot be used any more",
-                    fn, peer, comm_->peers[peer].pid, comm_->rank, llWhatName(what));
+                    "%s: %s while an earlier low-latency call of rank %d waited for it (%s); the communicator cannot "
+                    "be used any more",
+                    fn, gone.empty() ? exited : gone.c_str(), comm_->rank, llWhatName(what));
+  }
   return setError(comm_, epResult_t(code),
                   "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) within %d ms: that rank "
                   "stopped, or is in another call (calls out of order, or a high-throughput call against this "

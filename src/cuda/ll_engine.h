@@ -47,6 +47,8 @@ class LLEngine {
   // reported by the next call of either family (CudaBackend::checkKernelErrors
   // looks here).
   epResult_t checkErrors(const char* fn, cudaStream_t stream);
+  // A wait of a low-latency kernel failed (checkErrors reports it).
+  bool waitFailed() const { return err_host_[kFailSlot].code != 0; }
 
  private:
   epResult_t reportFailedWait(const char* fn);

@@ -593,6 +593,71 @@ int runAbortWhileWaiting(int R) {
   return failed ? 1 : 0;
 }
 
+// Peers that leave while rank 0's dispatch waits for them (no call of their
+// own): each aborts its communicator, or destroys it, 200 ms after the
+// dispatch. Rank 0's kernel must end within 5 s (its peers' call logs say
+// they left; timeout 60 s), its combine must return epRemoteError saying
+// that a peer aborted (destroyed) its communicator, and its next call must
+// be refused. A destroy waits for the GPU to finish the destroying rank's
+// kernels: on a GPU shared with rank 0 in this process that includes rank
+// 0's waiting kernel (the destroy is seen at the timeout; SKIPPED there).
+int runPeersLeaveWhileWaiting(int R, bool abort) {
+  const char* how = abort ? "aborted its communicator" : "destroyed its communicator";
+  const char* name = abort ? "abort" : "destroy";
+  for (int r = 1; r < R && !abort; r++)
+    if (gpuOf(r) == gpuOf(0)) {
+      printf("eager  R=%d peers %s theirs while rank 0's dispatch waits: SKIPPED (rank %d shares GPU %d with rank "
+             "0: its destroy waits for rank 0's kernel)\n", R, name, r, gpuOf(0));
+      return 0;
+    }
+  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
+  std::vector<RankData> in(R);
+  std::vector<epComm_t> comms(R);
+  epConfig_t cfg = configFor(s, epBackendCuda);
+  cfg.timeout_ms = 60000;
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+  randomInputs(s, R, 29, in);
+  GpuRank g;
+  g.comm = comms[0];
+  CK(cudaSetDevice(0));
+  allocRank(s, R, 0, g);
+  upload(s, 0, in[0], g);
+  epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, 0, g);
+  epHandle_t h = nullptr;
+  EK(comms[0], epLowLatencyDispatch(comms[0], &a, &h, g.stream));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the kernel waits for its peers by now
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int> closed_ok(R, 1);
+  {  // together: a rank's close can wait for rank 0's kernel, which waits for every peer
+    std::vector<std::thread> closers;
+    for (int r = 1; r < R; r++)
+      closers.emplace_back([&, r] {
+        closed_ok[r] = (abort ? epCommAbort(comms[r]) : epCommDestroy(comms[r])) == epSuccess;
+      });
+    for (std::thread& t : closers) t.join();
+  }
+  const bool closed = std::count(closed_ok.begin(), closed_ok.end(), 1) == R;
+  CK(cudaSetDevice(0));
+  CK(cudaStreamSynchronize(g.stream));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  epLowLatencyCombineArgs_t ca = ll::combineArgs(g);
+  const epResult_t res = epLowLatencyCombine(comms[0], &ca, h, g.stream);
+  const std::string msg = epGetLastError(comms[0]);
+  epHandle_t h2 = nullptr;
+  const epResult_t again = epLowLatencyDispatch(comms[0], &a, &h2, g.stream);
+  CK(cudaStreamSynchronize(g.stream));
+  epHandleDestroy(h);
+  if (h2) epHandleDestroy(h2);
+  freeRank(g);
+  epCommDestroy(comms[0]);
+  const bool failed = !closed || secs > 5.0 || res != epRemoteError || msg.find(how) == std::string::npos ||
+                      again != epRemoteError;
+  printf("eager  R=%d peers %s theirs while rank 0's dispatch waits: kernel done %.2f s after, combine %s (%s), "
+         "next call %s: %s\n", R, name, secs, epGetErrorString(res), msg.c_str(), epGetErrorString(again),
+         failed ? "FAILED" : "OK");
+  return failed ? 1 : 0;
+}
+
 // Inputs written by lateCopyKernel right before the calls that read them
 // (x, ids and weights before the dispatch, y before the combine), the
 // buffers the calls read holding zeros and ids of -1 until then: every output
@@ -923,6 +988,8 @@ int main(int argc, char** argv) {
     if (R >= 2) ((runBadId(R, 40) == 0) ? passed : failed)++;
     if (R >= 2) ((runBadId(R, 1) == 0) ? passed : failed)++;
     if (R >= 2) ((runAbortWhileWaiting(R) == 0) ? passed : failed)++;
+    for (bool abort : {true, false})
+      if (R >= 2) ((runPeersLeaveWhileWaiting(R, abort) == 0) ? passed : failed)++;
     if (R >= 2) ((runTimeoutAfterBadId(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runLowLatencyOutOfOrder(R) == 0) ? passed : failed)++;
     if (R >= 2) ((runModeMismatch(R, 40) == 0) ? passed : failed)++;

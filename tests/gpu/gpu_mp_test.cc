@@ -31,10 +31,11 @@
 // printed, not checked (timeLlLayers). Then ranks out of step (rank 0 in a
 // low-latency dispatch, the others in a high-throughput one; then low-latency
 // calls out of order among themselves): every rank must return
-// epInvalidUsage within seconds (runOutOfStep). Last, a peer that
-// exits: the last rank leaves without destroying its communicators; the
-// others' waiting GPU calls must fail with epRemoteError naming it within
-// seconds (runPeerExit).
+// epInvalidUsage within seconds (runOutOfStep). Then a peer that leaves
+// (runPeerLeaves): the last rank destroys its communicators and lives on,
+// then aborts them and lives on, and last its process exits without
+// destroying them; each time the others' waiting GPU calls must fail with
+// epRemoteError naming it and how it left within seconds.
 //
 //   gpu_mp_test [--timeout SECONDS] [--ranks N]
 // --timeout: ranks still running then are killed (default 240). --ranks N (2..8):
@@ -201,27 +202,42 @@ bool runCase(const MpCase& mc, int R, int rank, const epUniqueId& gpu_id, const 
   return ok;
 }
 
-// True when `res` is the epRemoteError of a call that found rank `gone` exited,
-// `elapsed` seconds after the first call, well within the 60 s timeout.
-bool remoteErrorSeen(const char* what, int rank, epResult_t res, epComm_t comm, int gone, double elapsed) {
+// How the last rank leaves runPeerLeaves: its process exits, or it destroys
+// or aborts its communicators and lives on.
+enum class Leave { kExit, kDestroy, kAbort };
+const char* leaveName(Leave how) {
+  return how == Leave::kExit ? "peer exit" : how == Leave::kDestroy ? "peer destroys" : "peer aborts";
+}
+
+// True when `res` is the epRemoteError of a call that found rank `gone` left
+// as `how` says (the message names it so), `elapsed` seconds after the first
+// call, well within the 60 s timeout.
+bool remoteErrorSeen(const char* what, int rank, epResult_t res, epComm_t comm, int gone, Leave how,
+                     double elapsed) {
   const std::string msg = epGetLastError(comm);
-  const std::string name = "rank " + std::to_string(gone) + " (pid";
+  const std::string r = "rank " + std::to_string(gone);
+  const std::string name = how == Leave::kExit      ? r + " (pid"
+                           : how == Leave::kDestroy ? r + " destroyed its communicator"
+                                                    : r + " aborted its communicator";
   const bool ok = res == epRemoteError && msg.find(name) != std::string::npos &&
-                  msg.find("exited") != std::string::npos && elapsed < 15.0;
+                  (how != Leave::kExit || msg.find("exited") != std::string::npos) && elapsed < 15.0;
   printf("  %s rank %d: %s after %.2f s: %s (%s)\n", ok ? "ok  " : "FAIL", rank, what, elapsed,
          epGetErrorString(res), msg.c_str());
   return ok;
 }
 
-// A peer process that exits: the last rank joins a high-throughput and a
-// low-latency communicator, waits 1.5 s and exits without destroying them.
+// A peer that leaves: the last rank joins a high-throughput and a
+// low-latency communicator, waits 1.5 s and then exits without destroying
+// them, or destroys (or aborts) both and lives on until the others are done.
 // Every other rank's GPU waits for it must end with epRemoteError naming it
-// within seconds (the backend watches the peers' pids every 100 ms), not at
-// the 60 s timeout: the exact-sizing dispatch (its count wait on the host),
-// then a low-latency dispatch, whose error the combine after it returns.
-bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_id, int* result) {
+// and how it left within seconds (the backend watches the peers' pids and
+// call logs every 100 ms), not at the 60 s timeout: the exact-sizing
+// dispatch (its count wait on the host), then a low-latency dispatch, whose
+// error the combine after it returns (or, once the peer's leaving was seen,
+// the dispatch itself: refused before it sends).
+bool runPeerLeaves(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_id, Leave how, int* result) {
   const std::vector<int> T(R, 64);
-  ht::Case c{"peer exit", R, 2048, 4, 8 * R, T};
+  ht::Case c{leaveName(how), R, 2048, 4, 8 * R, T};
   epConfig_t hc = ht::configOf(c, epBackendCuda);
   ll::Shape s{2048, 4, 8 * R, 64, T, false, false, false};
   epConfig_t lc = ll::configFor(s, epBackendCuda);
@@ -231,10 +247,17 @@ bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_
   epComm_t ll_comm = join(R, ll_id, rank, lc, c.name);
   const int gone = R - 1;
   if (rank == gone) {
-    *result = 0;
     fflush(stdout);
     usleep(1500 * 1000);
-    _exit(0);
+    if (how == Leave::kExit) {
+      *result = 0;
+      _exit(0);
+    }
+    auto close = how == Leave::kDestroy ? epCommDestroy : epCommAbort;
+    const bool ok = close(ht_comm) == epSuccess && close(ll_comm) == epSuccess;
+    usleep(3000 * 1000);  // alive while the others find it gone (its pid says nothing)
+    *result = ok ? 0 : 1;
+    return ok;
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -264,7 +287,7 @@ bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_
       what = "epDispatch (exact sizing)";
       if (h) epHandleDestroy(h);
     }
-    ok &= remoteErrorSeen(what, rank, res, ht_comm, gone, since());
+    ok &= remoteErrorSeen(what, rank, res, ht_comm, gone, how, since());
     CK(cudaStreamSynchronize(st));
     CK(cudaStreamDestroy(st));
     ht::freeDev(&d);
@@ -288,7 +311,7 @@ bool runPeerExit(int R, int rank, const epUniqueId& ht_id, const epUniqueId& ll_
       what = "epLowLatencyCombine after the dispatch";
     }
     if (h) epHandleDestroy(h);
-    ok &= remoteErrorSeen(what, rank, res, ll_comm, gone, since() - start);
+    ok &= remoteErrorSeen(what, rank, res, ll_comm, gone, how, since() - start);
     CK(cudaStreamSynchronize(g.stream));
     ll::freeRank(g);
   }
@@ -434,8 +457,10 @@ int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vecto
     if (!ok || rank == 0) printf("%s %s on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", cases[i].name.c_str(), rank, s);
     all &= ok;
   }
-  const size_t n = cases.size();  // then: out of step (case n), peer exit (case n + 1)
-  timeLlLayers(R, rank, ids[2 * (n + 2)]);
+  // Then: out of step (case n), a peer that leaves (cases n + 1 to n + 3:
+  // destroys, aborts, and last exits); then the layer timing's id.
+  const size_t n = cases.size();
+  timeLlLayers(R, rank, ids[2 * (n + 4)]);
   {
     const auto t0 = std::chrono::steady_clock::now();
     const bool ok = runOutOfStep(R, rank, ids[2 * n], ids[2 * n + 1], &results[n * R + rank]);
@@ -443,13 +468,15 @@ int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vecto
     if (!ok || rank == 0) printf("%s EP%d out of step on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", R, rank, s);
     all &= ok;
   }
-  // Last: the case in which the last rank exits.
-  const size_t i = n + 1;
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool ok = runPeerExit(R, rank, ids[2 * i], ids[2 * i + 1], &results[i * R + rank]);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!ok || rank == 0) printf("%s EP%d peer exit on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", R, rank, s);
-  all &= ok;
+  for (Leave how : {Leave::kDestroy, Leave::kAbort, Leave::kExit}) {
+    const size_t i = n + 1 + size_t(how == Leave::kAbort) + 2 * size_t(how == Leave::kExit);
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = runPeerLeaves(R, rank, ids[2 * i], ids[2 * i + 1], how, &results[i * R + rank]);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!ok || rank == 0)
+      printf("%s EP%d %s on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", R, leaveName(how), rank, s);
+    all &= ok;
+  }
   return all ? 0 : 1;
 }
 
@@ -534,7 +561,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::vector<MpCase> cases = makeCases(R);
-  const size_t ncases = cases.size() + 2;  // + out of step, + the peer exit, run last
+  const size_t ncases = cases.size() + 4;  // + out of step, + a peer that destroys, aborts, exits (last)
   const size_t nres = ncases * size_t(R);
   // Each rank's verdict per case, in memory the children share with this process.
   int* results = static_cast<int*>(
@@ -547,8 +574,8 @@ int main(int argc, char** argv) {
   printf("gpu_mp_test: %d ranks as processes on %d GPU%s, %zu cases\n", R, std::min(ndev, R), ndev == 1 ? "" : "s",
          ncases);
   // Per case: the CUDA and the host communicator (out of step: two CUDA, the
-  // families, then low-latency calls out of order; peer exit: two CUDA); then
-  // the layer timing's.
+  // families, then low-latency calls out of order; a peer that leaves: two
+  // CUDA); then the layer timing's.
   std::vector<epUniqueId> ids(2 * ncases + 1);
   int rank = -1;
   std::vector<int> codes;
@@ -558,9 +585,11 @@ int main(int argc, char** argv) {
 
   int passed = 0, failed = 0;
   for (size_t i = 0; i < ncases; i++) {
-    const std::string name = i < cases.size()       ? cases[i].name
-                             : i == cases.size()    ? "EP" + std::to_string(R) + " out of step"
-                                                    : "EP" + std::to_string(R) + " peer exit";
+    const Leave leaves[] = {Leave::kDestroy, Leave::kAbort, Leave::kExit};
+    const std::string name = i < cases.size()    ? cases[i].name
+                             : i == cases.size() ? "EP" + std::to_string(R) + " out of step"
+                                                 : "EP" + std::to_string(R) + " " +
+                                                       leaveName(leaves[i - cases.size() - 1]);
     std::string bad;
     for (int r = 0; r < R; r++) {
       const int v = results[i * R + r];

@@ -7,6 +7,8 @@
 // written. Also the low-latency dispatches the logs carry, from which a
 // small call chooses its records: plain beside a large peer, as the first
 // small peer to make the same dispatch chose, flagged when every rank is small.
+// And a rank's leaving (destroy, abort) as its peers read it, also from
+// another process after the owner's mapping is gone.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -357,6 +359,52 @@ void low_latency_choices_far_ahead_and_alone(void**) {
   assert_false(choose(lone, false, &peer));
 }
 
+// A rank that leaves its communicator says how; the first announcement
+// stays (an abort, then the free that follows it); unmapped or unknown ranks
+// read as open.
+void a_rank_that_leaves_says_how(void**) {
+  Trio t;
+  for (int r = 0; r < 3; r++) assert_int_equal(t.log[0].peerClosed(r), ep::kOpen);
+  t.log[1].announceClosed(ep::kClosedAborted);
+  t.log[1].announceClosed(ep::kClosedDestroyed);
+  t.log[2].announceClosed(ep::kClosedDestroyed);
+  assert_int_equal(t.log[0].peerClosed(1), ep::kClosedAborted);
+  assert_int_equal(t.log[0].peerClosed(2), ep::kClosedDestroyed);
+  assert_int_equal(t.log[2].peerClosed(1), ep::kClosedAborted);
+  assert_int_equal(t.log[0].peerClosed(0), ep::kOpen);  // its own log is not a peer's
+  assert_int_equal(t.log[0].peerClosed(3), ep::kOpen);
+  assert_int_equal(t.log[0].peerClosed(-1), ep::kOpen);
+  LogMemory mem;
+  CallLog alone(mem.get(), 0, 2);
+  assert_int_equal(alone.peerClosed(1), ep::kOpen);
+}
+
+// A process destroys its communicator (announces, then unmaps its log and
+// exits); the peer's mapping still reads it.
+void a_leaving_seen_after_the_owner_unmapped(void**) {
+  const size_t bytes = ep::callLogBytes();
+  void* shared = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(shared != MAP_FAILED);
+  ep::callLogFormat(shared);
+  LogMemory mine;
+  CallLog log(mine.get(), 0, 2);
+  log.setPeer(1, shared);
+  const pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    CallLog theirs(shared, 1, 2);
+    theirs.record(ep::kCallLLDispatch, false);
+    theirs.announceClosed(ep::kClosedDestroyed);
+    munmap(shared, bytes);
+    _exit(0);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  assert_int_equal(log.peerClosed(1), ep::kClosedDestroyed);
+  munmap(shared, bytes);
+}
+
 void kinds_have_names(void**) {
   for (int k = ep::kCallRouting; k <= ep::kCallLLCombine; k++)
     assert_true(strcmp(ep::callKindName(k), ep::callKindName(ep::kCallNone)) != 0);
@@ -379,6 +427,8 @@ int main() {
       cmocka_unit_test(low_latency_choices_when_all_shrink),
       cmocka_unit_test(low_latency_choices_follow_the_first_small_rank),
       cmocka_unit_test(low_latency_choices_far_ahead_and_alone),
+      cmocka_unit_test(a_rank_that_leaves_says_how),
+      cmocka_unit_test(a_leaving_seen_after_the_owner_unmapped),
       cmocka_unit_test(kinds_have_names),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
