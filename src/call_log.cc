@@ -110,6 +110,17 @@ bool CallLog::chooseLLRecords(bool small, bool follow_peers, int* peer) const {
   return *peer < 0;
 }
 
+bool CallLog::progress(int r, uint64_t* mine, uint64_t* theirs) const {
+  if (r < 0 || size_t(r) >= peers_.size() || peers_[size_t(r)] == nullptr) return false;
+  const Shared* p = peers_[size_t(r)];
+  if (own_->captured_from.load(std::memory_order_acquire) != kNever ||
+      p->captured_from.load(std::memory_order_acquire) != kNever)
+    return false;
+  *mine = own_->issued.load(std::memory_order_acquire);
+  *theirs = p->issued.load(std::memory_order_acquire);
+  return true;
+}
+
 void CallLog::announceClosed(CloseKind how) {
   uint32_t open = kOpen;
   own_->closed.compare_exchange_strong(open, how, std::memory_order_release, std::memory_order_relaxed);

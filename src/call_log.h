@@ -111,6 +111,11 @@ class CallLog {
   // ..., llDispatchNote(small, flagged)).
   bool chooseLLRecords(bool small, bool follow_peers, int* peer) const;
 
+  // The collective calls this rank logged and those rank r logged (false
+  // when r's log is not mapped here, or either rank captured calls into a
+  // graph: the counts are then not what ran).
+  bool progress(int r, uint64_t* mine, uint64_t* theirs) const;
+
   // This rank left its communicator: `how` (the first announcement stays:
   // an abort is not turned into a destroy by the free that follows it).
   void announceClosed(CloseKind how);

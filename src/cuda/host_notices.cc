@@ -165,6 +165,27 @@ void HostNotices::run() {
   }
 }
 
+std::string HostNotices::progressNote(int r) const {
+  uint64_t mine = 0, theirs = 0;
+  if (!calls_ || !calls_->progress(r, &mine, &theirs)) return "";
+  char note[256];
+  if (theirs < mine)
+    snprintf(note, sizeof(note),
+             "rank %d's host has issued %llu collective calls on this communicator and this rank's %llu: it has "
+             "not made the later ones",
+             r, (unsigned long long)theirs, (unsigned long long)mine);
+  else if (theirs == mine)
+    snprintf(note, sizeof(note),
+             "rank %d's host has issued the same %llu collective calls on this communicator: its GPU has not run "
+             "the one awaited",
+             r, (unsigned long long)mine);
+  else
+    snprintf(note, sizeof(note),
+             "rank %d's host has issued %llu collective calls on this communicator and this rank's %llu", r,
+             (unsigned long long)theirs, (unsigned long long)mine);
+  return note;
+}
+
 std::string HostNotices::goneWhat(int r) const {
   if (r < 0 || r >= comm_->nranks || r >= kMaxRanks) return "";
   char what[96];

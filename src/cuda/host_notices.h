@@ -75,6 +75,10 @@ class HostNotices {
   // aborted its communicator" once the watcher marked rank r gone for that
   // reason; else "".
   std::string goneWhat(int r) const;
+  // For a wait for rank r that timed out: how many collective calls r's host
+  // has issued beside this rank's (has it made the call at all?), as their
+  // call logs say; "" where they cannot tell (not mapped, graphs captured).
+  std::string progressNote(int r) const;
   // A collective kernel this rank enqueued on `stream` (its call log; `note`:
   // a low-latency dispatch's llDispatchNote).
   void recordCall(CallKind kind, cudaStream_t stream, uint8_t note = 0);

@@ -319,11 +319,13 @@ epResult_t LLEngine::reportFailedWait(const char* fn) {
                     "be used any more",
                     fn, gone.empty() ? exited : gone.c_str(), comm_->rank, llWhatName(what));
   }
+  const std::string progress = code == epTimeout && notices_ ? notices_->progressNote(peer) : std::string();
   return setError(comm_, epResult_t(code),
                   "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) within %d ms: that rank "
                   "stopped, or is in another call (calls out of order, or a high-throughput call against this "
-                  "low-latency one); the communicator cannot be used any more",
-                  fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms);
+                  "low-latency one)%s%s; the communicator cannot be used any more",
+                  fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms, progress.empty() ? "" : "; ",
+                  progress.c_str());
 }
 
 epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {

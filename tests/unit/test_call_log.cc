@@ -8,7 +8,8 @@
 // small call chooses its records: plain beside a large peer, as the first
 // small peer to make the same dispatch chose, flagged when every rank is small.
 // And a rank's leaving (destroy, abort) as its peers read it, also from
-// another process after the owner's mapping is gone.
+// another process after the owner's mapping is gone; the calls each rank
+// logged, for a timeout's report.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -405,6 +406,29 @@ void a_leaving_seen_after_the_owner_unmapped(void**) {
   munmap(shared, bytes);
 }
 
+// The calls each rank logged, for a timeout's report; none once either
+// rank captured calls into a graph, or for a peer not mapped.
+void progress_of_a_peer(void**) {
+  Pair p;
+  uint64_t mine = 9, theirs = 9;
+  assert_true(p.log0.progress(1, &mine, &theirs));
+  assert_int_equal(mine, 0);
+  assert_int_equal(theirs, 0);
+  for (int i = 0; i < 5; i++) p.log0.record(kindOf(i), false);
+  for (int i = 0; i < 3; i++) p.log1.record(kindOf(i), false);
+  assert_true(p.log0.progress(1, &mine, &theirs));
+  assert_int_equal(mine, 5);
+  assert_int_equal(theirs, 3);
+  assert_true(p.log1.progress(0, &mine, &theirs));
+  assert_int_equal(mine, 3);
+  assert_int_equal(theirs, 5);
+  assert_false(p.log0.progress(0, &mine, &theirs));
+  assert_false(p.log0.progress(2, &mine, &theirs));
+  p.log1.record(ep::kCallLLDispatch, true);  // rank 1 captures
+  assert_false(p.log0.progress(1, &mine, &theirs));
+  assert_false(p.log1.progress(0, &mine, &theirs));
+}
+
 void kinds_have_names(void**) {
   for (int k = ep::kCallRouting; k <= ep::kCallLLCombine; k++)
     assert_true(strcmp(ep::callKindName(k), ep::callKindName(ep::kCallNone)) != 0);
@@ -429,6 +453,7 @@ int main() {
       cmocka_unit_test(low_latency_choices_far_ahead_and_alone),
       cmocka_unit_test(a_rank_that_leaves_says_how),
       cmocka_unit_test(a_leaving_seen_after_the_owner_unmapped),
+      cmocka_unit_test(progress_of_a_peer),
       cmocka_unit_test(kinds_have_names),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
