@@ -562,33 +562,49 @@ int runFamiliesInStep(int R) {
   return failed ? 1 : 0;
 }
 
+// Rank 0's low-latency dispatch, waiting for its peers, which make no call:
+// communicators of R ranks (timeout 60 s), rank 0's buffers and inputs; the
+// dispatch is made and 200 ms have passed when the constructor returns.
+struct WaitingDispatch {
+  Shape s;
+  std::vector<epComm_t> comms;
+  GpuRank g;
+  epLowLatencyDispatchArgs_t a;
+  epHandle_t h = nullptr;
+  WaitingDispatch(int R, uint64_t seed)
+      : s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false}, comms(R) {
+    std::vector<RankData> in(R);
+    epConfig_t cfg = configFor(s, epBackendCuda);
+    cfg.timeout_ms = 60000;
+    EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+    randomInputs(s, R, seed, in);
+    g.comm = comms[0];
+    CK(cudaSetDevice(0));
+    allocRank(s, R, 0, g);
+    upload(s, 0, in[0], g);
+    a = ll::dispatchArgs(s, 0, g);
+    EK(comms[0], epLowLatencyDispatch(comms[0], &a, &h, g.stream));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the kernel waits for the peers by now
+  }
+  // Rank 0's stream done, its handle and buffers freed (not its communicator).
+  void finishRank0() {
+    CK(cudaSetDevice(0));
+    CK(cudaStreamSynchronize(g.stream));
+    epHandleDestroy(h);
+    freeRank(g);
+  }
+};
+
 // epCommAbort of a communicator whose kernel waits for a peer that never
 // comes (rank 1 makes no call): the abort makes the waits leave, so it returns
 // at once instead of after the kernel's timeout (60 s here).
 int runAbortWhileWaiting(int R) {
-  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
-  std::vector<RankData> in(R);
-  std::vector<epComm_t> comms(R);
-  epConfig_t cfg = configFor(s, epBackendCuda);
-  cfg.timeout_ms = 60000;
-  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
-  randomInputs(s, R, 23, in);
-  GpuRank g;
-  g.comm = comms[0];
-  CK(cudaSetDevice(0));
-  allocRank(s, R, 0, g);
-  upload(s, 0, in[0], g);
-  epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, 0, g);
-  epHandle_t h = nullptr;
-  EK(comms[0], epLowLatencyDispatch(comms[0], &a, &h, g.stream));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the kernel waits for rank 1 by now
+  WaitingDispatch w(R, 23);
   const auto t0 = std::chrono::steady_clock::now();
-  const epResult_t res = epCommAbort(comms[0]);
+  const epResult_t res = epCommAbort(w.comms[0]);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CK(cudaStreamSynchronize(g.stream));
-  epHandleDestroy(h);
-  freeRank(g);
-  for (int r = 1; r < R; r++) epCommDestroy(comms[r]);
+  w.finishRank0();
+  for (int r = 1; r < R; r++) epCommDestroy(w.comms[r]);
   const bool failed = res != epSuccess || secs > 5.0;
   printf("eager  R=%d epCommAbort while the dispatch waits for rank 1: %s in %.2f s: %s\n", R,
          epGetErrorString(res), secs, failed ? "FAILED" : "OK");
@@ -612,22 +628,8 @@ int runPeersLeaveWhileWaiting(int R, bool abort) {
              "0: its destroy waits for rank 0's kernel)\n", R, name, r, gpuOf(0));
       return 0;
     }
-  Shape s{512, 4, 4 * R, 40, std::vector<int>(R, 40), false, false, false};
-  std::vector<RankData> in(R);
-  std::vector<epComm_t> comms(R);
-  epConfig_t cfg = configFor(s, epBackendCuda);
-  cfg.timeout_ms = 60000;
-  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
-  randomInputs(s, R, 29, in);
-  GpuRank g;
-  g.comm = comms[0];
-  CK(cudaSetDevice(0));
-  allocRank(s, R, 0, g);
-  upload(s, 0, in[0], g);
-  epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, 0, g);
-  epHandle_t h = nullptr;
-  EK(comms[0], epLowLatencyDispatch(comms[0], &a, &h, g.stream));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the kernel waits for its peers by now
+  WaitingDispatch w(R, 29);
+  std::vector<epComm_t>& comms = w.comms;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int> closed_ok(R, 1);
   {  // together: a rank's close can wait for rank 0's kernel, which waits for every peer
@@ -640,17 +642,15 @@ int runPeersLeaveWhileWaiting(int R, bool abort) {
   }
   const bool closed = std::count(closed_ok.begin(), closed_ok.end(), 1) == R;
   CK(cudaSetDevice(0));
-  CK(cudaStreamSynchronize(g.stream));
+  CK(cudaStreamSynchronize(w.g.stream));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  epLowLatencyCombineArgs_t ca = ll::combineArgs(g);
-  const epResult_t res = epLowLatencyCombine(comms[0], &ca, h, g.stream);
+  epLowLatencyCombineArgs_t ca = ll::combineArgs(w.g);
+  const epResult_t res = epLowLatencyCombine(comms[0], &ca, w.h, w.g.stream);
   const std::string msg = epGetLastError(comms[0]);
   epHandle_t h2 = nullptr;
-  const epResult_t again = epLowLatencyDispatch(comms[0], &a, &h2, g.stream);
-  CK(cudaStreamSynchronize(g.stream));
-  epHandleDestroy(h);
+  const epResult_t again = epLowLatencyDispatch(comms[0], &w.a, &h2, w.g.stream);
   if (h2) epHandleDestroy(h2);
-  freeRank(g);
+  w.finishRank0();
   epCommDestroy(comms[0]);
   const bool failed = !closed || secs > 5.0 || res != epRemoteError || msg.find(how) == std::string::npos ||
                       again != epRemoteError;
