@@ -2,7 +2,11 @@
 // (N = the visible GPUs, at most 8, or --ranks N; ranks are threads of this
 // process). Built with nvcc -x cu by tests/gpu/run.sh. --ranks 1 runs EP1 on
 // one GPU: every row stays local, so the times are the kernels' own work
-// (no link ceiling, no NCCL; what tests/gpu/run.sh runs on one GPU).
+// (no link ceiling, no NCCL; what tests/gpu/run.sh runs on one GPU). With
+// more ranks than GPUs, rank r runs on GPU r % GPUs and ranks share GPUs
+// (set CUDA_DEVICE_MAX_CONNECTIONS=32): the protocol between ranks (rings,
+// signals, flow control) without the link's latency and bandwidth, so no
+// link ceiling and no NCCL there either.
 //
 // For each shape: check first (num_recv against the routing computed here, and
 // combine(y = recv_x) == x * ranks-that-got-it, bit for bit), then time with
@@ -28,7 +32,8 @@
 namespace {
 
 constexpr int kWarm = 3, kIters = 20, kMaxR = 8;
-int g_R = 2;  // ranks (GPUs 0..g_R-1)
+int g_R = 2;  // ranks (rank r on GPU gpuOf(r))
+bool g_shared = false;  // ranks share GPUs (more ranks than GPUs)
 
 // Each rank's handshake slots (kMaxR ints on its GPU, slot q written by rank q).
 struct Flags {
@@ -142,7 +147,7 @@ double linkCeilingOf(int blocks, size_t bytes) {
   cudaStream_t s[kMaxR];
   cudaEvent_t e0[kMaxR], e1[kMaxR];
   for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     CK(cudaMalloc(&src[r], per_peer * 16));
     CK(cudaMalloc(&dst[r], per_peer * 16 * R));  // slice q: from rank q
     CK(cudaMemset(src[r], 1, per_peer * 16));
@@ -155,7 +160,7 @@ double linkCeilingOf(int blocks, size_t bytes) {
     float worst = 0;
     const int v = ++g_tick;
     for (int r = 0; r < R; r++) {
-      CK(cudaSetDevice(r));
+      CK(cudaSetDevice(gpuOf(r)));
       Dsts d{};
       for (int j = 0, q = 0; q < R; q++)
         if (q != r) d.to[j++] = static_cast<int4*>(dst[q]) + size_t(r) * per_peer;
@@ -165,7 +170,7 @@ double linkCeilingOf(int blocks, size_t bytes) {
       CK(cudaEventRecord(e1[r], s[r]));
     }
     for (int r = 0; r < R; r++) {
-      CK(cudaSetDevice(r));
+      CK(cudaSetDevice(gpuOf(r)));
       CK(cudaStreamSynchronize(s[r]));
       float ms;
       CK(cudaEventElapsedTime(&ms, e0[r], e1[r]));
@@ -174,7 +179,7 @@ double linkCeilingOf(int blocks, size_t bytes) {
     if (it >= 3) ts.push_back(worst);
   }
   for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     cudaFree(src[r]);
     cudaFree(dst[r]);
     cudaStreamDestroy(s[r]);
@@ -261,7 +266,7 @@ void benchConfig(int T, epDataType_t dt, int sms, const Routing& rt, double ceil
   cfg.timeout_ms = 20000;
   cfg.num_sms = sms;
   epComm_t comms[kMaxR];
-  EK(nullptr, epCommInitAll(comms, R, nullptr, &cfg));
+  EK(nullptr, epCommInitAll(comms, R, gpusOf(R).data(), &cfg));
   const bool fp8 = dt == epFloat8E4M3;
   const int nb = fp8 ? H / 128 : 0;
   const size_t drow = size_t(H) * (fp8 ? 1 : 2), crow = size_t(H) * 2;
@@ -269,7 +274,7 @@ void benchConfig(int T, epDataType_t dt, int sms, const Routing& rt, double ceil
   double t_full[kMaxR], t_cached[kMaxR], t_combine[kMaxR], t_layout[kMaxR];
   SpinBarrier bar(R);
   runRanks(R, [&](int r) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     std::mt19937_64 g(7 + r);
@@ -439,7 +444,7 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
   cudaStream_t s[kMaxR];
   cudaEvent_t e0[kMaxR], e1[kMaxR];
   for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     CK(cudaMalloc(&sb[r], size_t(T) * R * rowb));
     CK(cudaMalloc(&rb[r], size_t(T) * R * rowb));
     CK(cudaStreamCreate(&s[r]));
@@ -454,7 +459,7 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
   for (int it = 0; it < kWarm + kIters; it++) {
     const int v = ++g_tick;
     for (int r = 0; r < R; r++) {
-      CK(cudaSetDevice(r));
+      CK(cudaSetDevice(gpuOf(r)));
       CK(cudaMemsetAsync(g_sync.flush[r], 1, 256u << 20, s[r]));
       handshake<<<1, 1, 0, s[r]>>>(g_sync.flags, r, R, v);
       CK(cudaEventRecord(e0[r], s[r]));
@@ -475,11 +480,11 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
     for (int r = 0; r < R; r++)
       if (it >= kWarm && cudaEventQuery(e0[r]) == cudaSuccess) late_enqueues++;
     for (int r = 0; r < R; r++) {
-      CK(cudaSetDevice(r));
+      CK(cudaSetDevice(gpuOf(r)));
       CK(cudaEventRecord(e1[r], s[r]));
     }
     for (int r = 0; r < R; r++) {
-      CK(cudaSetDevice(r));
+      CK(cudaSetDevice(gpuOf(r)));
       CK(cudaStreamSynchronize(s[r]));
       float ms;
       CK(cudaEventElapsedTime(&ms, e0[r], e1[r]));
@@ -496,7 +501,7 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
   snprintf(name, sizeof(name), "nccl all-to-all %s bytes T=%d", what, T);
   report(name, us, double(rt.recvRows(0)) * rowb, double(rt.linkRowsInto(0)) * rowb, 0);
   for (int r = 0; r < R; r++) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     cudaFree(sb[r]);
     cudaFree(rb[r]);
     destroy(comms[r]);
@@ -510,7 +515,8 @@ const char kUsage[] =
     "                 [--no-nccl]\n"
     "  --mode ll   the low-latency table (128 tokens, split halves, 1 token) on all GPUs, at most 8\n"
     "  --ranks N   EP N on GPUs 0..N-1 (1..8; default: every visible GPU, at most 8; 1: one GPU, every\n"
-    "              row local: the kernels' own work without a link, no link ceiling, no NCCL)\n"
+    "              row local: the kernels' own work without a link, no link ceiling, no NCCL; more than\n"
+    "              the GPUs: rank r on GPU r % GPUs, ranks sharing GPUs, no link ceiling, no NCCL)\n"
     "  --quick     32 SMs only\n"
     "  --no-nccl   skip NCCL's all-to-all of the same bytes\n";
 
@@ -570,15 +576,21 @@ int main(int argc, char** argv) {
       return 2;
     }
   int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < (ranks == 1 ? 1 : 2)) {
-    printf("SKIPPED gpu_bench: needs 2 GPUs (or --ranks 1), %d visible\n", ndev);
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < (ranks ? 1 : 2)) {
+    printf("SKIPPED gpu_bench: needs 2 GPUs (or --ranks N), %d visible\n", ndev);
     return 0;
   }
   g_R = ranks ? ranks : std::min(ndev, kMaxR);
-  if (g_R < 1 || g_R > std::min(ndev, kMaxR)) {
-    fprintf(stderr, "gpu_bench: --ranks %d: 1..%d with %d GPUs visible\n", ranks, std::min(ndev, kMaxR), ndev);
+  if (g_R < 1 || g_R > kMaxR) {
+    fprintf(stderr, "gpu_bench: --ranks %d: 1..%d\n", ranks, kMaxR);
     return 2;
   }
+  gpuCount() = std::min(ndev, g_R);
+  g_shared = g_R > ndev;
+  if (g_shared)
+    printf("ranks share GPUs: %d ranks on %d GPU%s (rank r on GPU r %% %d): no link ceiling, no NCCL, and the "
+           "nvlink columns count the rows between ranks\n",
+           g_R, ndev, ndev == 1 ? "" : "s", ndev);
   if (low_latency) {
     ll::benchStandard(g_R);
     return 0;
@@ -593,10 +605,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   for (int r = 0; r < g_R; r++) {
-    CK(cudaSetDevice(r));
+    CK(cudaSetDevice(gpuOf(r)));
     for (int q = 0; q < g_R; q++) {
-      if (q == r) continue;
-      cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
+      if (gpuOf(q) == gpuOf(r)) continue;
+      cudaError_t e = cudaDeviceEnablePeerAccess(gpuOf(q), 0);
       if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CK(e);
       cudaGetLastError();
     }
@@ -606,6 +618,7 @@ int main(int argc, char** argv) {
   }
   std::vector<double> ceil_of(65, 0);
   if (g_R == 1) printf("link ceiling: none at EP1 (every row stays on its GPU; nvlink bytes 0)\n");
+  else if (g_shared) printf("link ceiling: none (ranks share GPUs)\n");
   else
     for (int b : sms_list) ceil_of[b] = linkCeiling(b, 117u << 20);
   for (int T : tokens) {
@@ -617,6 +630,7 @@ int main(int argc, char** argv) {
     for (epDataType_t dt : types)
       for (int sms : sms_list) benchConfig(T, dt, sms, rt, ceil_of[sms], dt == epBfloat16 && sms == sms_list[0]);
     if (nccl && g_R == 1) printf("SKIPPED nccl all-to-all T=%d: EP1 moves no bytes between GPUs\n", T);
+    else if (nccl && g_shared) printf("SKIPPED nccl all-to-all T=%d: ranks share GPUs (NCCL takes one per GPU)\n", T);
     else if (nccl) {
       benchNccl(rt, T, 7168 * 2, "bf16");
       benchNccl(rt, T, 7168 + 56 * 4, "fp8");
