@@ -35,7 +35,10 @@ for p in gpu_bench gpu_ll_test; do
 done
 mkdir -p "$LOGS"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-[ "$gpus" -ge 1 ] || { echo "issue_tables.sh: no GPU visible"; exit 1; }
+if [ "$gpus" -lt 1 ]; then
+  echo "issue_tables.sh: nvidia-smi lists no GPU: assuming one (the benchmarks say if there is none)"
+  gpus=1
+fi
 [ -n "$ranks" ] || ranks=$(( gpus >= 2 ? (gpus > 8 ? 8 : gpus) : 1 ))
 status=0
 if [ "$ht" = 1 ]; then
