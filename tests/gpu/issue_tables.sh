@@ -53,6 +53,6 @@ if [ "$ll" = 1 ]; then
     { echo "gpu_ll_test --bench: FAILED (see $LOGS/ll.log)"; status=1; }
 fi
 machine="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $gpus"
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=$(git describe --always --dirty 2>/dev/null || echo unknown)
 python3 tests/gpu/issue_tables.py "$LOGS" "$ranks" "$machine" "$commit" | tee "$LOGS/issue_tables.md"
 exit $status
