@@ -37,6 +37,8 @@ run "bootstrap selftest" timeout 300 "$BUILD/tests/bootstrap_selftest"
 run "install + pkg-config" bash tests/install_check.sh "$BUILD"
 # --- the C ABI from Python through ctypes alone: two ranks, dispatch + combine, an error
 run "python ctypes" timeout 120 python3 tests/ffi/ctypes_check.py "$BUILD/lib/libmoeep.so"
+# --- the target tables' parser on a real run's logs (no GPU needed)
+run "issue tables from sample logs" bash tests/gpu/issue_tables_check.sh
 
 # --- multi-process, MPI-free launcher: 1, 2, 3 and 4 ranks on random shapes
 for n in 1 2 3 4; do
