@@ -42,6 +42,11 @@ fi
 [ -n "$ranks" ] || ranks=$(( gpus >= 2 ? (gpus > 8 ? 8 : gpus) : 1 ))
 status=0
 if [ "$ht" = 1 ]; then
+  # NCCL for its all-to-all beside the library (as tests/gpu/run.sh finds it).
+  if [ -z "${EP_BENCH_NCCL_LIB:-}" ]; then
+    NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+    [ -n "$NCCL_DIR" ] && [ -f "$NCCL_DIR/libnccl.so.2" ] && export EP_BENCH_NCCL_LIB="$NCCL_DIR/libnccl.so.2"
+  fi
   ht_args=(--ranks "$ranks" --sms 24,32,64 --tokens 4096,8192 --types both)
   [ "$ranks" -gt 1 ] && [ "$ranks" -le "$gpus" ] || ht_args+=(--no-nccl)
   timeout 540 "$BUILD/tests/gpu_bench" "${ht_args[@]}" >"$LOGS/ht.log" 2>&1 || { echo "gpu_bench: FAILED (see $LOGS/ht.log)"; status=1; }
