@@ -15,17 +15,18 @@ import os
 import re
 import sys
 
-# (case, gpu_bench names at an SM count S and the token count, target us at
-# <= 32 SMs); the targets and DeepEP's figures are the high-throughput issue's.
+# (case, gpu_bench's name at an SM count S, target us at <= 32 SMs, DeepEP
+# V1 at 24 / 32 / 64 SMs on 2 x H200); the targets and DeepEP's figures are
+# the high-throughput issue's (EP2, best-tuned chunk sizes).
 HT_ROWS = [
-    ("dispatch BF16, 8192 tokens", "dispatch bf16 T=8192 sms={S} (cached)", 390),
-    ("dispatch FP8, 8192 tokens", "dispatch fp8 T=8192 sms={S} (cached)", 210),
-    ("combine BF16, 8192 tokens", "combine bf16 T=8192 sms={S} (after bf16)", 420),
-    ("dispatch BF16, 4096 tokens", "dispatch bf16 T=4096 sms={S} (cached)", 205),
-    ("dispatch FP8, 4096 tokens", "dispatch fp8 T=4096 sms={S} (cached)", 115),
-    ("combine BF16, 4096 tokens", "combine bf16 T=4096 sms={S} (after bf16)", 225),
-    ("dispatch BF16, 8192 tokens, new routing", "dispatch bf16 T=8192 sms={S} (new routing)", None),
-    ("dispatch BF16, 4096 tokens, new routing", "dispatch bf16 T=4096 sms={S} (new routing)", None),
+    ("dispatch BF16, 8192 tokens", "dispatch bf16 T=8192 sms={S} (cached)", 390, "659 / 507 / 410"),
+    ("dispatch FP8, 8192 tokens", "dispatch fp8 T=8192 sms={S} (cached)", 210, "456 / 354 / 230"),
+    ("combine BF16, 8192 tokens", "combine bf16 T=8192 sms={S} (after bf16)", 420, "789 / 615 / 413"),
+    ("dispatch BF16, 4096 tokens", "dispatch bf16 T=4096 sms={S} (cached)", 205, "344 / - / -"),
+    ("dispatch FP8, 4096 tokens", "dispatch fp8 T=4096 sms={S} (cached)", 115, "246 / - / -"),
+    ("combine BF16, 4096 tokens", "combine bf16 T=4096 sms={S} (after bf16)", 225, "407 / - / -"),
+    ("dispatch BF16, 8192 tokens, new routing", "dispatch bf16 T=8192 sms={S} (new routing)", None, ""),
+    ("dispatch BF16, 4096 tokens, new routing", "dispatch bf16 T=4096 sms={S} (new routing)", None, ""),
 ]
 NCCL = {"BF16": "nccl all-to-all bf16 bytes T={T}", "FP8": "nccl all-to-all fp8 bytes T={T}"}
 
@@ -55,18 +56,19 @@ def ht_table(path, ranks):
             except (ValueError, KeyError):
                 pass
     out = [f"### High throughput, EP{ranks} (hidden 7168, top-8 of 256), us", "",
-           "| case | 24 SMs | 32 SMs | 64 SMs | NCCL all-to-all, same bytes | target, <= 32 SMs | at 32 SMs |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
-    for name, key, target in HT_ROWS:
+           "| case | 24 SMs | 32 SMs | 64 SMs | NCCL all-to-all, same bytes | DeepEP V1, EP2: 24 / 32 / 64 SMs | "
+           "target, <= 32 SMs | at 32 SMs |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, key, target, deepep in HT_ROWS:
         at = [us.get(key.format(S=s)) for s in (24, 32, 64)]
         tokens = 8192 if "8192" in name else 4096
         kind = "FP8" if "FP8" in name else "BF16"
         nccl = us.get(NCCL[kind].format(T=tokens)) if name.startswith("dispatch") else None
-        out.append(f"| {name} | {fmt(at[0])} | {fmt(at[1])} | {fmt(at[2])} | {fmt(nccl)} | "
+        out.append(f"| {name} | {fmt(at[0])} | {fmt(at[1])} | {fmt(at[2])} | {fmt(nccl)} | {deepep} | "
                    f"{'-' if target is None else '<= %d' % target} | {verdict(at[1], target)} |")
     lay = [us.get(f"layout T={t}") for t in (4096, 8192)]
-    out.append(f"| layout, 4096 / 8192 tokens | {fmt(lay[0])} / {fmt(lay[1])} | | | | <= 25 (8192) | "
-               f"{verdict(lay[1], 25)} |")
+    out.append(f"| layout, 4096 / 8192 tokens | {fmt(lay[0])} / {fmt(lay[1])} | | | | - / 61 (24 SMs) | "
+               f"<= 25 (8192) | {verdict(lay[1], 25)} |")
     return out
 
 
@@ -124,25 +126,26 @@ def ll_table(path, kpath, ranks):
     ev128 = events.get((128, False), (None, None))
     ev_half = (max(h[0] for h in halves), max(h[1] for h in halves)) if halves else (None, None)
     out = [f"### Low latency, EP{ranks} (128 tokens per rank, hidden 7168, top-8 of 288, FP8 wire), us", "",
-           "Kernel time: the kernels' own clocks (EP_CUDA_LL_TIMING), median over the last 256 calls, slower rank.",
+           "Kernel time: the kernels' own clocks (EP_CUDA_LL_TIMING), median of the calls they timed, slower rank.",
            "Events: CUDA events around each call in a graph of 100 layers, median, slower rank.", "",
-           "| case | kernel time | events | target | kernel time against it |", "| --- | --- | --- | --- | --- |"]
+           "| case | kernel time | events | DeepEP V1, EP2 | target | kernel time against it |",
+           "| --- | --- | --- | --- | --- | --- |"]
     rows = [
-        ("dispatch, FP8", slowest(k128, fused), ev128[0], 15),
-        ("combine, BF16", slowest(k128, comb), ev128[1], 20),
-        ("dispatch send half", slowest(ks, send), ev_half[0], 8),
-        ("dispatch receive half", slowest(ks, recv), ev_half[1], 5),
+        ("dispatch, FP8", slowest(k128, fused), ev128[0], "28-32", 15),
+        ("combine, BF16", slowest(k128, comb), ev128[1], "39-40", 20),
+        ("dispatch send half", slowest(ks, send), ev_half[0], "20", 8),
+        ("dispatch receive half", slowest(ks, recv), ev_half[1], "8", 5),
     ]
-    for name, k, e, target in rows:
-        out.append(f"| {name} | {fmt(k)} | {fmt(e)} | <= {target} | {verdict(k, target)} |")
+    for name, k, e, deepep, target in rows:
+        out.append(f"| {name} | {fmt(k)} | {fmt(e)} | {deepep} | <= {target} | {verdict(k, target)} |")
     d1, c1 = slowest(k1, fused), slowest(k1, comb)
     both = d1 + c1 if d1 is not None and c1 is not None else None
-    out.append(f"| 1 token per rank: dispatch + combine | {fmt(both)} ({fmt(d1)} + {fmt(c1)}) | | | |")
+    out.append(f"| 1 token per rank: dispatch + combine | {fmt(both)} ({fmt(d1)} + {fmt(c1)}) | | - | | |")
     l1 = layer.get((1, False))
-    out.append(f"| 1 token per rank: layer in a graph (replay time / layers) | | {fmt(l1)} | <= 12 | "
+    out.append(f"| 1 token per rank: layer in a graph (replay time / layers) | | {fmt(l1)} | - | <= 12 | "
                f"{verdict(l1, 12)} (replay) |")
     out.append(f"| 128 tokens: layer in a graph, unsplit / split | | {fmt(layer.get((128, False)))} / "
-               f"{fmt(layer.get((128, True)))} | | |")
+               f"{fmt(layer.get((128, True)))} | | | |")
     if not kern:
         out += ["", f"(kernel times not matched to the cases: {len(groups)} groups of INFO lines, 3 expected)"]
     return out
