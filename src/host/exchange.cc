@@ -71,14 +71,21 @@ epResult_t Exchanger::failTimeout(const std::vector<StreamSpec>& sends,
                                   const std::vector<StreamSpec>& recvs, const std::vector<int>& sent,
                                   int recv_cursor, const std::vector<int>& received, const char* what,
                                   uint64_t call_seq) {
+  // Where the peer is: the latest call it entered, as it wrote beside its
+  // ring's head in this rank's segment.
+  auto whereIs = [&](int r) {
+    const uint64_t theirs = loadAcquire(&geo_.ctrl(segments_[comm_->rank], r)->source_call);
+    std::string at = " (its latest call on this communicator is " + std::to_string(theirs);
+    return at + (theirs < call_seq ? ": it has not made this one)" : theirs == call_seq ? ", this one)" : ")");
+  };
   std::string who;
   if (recv_cursor < comm_->nranks && recv_cursor != comm_->rank &&
       received[recv_cursor] < recvs[recv_cursor].records)
-    who = "rank " + std::to_string(recv_cursor) + " has not sent its data";
+    who = "rank " + std::to_string(recv_cursor) + " has not sent its data" + whereIs(recv_cursor);
   for (int d = 0; d < comm_->nranks; d++) {
     if (d == comm_->rank || sent[d] >= sends[d].records) continue;
     if (!who.empty()) who += "; ";
-    who += "rank " + std::to_string(d) + " has not taken this rank's data";
+    who += "rank " + std::to_string(d) + " has not taken this rank's data" + whereIs(d);
   }
   comm_->broken.store(epTimeout);
   return setError(comm_, epTimeout, "%s (call %llu): %s within %d ms", what,
@@ -91,6 +98,8 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
   const int R = comm_->nranks, me = comm_->rank, per_chunk = geo_.chunk_records;
   std::vector<int> sent(R, 0), received(R, 0);
   void* my_segment = segments_[me];
+  for (int d = 0; d < R; d++)  // where this rank is, for a peer's timeout report (failTimeout)
+    if (d != me) storeRelease(&geo_.ctrl(segments_[d], me)->source_call, call_seq);
   int recv_cursor = 0;
   auto last_progress = Clock::now();
   const auto timeout = std::chrono::milliseconds(comm_->cfg.timeout_ms);

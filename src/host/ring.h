@@ -16,7 +16,9 @@
 // of one call never mix with another's. Each chunk says which call it
 // belongs to, so ranks that fall out of step get an error, not wrong data.
 // A rank that destroys its communicator marks its rings closed on both ends,
-// so a peer still waiting on it fails at once instead of at its timeout.
+// so a peer still waiting on it fails at once instead of at its timeout. At
+// each call a source also writes the call's number beside its head, so that a
+// rank that times out waiting for it can say whether it made the call.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +30,8 @@ namespace host {
 struct alignas(64) RingCtrl {
   uint64_t head;
   uint64_t source_closed;  // 1: the source destroyed (or aborted) its communicator
-  char pad0[48];
+  uint64_t source_call;    // the latest collective call the source entered (its call_seq), for a timeout's report
+  char pad0[40];
   uint64_t tail;
   uint64_t owner_closed;   // 1: the owner destroyed (or aborted) its communicator
   char pad1[48];

@@ -206,6 +206,35 @@ int rankExits(const LaunchInfo& li, Tally* t) {
   return 0;
 }
 
+// A rank that lives but never makes the call: the other's dispatch times out
+// naming it and saying where it is (its latest call, written beside its ring
+// head): it has not made this one.
+int rankSkipsCall(const LaunchInfo& li, Tally* t) {
+  epConfig_t cfg = smallConfig();
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
+    t->check(false, "init", li.rank);
+    return 0;
+  }
+  if (li.rank == 1) {  // busy elsewhere past the peer's timeout, then leaves properly
+    std::this_thread::sleep_for(std::chrono::milliseconds(kTimeoutMs + 1500));
+    epCommDestroy(comm);
+    return 0;
+  }
+  Tokens tk(16, 64, 2, 12, 7);
+  std::vector<uint16_t> recv(64 * 64);
+  epDispatchArgs_t a = dispatchArgs(tk, 2, recv, 64);
+  epHandle_t h = nullptr;
+  epResult_t res = epDispatch(comm, &a, &h, nullptr);
+  const char* msg = epGetLastError(comm);
+  t->check(res == epTimeout, "a rank that never calls: epTimeout", li.rank);
+  const char* want = "rank 1 has not sent its data (its latest call on this communicator is 0: it has not made this one)";
+  t->check(contains(msg, want), "the message says that rank 1 has not made the call", li.rank);
+  if (!contains(msg, want) || getenv("MP_ERRORS_VERBOSE")) fprintf(stderr, "  message: %s\n", msg);
+  epCommDestroy(comm);
+  return 0;
+}
+
 int abortUnblocks(const LaunchInfo& li, Tally* t) {
   epConfig_t cfg = smallConfig();
   cfg.timeout_ms = 60000;  // the abort, not the timeout, must end the wait
@@ -345,6 +374,7 @@ struct Scenario {
 const Scenario kScenarios[] = {
     {"config-mismatch", 2, configMismatch}, {"missing-rank", 3, missingRank},
     {"rank-exits", 2, rankExits},           {"abort", 2, abortUnblocks},
+    {"rank-skips-call", 2, rankSkipsCall},
     {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
     {"ring-mismatch", 3, ringMismatch},     {"node-size-mismatch", 2, nodeSizeMismatch},
     {"rank-fails-init", 4, rankFailsInit},    {"rank-fails-init-2", 2, rankFailsInit},
