@@ -538,16 +538,50 @@ class Root {
   std::vector<Arrived> ranks_;
 };
 
-void rootThreadMain(Root* root) {
+// Roots started in this process, by nonce. A root whose thread fails closes
+// its listener, and a rank dialling it would retry "connection refused"
+// until its timeout (the root may simply not have started yet, elsewhere):
+// a rank of this process reads here that its root failed, and stops at once.
+// Fixed slots of atomics: no lock or allocation, nothing a fork could leave
+// held (a forked child sees its parent's slots as they were, and dials on).
+struct RootSlot {
+  std::atomic<uint64_t> nonce{0};
+  std::atomic<int> failed{0};
+};
+constexpr unsigned kRootSlots = 64;
+RootSlot g_root_slots[kRootSlots];
+std::atomic<unsigned> g_root_next{0};
+
+RootSlot* claimRootSlot(uint64_t nonce) {
+  for (RootSlot& s : g_root_slots) {  // an earlier root of the same nonce (EP_COMM_ID) is over
+    uint64_t same = nonce;
+    s.nonce.compare_exchange_strong(same, 0, std::memory_order_acq_rel);
+  }
+  RootSlot* slot = &g_root_slots[g_root_next.fetch_add(1, std::memory_order_relaxed) % kRootSlots];
+  slot->failed.store(0, std::memory_order_relaxed);
+  slot->nonce.store(nonce, std::memory_order_release);
+  return slot;
+}
+
+RootSlot* findRootSlot(uint64_t nonce) {
+  for (RootSlot& s : g_root_slots)
+    if (s.nonce.load(std::memory_order_acquire) == nonce) return &s;
+  return nullptr;
+}
+
+void rootThreadMain(Root* root, RootSlot* slot, uint64_t nonce) {
   // Nothing may escape a detached thread; the worst case is a rank timing out.
+  bool failed = true;
   try {
     root->run();
+    failed = false;
   } catch (const std::exception& e) {
     EP_WARN(kSubsysBootstrap, "bootstrap root failed: %s", e.what());
   } catch (...) {
     EP_WARN(kSubsysBootstrap, "bootstrap root failed");
   }
   delete root;  // closes the listening socket and every connection
+  if (failed && slot->nonce.load(std::memory_order_acquire) == nonce) slot->failed.store(1, std::memory_order_release);
 }
 
 }  // namespace
@@ -607,8 +641,9 @@ epResult_t startRoot(const SocketAddress& bind_addr, uint64_t nonce, SocketAddre
   (void)param::TIMEOUT_MS();
   auto ready = std::make_shared<std::atomic<int>>(0);
   root->ready = ready.get();
+  RootSlot* slot = claimRootSlot(nonce);
   try {
-    std::thread([root, ready] { rootThreadMain(root); }).detach();
+    std::thread([root, ready, slot, nonce] { rootThreadMain(root, slot, nonce); }).detach();
   } catch (const std::exception& e) {
     delete root;
     return setError(nullptr, epSystemError, "bootstrap: cannot start the root thread: %s", e.what());
@@ -772,8 +807,19 @@ epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout
   if (layout.root_by_rank0 && rank == 0) EPCHECK(startRoot(root_addr, layout.nonce, nullptr));
 
   // 1. Reach the root; it may not listen yet when EP_COMM_ID names another host.
+  //    A root of this process that failed is not waited for.
+  const RootSlot* local_root = findRootSlot(layout.nonce);
+  const std::atomic<int>* root_failed = local_root != nullptr ? &local_root->failed : nullptr;
   Fd root_fd;
-  IoResult r = connectWithRetry(root_addr, wait, &root_fd);
+  Wait connect_wait = wait;
+  connect_wait.abort_flags[2] = root_failed;
+  IoResult r = connectWithRetry(root_addr, connect_wait, &root_fd);
+  if (r.status == IoStatus::kAborted && root_failed != nullptr && root_failed->load() != 0 &&
+      local_root->nonce.load() == layout.nonce)
+    return setError(comm, epRemoteError,
+                    "bootstrap: rank %d: the root at %s, in this process, failed before this rank reached it "
+                    "(see its warning)",
+                    rank, root_text.c_str());
   // A root serves one communicator and then exits: a late rank, or a second
   // init with the same id, finds nobody there.
   if (r.status == IoStatus::kTimeout)

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "common.h"
@@ -36,6 +38,30 @@ constexpr int kExperts = 4, kHidden = 64, kTokens = 8, kTopk = 2;
 epConfig_t config() { return eptest::hostConfig(kExperts, kHidden, kTokens, kTopk); }
 
 epResult_t oneRankComm(epComm_t* comm) { return eptest::makeOneRankComm(comm, config()); }
+
+// The root's thread (started by epGetUniqueId, allocating as it polls every
+// 100 ms) runs out of memory before the rank dials it: the rank must not
+// retry the closed port until its timeout (5 s here) but say at once that the
+// root of this process failed. Runs first: no other root's thread may take
+// the failing allocation.
+void a_failed_root_of_this_process_is_not_waited_for(void**) {
+  epUniqueId id;
+  assert_ok(epGetUniqueId(&id));
+  g_fail_after = 0;  // the root's next allocation throws
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  g_fail_after = -1;
+  epConfig_t c = config();
+  c.timeout_ms = 5000;
+  epComm_t comm = nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  const epResult_t res = epCommInitRank(&comm, 1, id, 0, &c);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (res != epRemoteError) print_error("%s after %.2f s\n", epGetLastError(nullptr), secs);
+  assert_int_equal(res, epRemoteError);
+  assert_contains(epGetLastError(nullptr), "in this process, failed before this rank reached it");
+  assert_true(secs < 2.0);
+  assert_null(comm);
+}
 
 void dispatch_out_of_memory_is_a_result(void**) {
   epComm_t comm = nullptr;
@@ -113,6 +139,7 @@ void topology_report_out_of_memory_is_a_result(void**) {
 int main() {
   eptest::unsetAllParams();
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(a_failed_root_of_this_process_is_not_waited_for),
       cmocka_unit_test(dispatch_out_of_memory_is_a_result),
       cmocka_unit_test(every_allocation_of_init_can_fail),
       cmocka_unit_test(topology_report_out_of_memory_is_a_result),
