@@ -72,6 +72,28 @@ epDispatchArgs_t dispatchArgs(Tokens& tk, int topk, std::vector<uint16_t>& recv,
   return a;
 }
 
+// This rank's communicator of cfg; nullptr, with a failed check, when its
+// init fails.
+epComm_t joinOrFail(const LaunchInfo& li, Tally* t, const epConfig_t& cfg) {
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
+    t->check(false, "init", li.rank);
+    return nullptr;
+  }
+  return comm;
+}
+
+// The inputs of one small dispatch: 16 tokens of hidden 64, top-2 of 12
+// experts, into 64 rows (the args point into the members: not copied).
+struct SmallDispatch {
+  Tokens tk;
+  std::vector<uint16_t> recv;
+  epDispatchArgs_t a;
+  explicit SmallDispatch(uint64_t seed = 7) : tk(16, 64, 2, 12, seed), recv(64 * 64), a(dispatchArgs(tk, 2, recv, 64)) {}
+  SmallDispatch(const SmallDispatch&) = delete;
+  SmallDispatch& operator=(const SmallDispatch&) = delete;
+};
+
 // --- scenarios: each returns failures on this rank ---------------------------
 
 int configMismatch(const LaunchInfo& li, Tally* t) {
@@ -184,15 +206,11 @@ int rankFailsInit(const LaunchInfo& li, Tally* t) {
 
 int rankExits(const LaunchInfo& li, Tally* t) {
   epConfig_t cfg = smallConfig();
-  epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
-    t->check(false, "init", li.rank);
-    return 0;
-  }
+  epComm_t comm = joinOrFail(li, t, cfg);
+  if (comm == nullptr) return 0;
   if (li.rank == 1) _exit(0);  // leaves without a word
-  Tokens tk(16, 64, 2, 12, 7);
-  std::vector<uint16_t> recv(64 * 64);
-  epDispatchArgs_t a = dispatchArgs(tk, 2, recv, 64);
+  SmallDispatch d;
+  epDispatchArgs_t& a = d.a;
   epHandle_t h = nullptr;
   auto t0 = Clock::now();
   epResult_t res = epDispatch(comm, &a, &h, nullptr);
@@ -211,19 +229,15 @@ int rankExits(const LaunchInfo& li, Tally* t) {
 // head): it has not made this one.
 int rankSkipsCall(const LaunchInfo& li, Tally* t) {
   epConfig_t cfg = smallConfig();
-  epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
-    t->check(false, "init", li.rank);
-    return 0;
-  }
+  epComm_t comm = joinOrFail(li, t, cfg);
+  if (comm == nullptr) return 0;
   if (li.rank == 1) {  // busy elsewhere past the peer's timeout, then leaves properly
     std::this_thread::sleep_for(std::chrono::milliseconds(kTimeoutMs + 1500));
     epCommDestroy(comm);
     return 0;
   }
-  Tokens tk(16, 64, 2, 12, 7);
-  std::vector<uint16_t> recv(64 * 64);
-  epDispatchArgs_t a = dispatchArgs(tk, 2, recv, 64);
+  SmallDispatch d;
+  epDispatchArgs_t& a = d.a;
   epHandle_t h = nullptr;
   epResult_t res = epDispatch(comm, &a, &h, nullptr);
   const char* msg = epGetLastError(comm);
@@ -238,11 +252,8 @@ int rankSkipsCall(const LaunchInfo& li, Tally* t) {
 int abortUnblocks(const LaunchInfo& li, Tally* t) {
   epConfig_t cfg = smallConfig();
   cfg.timeout_ms = 60000;  // the abort, not the timeout, must end the wait
-  epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
-    t->check(false, "init", li.rank);
-    return 0;
-  }
+  epComm_t comm = joinOrFail(li, t, cfg);
+  if (comm == nullptr) return 0;
   if (li.rank == 1) {  // busy elsewhere: never joins the dispatch
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     epCommDestroy(comm);
@@ -252,9 +263,8 @@ int abortUnblocks(const LaunchInfo& li, Tally* t) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     epCommAbort(comm);
   });
-  Tokens tk(16, 64, 2, 12, 7);
-  std::vector<uint16_t> recv(64 * 64);
-  epDispatchArgs_t a = dispatchArgs(tk, 2, recv, 64);
+  SmallDispatch d;
+  epDispatchArgs_t& a = d.a;
   epHandle_t h = nullptr;
   auto t0 = Clock::now();
   epResult_t res = epDispatch(comm, &a, &h, nullptr);
@@ -267,11 +277,8 @@ int abortUnblocks(const LaunchInfo& li, Tally* t) {
 
 int badArgs(const LaunchInfo& li, Tally* t) {
   epConfig_t cfg = smallConfig();
-  epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
-    t->check(false, "init", li.rank);
-    return 0;
-  }
+  epComm_t comm = joinOrFail(li, t, cfg);
+  if (comm == nullptr) return 0;
   const int K = 2;
   Tokens tk(16, 64, K, 12, 11 + li.rank);
   std::vector<uint16_t> recv(64 * 64, 0);
@@ -337,14 +344,10 @@ int badArgs(const LaunchInfo& li, Tally* t) {
 
 int orderMismatch(const LaunchInfo& li, Tally* t) {
   epConfig_t cfg = smallConfig();
-  epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, li.nranks, li.id, li.rank, &cfg) != epSuccess) {
-    t->check(false, "init", li.rank);
-    return 0;
-  }
-  Tokens tk(16, 64, 2, 12, 5);
-  std::vector<uint16_t> recv(64 * 64);
-  epDispatchArgs_t a = dispatchArgs(tk, 2, recv, 64);
+  epComm_t comm = joinOrFail(li, t, cfg);
+  if (comm == nullptr) return 0;
+  SmallDispatch d(5);
+  epDispatchArgs_t& a = d.a;
   epHandle_t h = nullptr;
   t->check(epDispatch(comm, &a, &h, nullptr) == epSuccess, "first dispatch", li.rank);
   auto t0 = Clock::now();
@@ -352,7 +355,7 @@ int orderMismatch(const LaunchInfo& li, Tally* t) {
   if (li.rank == 0) {  // combine while the peer dispatches again
     std::vector<uint16_t> out(16 * 64);
     epCombineArgs_t c = EP_COMBINE_ARGS_INITIALIZER;
-    c.y = recv.data();
+    c.y = d.recv.data();
     c.out = out.data();
     res = epCombine(comm, &c, h, nullptr);
   } else {
