@@ -133,11 +133,6 @@ class CudaBackend : public Backend {
   // communicator cannot go on (the argument errors it reports can).
   bool kernelFailedForGood() const { return notices_->kernelsReportedFailure() || notices_->outOfStep(); }
   epResult_t reportFailedWait(const char* fn);
-  // The peer a failed wait found gone: how it left (HostNotices::goneWhat).
-  std::string goneWhat(int peer) const {
-    std::string what = notices_->goneWhat(peer);
-    return what.empty() ? "rank " + std::to_string(peer) + " left" : what;
-  }
   epResult_t reportArgumentError(const char* fn, cudaStream_t stream);
   epResult_t allocSlot(HandleSlot** out);
   epResult_t watchOtherFamily();
@@ -563,7 +558,7 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
     return setError(comm_, epInvalidUsage, "%s: %s", fn, out_of_step);
   }
   if (err_host_[cuda::kFailSlot].code != 0) return reportFailedWait(fn);
-  if (ll_ && ll_->waitFailed()) return ll_->checkErrors(fn, stream);
+  if (ll_ && ll_->waitFailed()) return ll_->reportFailedWait(fn);
   const int closed = notices_->closedPeer();
   if (closed >= 0) {  // no kernel waited for it: refused before any kernel writes into its buffers
     comm_->broken.store(epRemoteError);
@@ -572,7 +567,7 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
                     "communicator",
                     fn, notices_->goneWhat(closed).c_str(), comm_->rank, dev_);
   }
-  if (ll_) EPCHECK(ll_->checkErrors(fn, stream));
+  if (ll_) EPCHECK(ll_->reportArgumentError(fn, stream));
   if (err_host_[cuda::kArgSlot].code != 0) return reportArgumentError(fn, stream);
   return epSuccess;
 }
@@ -587,7 +582,7 @@ epResult_t CudaBackend::reportFailedWait(const char* fn) {
     return setError(comm_, epRemoteError,
                     "%s: %s while rank %d (GPU %d) waited for it in %s (channel %d); the communicator cannot be "
                     "used any more",
-                    fn, goneWhat(peer).c_str(), comm_->rank, dev_, whatName(what), channel);
+                    fn, notices_->describeGone(peer).c_str(), comm_->rank, dev_, whatName(what), channel);
   }
   if (code == epTimeout) {
     comm_->broken.store(epTimeout);

@@ -142,10 +142,10 @@ void HostNotices::run() {
   while (!stop_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
     for (int r = 0; r < R && r < kMaxRanks; r++) {
       if (r == comm_->rank || marked[r]) continue;
+      const CloseKind closed = calls_ != nullptr ? calls_->peerClosed(r) : kOpen;
       GoneWhy why = kNotGone;
       if (watched(r) && peerExited(comm_, r)) why = kGoneExited;
-      else if (calls_ != nullptr && calls_->peerClosed(r) != kOpen)
-        why = calls_->peerClosed(r) == kClosedAborted ? kGoneAborted : kGoneDestroyed;
+      else if (closed != kOpen) why = closed == kClosedAborted ? kGoneAborted : kGoneDestroyed;
       if (why == kNotGone) continue;
       marked[r] = true;
       gone_why_[r].store(why, std::memory_order_release);
@@ -196,6 +196,17 @@ std::string HostNotices::goneWhat(int r) const {
     default: return "";
   }
   return what;
+}
+
+std::string HostNotices::describeGone(int r) const {
+  std::string what = goneWhat(r);
+  if (!what.empty()) return what;
+  char left[64];
+  if (r >= 0 && r < comm_->nranks && peerExited(comm_, r))
+    snprintf(left, sizeof(left), "rank %d (pid %d) exited", r, comm_->peers[size_t(r)].pid);
+  else
+    snprintf(left, sizeof(left), "rank %d left", r);
+  return left;
 }
 
 // One look at the call logs; true once nothing is left to do. A difference

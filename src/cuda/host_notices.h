@@ -75,6 +75,10 @@ class HostNotices {
   // aborted its communicator" once the watcher marked rank r gone for that
   // reason; else "".
   std::string goneWhat(int r) const;
+  // goneWhat(r) for the report of a wait that found rank r gone, where the
+  // watcher's reason may be missing: "rank R (pid P) exited" if its process
+  // did, else "rank R left".
+  std::string describeGone(int r) const;
   // For a wait for rank r that timed out: how many collective calls r's host
   // has issued beside this rank's (has it made the call at all?), as their
   // call logs say; "" where they cannot tell (not mapped, graphs captured).

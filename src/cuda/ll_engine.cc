@@ -259,14 +259,11 @@ const char* llWhatName(int what) {
   }
 }
 
-// Errors the kernels left in the host-mapped slot (reported at the next call).
+// An argument error the kernels left in err[kArgSlot] (reported at the next call).
 // The claim is cleared on the call's stream, ahead of its kernels: not on the
 // legacy default stream, which would wait for the caller's blocking streams
 // (and for a kernel of a rank sharing the GPU that waits for this one).
-// The failure slot first (a failed wait: the communicator is broken, the
-// slot is never cleared), then the argument errors (reported once, cleared).
-epResult_t LLEngine::checkErrors(const char* fn, cudaStream_t stream) {
-  if (err_host_[kFailSlot].code != 0) return reportFailedWait(fn);
+epResult_t LLEngine::reportArgumentError(const char* fn, cudaStream_t stream) {
   ErrorInfo& e = err_host_[kArgSlot];
   const int code = e.code;
   if (code == 0) return epSuccess;
@@ -300,9 +297,8 @@ epResult_t LLEngine::reportFailedWait(const char* fn) {
   // A wait for a peer marked gone that the watcher did not mark (its process
   // lives, its communicator too): the peer, in a high-throughput call, found
   // this rank in a low-latency one (device.cuh: tellLowLatencyPeers).
-  const std::string gone = code == epRemoteError && notices_ ? notices_->goneWhat(peer) : std::string();
-  const bool out_of_step =
-      code == epRemoteError && peer >= 0 && peer < comm_->nranks && gone.empty() && !peerExited(comm_, peer);
+  const bool out_of_step = code == epRemoteError && peer >= 0 && peer < comm_->nranks &&
+                           notices_->goneWhat(peer).empty() && !peerExited(comm_, peer);
   comm_->broken.store(out_of_step ? int(epInvalidUsage) : code);
   if (out_of_step)
     return setError(comm_, epInvalidUsage,
@@ -310,16 +306,12 @@ epResult_t LLEngine::reportFailedWait(const char* fn) {
                     "for it (%s; that rank found it so): ranks must issue the same collective calls in the same "
                     "order; the communicator cannot be used any more",
                     fn, peer, comm_->rank, llWhatName(what));
-  if (code == epRemoteError) {
-    char exited[64];
-    snprintf(exited, sizeof(exited), "rank %d (pid %d) exited", peer,
-             peer >= 0 && peer < comm_->nranks ? comm_->peers[size_t(peer)].pid : -1);
+  if (code == epRemoteError)
     return setError(comm_, epRemoteError,
                     "%s: %s while an earlier low-latency call of rank %d waited for it (%s); the communicator cannot "
                     "be used any more",
-                    fn, gone.empty() ? exited : gone.c_str(), comm_->rank, llWhatName(what));
-  }
-  const std::string progress = code == epTimeout && notices_ ? notices_->progressNote(peer) : std::string();
+                    fn, notices_->describeGone(peer).c_str(), comm_->rank, llWhatName(what));
+  const std::string progress = code == epTimeout ? notices_->progressNote(peer) : std::string();
   return setError(comm_, epResult_t(code),
                   "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) within %d ms: that rank "
                   "stopped, or is in another call (calls out of order, or a high-throughput call against this "

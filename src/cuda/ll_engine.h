@@ -43,15 +43,15 @@ class LLEngine {
   epResult_t combine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only, cudaStream_t stream);
   epResult_t complete(epHandle* h, cudaStream_t stream);
   void release(epHandle* h);
-  // Errors the LL kernels left in their slots (kFailSlot, kArgSlot),
-  // reported by the next call of either family (CudaBackend::checkKernelErrors
-  // looks here).
-  epResult_t checkErrors(const char* fn, cudaStream_t stream);
-  // A wait of a low-latency kernel failed (checkErrors reports it).
+  // Errors the LL kernels left in their slots, reported by the next call of
+  // either family (CudaBackend::checkKernelErrors, in its order): a failed
+  // wait (kFailSlot, never cleared: the communicator is broken), then an
+  // argument error (kArgSlot, reported once and cleared; epSuccess if none).
   bool waitFailed() const { return err_host_[kFailSlot].code != 0; }
+  epResult_t reportFailedWait(const char* fn);
+  epResult_t reportArgumentError(const char* fn, cudaStream_t stream);
 
  private:
-  epResult_t reportFailedWait(const char* fn);
   struct HandleState;
   void logTimes();
   epResult_t addSlot();  // callers hold slots_mu_ (or are init)
