@@ -3,7 +3,8 @@
 # Used by the README's test command and by .ci/run, so both stay in step.
 set -euo pipefail
 PKGS=(build-essential pkg-config libcmocka-dev openmpi-bin libopenmpi-dev
-      abigail-tools libhwloc-dev hwloc libibverbs-dev python3)
+      abigail-tools libhwloc-dev hwloc libibverbs-dev python3
+      libasan8 libubsan1)  # the sanitizer runtimes of gcc 12 (tests/sanitize.sh)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

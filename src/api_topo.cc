@@ -16,32 +16,45 @@ namespace {
 // that a typo cannot ask for gigabytes (4096 ranks took ~300 MB).
 constexpr int kMaxPlanRanks = 2048;
 
+// A memory stream and its text, both released however the report ends (a
+// print that throws std::bad_alloc included: apiException turns it into a
+// result above, and nothing may stay behind).
+struct MemStream {
+  char* text = nullptr;
+  size_t len = 0;
+  FILE* f = nullptr;
+  MemStream() : f(open_memstream(&text, &len)) {}
+  ~MemStream() {
+    if (f != nullptr) fclose(f);
+    free(text);
+  }
+  MemStream(const MemStream&) = delete;
+  MemStream& operator=(const MemStream&) = delete;
+  void close() {  // text and len final
+    fclose(f);
+    f = nullptr;
+  }
+};
+
 // Runs print into a memory stream and hands the text out by the size protocol
 // of moeep.h.
 template <typename Print>
 epResult_t reportTo(epComm* comm, const char* fn, char* buf, size_t* bytes, Print print) {
   if (bytes == nullptr) return setError(comm, epInvalidArgument, "%s: bytes is NULL", fn);
-  char* text = nullptr;
-  size_t len = 0;
-  FILE* f = open_memstream(&text, &len);
-  if (f == nullptr) return setError(comm, epSystemError, "%s: open_memstream failed", fn);
-  epResult_t res = print(f);
-  fclose(f);
-  if (res != epSuccess) {
-    free(text);
-    return res;
-  }
-  const size_t need = len + 1;
+  MemStream ms;
+  if (ms.f == nullptr) return setError(comm, epSystemError, "%s: open_memstream failed", fn);
+  const epResult_t res = print(ms.f);
+  ms.close();
+  if (res != epSuccess) return res;
+  const size_t need = ms.len + 1;
   if (buf == nullptr || *bytes < need) {
     const size_t had = buf == nullptr ? 0 : *bytes;
     *bytes = need;
-    free(text);
     if (buf == nullptr) return epSuccess;
     return setError(comm, epInvalidArgument, "%s: buf holds %zu bytes, the report needs %zu", fn, had, need);
   }
-  memcpy(buf, text, need);
+  memcpy(buf, ms.text, need);
   *bytes = need;
-  free(text);
   return epSuccess;
 }
 

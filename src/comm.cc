@@ -381,7 +381,20 @@ epResult_t commInitRank(epComm_t* out, int nranks, const epUniqueId& id, int ran
   comm->rank = rank;
   comm->nranks = nranks;
   comm->cfg = cfg;
-  epResult_t res = commInit(comm, id, init_abort);
+  epResult_t res;
+  try {
+    res = commInit(comm, id, init_abort);
+  } catch (...) {
+    // An allocation of init threw (apiException makes the result): the peers
+    // are told and what init made is freed (its sockets, threads, shared
+    // memory), as after a failed result, before the exception goes on.
+    try {
+      bootstrapNotifyFailure(comm->bootstrap, epOutOfMemory, "init failed: out of host memory");
+    } catch (...) {  // the notice itself could not be made: the peers see the ring close
+    }
+    commFree(comm);
+    throw;
+  }
   if (res != epSuccess) {
     // Keep the message for the caller, who has no comm to ask.
     std::string msg;

@@ -33,6 +33,9 @@ for t in "$BUILD"/tests/test_*; do
 done
 run "bootstrap selftest" timeout 300 "$BUILD/tests/bootstrap_selftest"
 
+# --- the host code under ASan, UBSan and LSan (a build of its own, CUDA=0)
+run "sanitizers (ASan, UBSan, LSan; host code)" env BUILD="$BUILD" bash tests/sanitize.sh
+
 # --- install + pkg-config: a C program links against the installed library
 run "install + pkg-config" bash tests/install_check.sh "$BUILD"
 # --- the C ABI from Python through ctypes alone: two ranks, dispatch + combine, an error
