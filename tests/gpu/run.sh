@@ -5,6 +5,7 @@
 # Fails when no GPU is visible. Logs go to $OUT (if set) or $BUILD/gpu-logs.
 #   EP_GPU_BENCH=0   skip the benchmark
 #   EP_GPU_SANITIZER=0  skip the sanitizer runs
+#   EP_GPU_HOST_SANITIZER=0  skip the host code under ASan/UBSan (tests/gpu/host_sanitize.sh)
 #   EP_GPU_LL=0      skip the low-latency test and its benchmark (gpu_ll_test)
 #   EP_GPU_RANKS="4 8"  the rank counts of gpu_test / gpu_ll_test --ranks (empty: none;
 #                    default "4 8", and "2 4 8" on one GPU)
@@ -163,6 +164,11 @@ if [ "${EP_GPU_SANITIZER:-1}" != 0 ]; then
     echo "compute-sanitizer: FAILED: $CUDA_HOME/bin/compute-sanitizer not found (EP_GPU_SANITIZER=0 skips it)"
     status=1
   fi
+fi
+
+# The backend's host code under ASan and UBSan (tests/gpu/host_sanitize.sh).
+if [ "${EP_GPU_HOST_SANITIZER:-1}" != 0 ] && [ "$LL" != 0 ] && [ "$MP" != 0 ]; then
+  OUT="$LOGS" BUILD="$BUILD" bash tests/gpu/host_sanitize.sh || status=1
 fi
 
 if [ "${EP_GPU_BENCH:-1}" != 0 ]; then
