@@ -52,6 +52,7 @@ check bootstrap_selftest "$SAN/tests/bootstrap_selftest"
 check "mp_dispatch 3 ranks" "$SAN/tests/mp_dispatch" -n 3 --cases 6 --seed 3003
 check "mp_dispatch 3 threads" "$SAN/tests/mp_dispatch" -n 3 --threads --cases 4
 check "mp_lowlat 3 ranks" "$SAN/tests/mp_lowlat" -n 3 --cases 6 --seed 3004
+check "test_fuzz_api 4 ranks" "$SAN/tests/test_fuzz_api" --ranks 4 --iters 2000 --seed 4
 check mp_topo "$SAN/tests/mp_topo"
 check mp_errors "$SAN/tests/mp_errors"
 check "ep_bench --check" "$SAN/bin/ep_bench" -n 3 --check --iters 1 --warmup 0 --shape 520:5:24:200

@@ -1,13 +1,17 @@
-// Random arguments through the public API of a one-rank host communicator:
-// configs for epCommInitRank, then epLayout, epDispatchPrepare / epDispatch /
+// Random arguments through the public API of host communicators: configs
+// for epCommInitRank, then epLayout, epDispatchPrepare / epDispatch /
 // epCombine and the low-latency calls with every scalar field drawn from
 // values that are valid, at a bound, past it, negative or huge, and pointers
 // either NULL or a buffer large enough for any valid reading. Each call must
 // return (no crash, no hang: the test's timeout), an error must come with a
-// message, and after every 50 calls a valid layer must still run on the
-// communicator, with the expected rows. Deterministic (seeded); run under the
-// sanitizers by tests/sanitize.sh too.
-//   test_fuzz_api [--iters N] [--seed S]
+// message, a refused call must leave its buffers as they were, and after
+// every 50 calls a valid layer must still run on the communicator. With
+// --ranks R (threads of one process, each drawing the same arguments) no
+// call may leave a rank waiting for another: the same arguments on every
+// rank are refused by every rank or by none, so no timeout, no peer left,
+// no calls out of step. Deterministic (seeded); tests/sanitize.sh runs it
+// under the sanitizers too.
+//   test_fuzz_api [--iters N] [--seed S] [--ranks R]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,7 +19,9 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common.h"
@@ -28,9 +34,11 @@ constexpr int kExperts = 8, kHidden = 64, kMaxTokens = 16, kMaxTopk = 4;
 constexpr size_t kBufBytes = 64 * 1024;
 static_assert(kBufBytes >= size_t(kMaxTokens) * kExperts * kHidden * 4, "every received row, FP32");
 
-std::mt19937_64 g_rng;
-int g_failures = 0;
-std::map<std::string, std::pair<int, int>> g_calls;  // function: (calls, successes)
+thread_local std::mt19937_64 g_rng;  // seeded alike on every rank: the same draws
+thread_local int g_rank = 0;
+int g_nranks = 1;
+std::atomic<int> g_failures{0};
+thread_local std::map<std::string, std::pair<int, int>> g_calls;  // function: (calls, successes)
 
 template <typename T>
 T pick(std::initializer_list<T> values) {
@@ -49,7 +57,10 @@ struct Buffers {
     mem.emplace_back(kBufBytes, 0);
     return mem.back().data();
   }
-  void* maybe() { return coin(10) ? nullptr : get(); }
+  // NULL now and then with one rank. (With several, never: whether a NULL
+  // output is refused depends on the rows a rank receives, so one rank may
+  // refuse what its peers accept, and they wait for it, as documented.)
+  void* maybe() { return g_nranks == 1 && coin(10) ? nullptr : get(); }
   // Still all zero: a refused call wrote nothing the caller passed.
   bool untouched() const {
     static const std::vector<unsigned char> zero(kBufBytes, 0);
@@ -60,7 +71,7 @@ struct Buffers {
 };
 
 void report(const char* what, const std::string& detail) {
-  fprintf(stderr, "FAIL %s: %s\n", what, detail.c_str());
+  fprintf(stderr, "FAIL rank %d %s: %s\n", g_rank, what, detail.c_str());
   g_failures++;
 }
 
@@ -74,7 +85,15 @@ void checkResult(const char* fn, epResult_t res, epComm_t comm, std::chrono::ste
     return;
   }
   const char* msg = epGetLastError(comm);
-  if (msg == nullptr || msg[0] == '\0') report(fn, std::string("result ") + epGetErrorString(res) + " without a message");
+  if (msg == nullptr || msg[0] == '\0') {
+    report(fn, std::string("result ") + epGetErrorString(res) + " without a message");
+    return;
+  }
+  // Every rank drew the same arguments: a rank that waited for another, or
+  // found it in another call, means that one refused what this one took.
+  if (g_nranks > 1 && (res == epTimeout || res == epRemoteError || strstr(msg, "in the same order") != nullptr ||
+                       strstr(msg, "out of step") != nullptr))
+    report(fn, std::string("a rank was left waiting: ") + msg);
 }
 
 // An enum field set to an int, as a C caller may (a value outside the enum
@@ -183,7 +202,8 @@ void checkStillUsable(epComm_t comm) {
     report("valid epDispatch", epGetLastError(comm));
     return;
   }
-  if (num_recv != v.T || memcmp(recv_x.data(), v.x.data(), v.x.size() * 2) != 0)
+  // (Values with one rank only: there every row comes back as it left.)
+  if (g_nranks == 1 && (num_recv != v.T || memcmp(recv_x.data(), v.x.data(), v.x.size() * 2) != 0))
     report("valid epDispatch", "rows or count differ (num_recv " + std::to_string(num_recv) + ")");
   std::vector<uint16_t> out(size_t(v.T) * kHidden);
   epCombineArgs_t cb = EP_COMBINE_ARGS_INITIALIZER;
@@ -191,7 +211,8 @@ void checkStillUsable(epComm_t comm) {
   cb.out = out.data();
   if (epCombine(comm, &cb, h, nullptr) != epSuccess) report("valid epCombine", epGetLastError(comm));
   // One rank, one received row per token: the combine gives the row back.
-  else if (memcmp(out.data(), v.x.data(), v.x.size() * 2) != 0) report("valid epCombine", "output differs");
+  else if (g_nranks == 1 && memcmp(out.data(), v.x.data(), v.x.size() * 2) != 0)
+    report("valid epCombine", "output differs");
   epHandleDestroy(h);
 
   std::vector<uint16_t> ll_x(size_t(kExperts) * kMaxTokens * kHidden);
@@ -211,10 +232,14 @@ void checkStillUsable(epComm_t comm) {
     report("valid epLowLatencyDispatch", epGetLastError(comm));
     return;
   }
-  for (int e = 0; e < kExperts; e++) {
+  // Every rank sent the same tokens: a local expert's count is the ranks
+  // times the tokens of one rank that chose it.
+  int first = 0, local = 0;
+  epCommLocalExperts(comm, &first, &local);
+  for (int le = 0; le < local; le++) {
     int want = 0;
-    for (int64_t id : v.idx) want += id == e;
-    if (count[e] != want) report("valid epLowLatencyDispatch", "recv_count of expert " + std::to_string(e));
+    for (int64_t id : v.idx) want += id == first + le;
+    if (count[le] != want * g_nranks) report("valid epLowLatencyDispatch", "recv_count of expert " + std::to_string(le));
   }
   epLowLatencyCombineArgs_t lc = EP_LL_COMBINE_ARGS_INITIALIZER;
   lc.y = ll_x.data();
@@ -271,7 +296,14 @@ void fuzzCalls(epComm_t comm, int iters) {
         a.recv_scales = coin(2) ? nullptr : static_cast<float*>(b.get());
         a.recv_topk_idx = static_cast<int64_t*>(b.maybe());
         a.recv_topk_weights = static_cast<float*>(b.maybe());
-        a.recv_capacity = vary<int64_t>(pick<int64_t>({kMaxTokens, int64_t(kMaxTokens) * kExperts}), {0, 1, -1, INT64_MIN});
+        // With several ranks only capacities that hold every row a rank can
+        // receive (or that every rank refuses): one too small for the rows
+        // of one rank only is refused by that rank alone, as documented, and
+        // the ranks' next calls would then differ.
+        if (g_nranks == 1)
+          a.recv_capacity = vary<int64_t>(pick<int64_t>({kMaxTokens, int64_t(kMaxTokens) * kExperts}), {0, 1, -1, INT64_MIN});
+        else
+          a.recv_capacity = vary<int64_t>(int64_t(kMaxTokens) * g_nranks, {-1, INT64_MIN});
         a.recv_tokens_per_expert = static_cast<int*>(b.maybe());
         a.num_recv = static_cast<int64_t*>(b.maybe());
         epHandle_t h = nullptr;
@@ -361,7 +393,9 @@ void fuzzCalls(epComm_t comm, int iters) {
     // A call refused at once leaves every buffer as it was (zero). (Not after
     // a low-latency dispatch that succeeded: its outputs are written.)
     const bool after_ll_dispatch = strcmp(fn, "epLowLatencyDispatch") != 0 && strstr(fn, "epLowLatency") != nullptr;
-    if (res != epSuccess && !after_ll_dispatch && !b.untouched())
+    // (With several ranks, an error found in the exchange, such as calls
+    // out of step, may come after outputs were written: argument errors only.)
+    if (res != epSuccess && (g_nranks == 1 || res == epInvalidArgument) && !after_ll_dispatch && !b.untouched())
       report(fn, std::string("refused (") + epGetErrorString(res) + ") but wrote into a buffer it was given");
     if (handles.size() > 8) {
       epHandleDestroy(handles.front());
@@ -384,23 +418,41 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--iters") == 0) iters = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--seed") == 0) seed = strtoull(argv[i + 1], nullptr, 0);
+    else if (strcmp(argv[i], "--ranks") == 0) g_nranks = atoi(argv[i + 1]);
+  }
+  if (g_nranks < 1 || kExperts % g_nranks != 0) {
+    fprintf(stderr, "test_fuzz_api: --ranks must divide %d\n", kExperts);
+    return 2;
   }
   eptest::unsetAllParams();
   g_rng.seed(seed);
   fuzzConfigs(iters / 10);
   epConfig_t c = eptest::hostConfig(kExperts, kHidden, kMaxTokens, kMaxTopk);
   c.low_latency = 1;
-  epComm_t comm = nullptr;
-  if (eptest::makeOneRankComm(&comm, c) != epSuccess) {
-    fprintf(stderr, "FAIL: the communicator of the calls: %s\n", epGetLastError(nullptr));
+  // A rank left waiting shows at this timeout (each call's own limit is 5 s).
+  if (g_nranks > 1) c.timeout_ms = 3000;
+  std::vector<epComm_t> comms(size_t(g_nranks), nullptr);
+  if (epCommInitAll(comms.data(), g_nranks, nullptr, &c) != epSuccess) {
+    fprintf(stderr, "FAIL: the communicators of the calls: %s\n", epGetLastError(nullptr));
     return 1;
   }
-  fuzzCalls(comm, iters);
-  checkStillUsable(comm);
-  if (epCommDestroy(comm) != epSuccess) report("epCommDestroy", epGetLastError(comm));
-  // How deep the draws went: a fuzzer whose calls all fail the first check
-  // would test little.
-  for (const auto& c : g_calls) printf("  %-45s %5d calls, %5d succeeded\n", c.first.c_str(), c.second.first, c.second.second);
-  printf("test_fuzz_api: %d configs and %d calls (seed %llu): %d failures\n", iters / 10, iters, seed, g_failures);
+  // One thread per rank, each drawing the same arguments (the same seed).
+  auto rank = [&](int r) {
+    g_rank = r;
+    g_rng.seed(seed + 1);
+    fuzzCalls(comms[size_t(r)], iters);
+    checkStillUsable(comms[size_t(r)]);
+    if (r == 0) {  // how deep the draws went: calls that all fail the first check would test little
+      for (const auto& f : g_calls)
+        printf("  %-45s %5d calls, %5d succeeded\n", f.first.c_str(), f.second.first, f.second.second);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < g_nranks; r++) threads.emplace_back(rank, r);
+  for (std::thread& t : threads) t.join();
+  for (epComm_t comm : comms)
+    if (epCommDestroy(comm) != epSuccess) report("epCommDestroy", epGetLastError(comm));
+  printf("test_fuzz_api: %d configs and %d calls on %d rank(s) (seed %llu): %d failures\n", iters / 10, iters,
+         g_nranks, seed, g_failures.load());
   return g_failures == 0 ? 0 : 1;
 }
