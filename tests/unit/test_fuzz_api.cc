@@ -12,14 +12,13 @@
 // no calls out of step. Deterministic (seeded); tests/sanitize.sh runs it
 // under the sanitizers too.
 //   test_fuzz_api [--iters N] [--seed S] [--ranks R]
+#include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
-#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,7 +52,7 @@ T vary(T good, std::initializer_list<T> odd) {
 
 struct Buffers {
   std::vector<std::vector<unsigned char>> mem;
-  void* get() {  // zeroed, 64-byte aligned in practice (vector of unsigned char: new)
+  void* get() {  // zeroed; aligned as malloc aligns (16 bytes), enough for every element type
     mem.emplace_back(kBufBytes, 0);
     return mem.back().data();
   }
