@@ -127,10 +127,33 @@ __device__ __forceinline__ void writeHeaders(const LLDispatchParams& p, int set,
   }
 }
 
+// The FP8 scale of this thread's half-warp (128 values) and the piece's 8
+// values as floats (f; only when active). Every lane must come, for the
+// shuffles: a half-warp is all in or all out of range.
+__device__ __forceinline__ void fp8PieceScale(const LLDispatchParams& p, bool active, int4 raw, float (&f)[8],
+                                              float& scale, float& inv) {
+  float amax = 0.0f;
+  if (active) {
+    const uint32_t words[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      f[2 * q] = bf16ToFloat(words[q] & 0xffffu);
+      f[2 * q + 1] = bf16ToFloat(words[q] >> 16);
+    }
+#pragma unroll
+    for (int q = 0; q < 8; q++) amax = fmaxf(amax, fabsf(f[q]));
+  }
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  scale = fmaxf(amax, 1e-4f) / 448.0f;
+  if (p.pow2) scale = roundScalePow2(scale);
+  inv = 1.0f / scale;
+}
+
 // Stores the pieces of rows [t0, t0 + n) loaded for `base` (quantised for FP8).
-// Its FP8 quantisation has a twin in storeSlicePiece (ll_dispatch_small.cu):
-// a shared helper changed this function's SASS and the 128-token send time
-// (measured), so a change to the wire format goes into both.
+// Its FP8 scale is fp8PieceScale's, as the row slices' (ll_dispatch_small.cu):
+// that helper leaves this function's machine code as it was when timed
+// (tests/gpu/sass_digest.py); check it again after changing either.
 __device__ __forceinline__ void storeRowPieces(const LLDispatchParams& p, int set, int t0, int n, int base,
                                                const int4 (&raw)[kInFlight], const unsigned* s_mask) {
   const LLView& v = p.v;
@@ -148,23 +171,8 @@ __device__ __forceinline__ void storeRowPieces(const LLDispatchParams& p, int se
       continue;
     }
     // FP8: the shuffles need every lane (a half-warp is all in or all out of range).
-    float f[8];
-    float amax = 0.0f;
-    if (active) {
-      const uint32_t words[4] = {uint32_t(raw[u].x), uint32_t(raw[u].y), uint32_t(raw[u].z), uint32_t(raw[u].w)};
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        f[2 * q] = bf16ToFloat(words[q] & 0xffffu);
-        f[2 * q + 1] = bf16ToFloat(words[q] >> 16);
-      }
-#pragma unroll
-      for (int q = 0; q < 8; q++) amax = fmaxf(amax, fabsf(f[q]));
-    }
-#pragma unroll
-    for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    float scale = fmaxf(amax, 1e-4f) / 448.0f;
-    if (p.pow2) scale = roundScalePow2(scale);
-    const float inv = 1.0f / scale;
+    float f[8], scale, inv;
+    fp8PieceScale(p, active, raw[u], f, scale, inv);
     if (!active) continue;
     const uint2 q = make_uint2(packFp8x4(f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv),
                                packFp8x4(f[4] * inv, f[5] * inv, f[6] * inv, f[7] * inv));
@@ -260,6 +268,40 @@ __device__ __forceinline__ int numberingBlocks(const LLView& v) {
   return min((v.num_experts + kWarps - 1) / kWarps, G / 2);
 }
 
+// What both send halves (this file's and the row slices' of
+// ll_dispatch_small.cu) do once their first loads are issued: wait until
+// every peer finished its combine send of pair - 2 (it used this set); block
+// 0 announces this rank's tokens (the ntok word at every rank, the handle's
+// pair and count); the numbering blocks number. NB, numbers: as the caller
+// split the grid (numberingBlocks).
+__device__ __forceinline__ void sendStart(const LLDispatchParams& p, uint64_t pair, int NB, bool numbers,
+                                          const long long (&first_ids)[kIdRegs]) {
+  const LLView& v = p.v;
+  const int set = int(pair & 1u);
+  if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
+  if (blockIdx.x == 0) {
+    if (threadIdx.x < v.nranks)
+      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = llNtokWord(uint32_t(pair + 1), p.num_tokens, p.fp8);
+    if (threadIdx.x == 0) {
+      p.hd->pair = pair;
+      p.hd->num_tokens = p.num_tokens;
+    }
+  }
+  if (numbers) {
+    numberPairs(p, set, blockIdx.x, NB == 0 ? int(gridDim.x) : NB, first_ids);
+    llMark(v, pair, kLLKindDispatch, 0);  // numbers and counts stored
+  }
+}
+
+// The end of both send halves once the block's rows are stored: the
+// dispatch signal, then the pair counter (llBumpPair).
+__device__ __forceinline__ void sendEnd(const LLView& v, uint64_t pair) {
+  llMark(v, pair, kLLKindDispatch, 1);  // rows stored
+  llSignal(v, kLLDispatchSent, int(pair & 1u));
+  llMark(v, pair, kLLKindDispatch, 2);  // signalled (the release waited for the stores)
+  llBumpPair(v, pair);
+}
+
 // The send half; `pair` was read from v.local->pairs at kernel start (it is
 // bumped once every block has counted this phase, after every block read it).
 // The numbering and the rows run in different blocks, side by side (measured:
@@ -280,21 +322,8 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
   if (hi > lo) loadTokens(p, lo, min(kTokGroup, hi - lo), tl);
   long long first_ids[kIdRegs];
   if (numbers) loadIdRound(p, 0, min(kIdStage / p.num_topk, p.num_tokens), first_ids);
-  // Pair - 2 used this set: every peer must have finished its combine send of it.
-  if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
-  if (b == 0) {
-    if (threadIdx.x < v.nranks)
-      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = llNtokWord(tag, p.num_tokens, p.fp8);
-    if (threadIdx.x == 0) {
-      p.hd->pair = pair;
-      p.hd->num_tokens = p.num_tokens;
-    }
-  }
+  sendStart(p, pair, NB, numbers, first_ids);
   __shared__ unsigned s_mask[kTokGroup];
-  if (numbers) {
-    numberPairs(p, set, b, NB == 0 ? G : NB, first_ids);
-    llMark(v, pair, kLLKindDispatch, 0);  // numbers and counts stored
-  }
   for (int t0 = lo; t0 < hi; t0 += kTokGroup) {
     const int n = min(kTokGroup, hi - t0);
     __syncthreads();  // the wait above; s_mask of the previous group is no longer read
@@ -308,10 +337,7 @@ __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uin
       storeRowPieces(p, set, t0, n, base, tl.raw, s_mask);
     }
   }
-  llMark(v, pair, kLLKindDispatch, 1);  // rows stored
-  llSignal(v, kLLDispatchSent, set);
-  llMark(v, pair, kLLKindDispatch, 2);  // signalled (the release waited for the stores)
-  llBumpPair(v, pair);
+  sendEnd(v, pair);
 }
 
 }  // namespace

@@ -45,29 +45,6 @@ __device__ __forceinline__ void loadSliceIds(const LLDispatchParams& p, int t, T
   }
 }
 
-// The FP8 scale of this thread's half-warp (128 values) and the piece's 8
-// values as floats (f; only when active). Every lane must come, for the
-// shuffles: a half-warp is all in or all out of range.
-__device__ __forceinline__ void fp8PieceScale(const LLDispatchParams& p, bool active, int4 raw, float (&f)[8],
-                                              float& scale, float& inv) {
-  float amax = 0.0f;
-  if (active) {
-    const uint32_t words[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      f[2 * q] = bf16ToFloat(words[q] & 0xffffu);
-      f[2 * q + 1] = bf16ToFloat(words[q] >> 16);
-    }
-#pragma unroll
-    for (int q = 0; q < 8; q++) amax = fmaxf(amax, fabsf(f[q]));
-  }
-#pragma unroll
-  for (int off = 8; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  scale = fmaxf(amax, 1e-4f) / 448.0f;
-  if (p.pow2) scale = roundScalePow2(scale);
-  inv = 1.0f / scale;
-}
-
 // Stores this thread's piece j of row t (quantised for FP8) into the record
 // of every destination rank in `mask` (storeRowPieces for one unit). For
 // FP8 every lane comes, for the shuffles: a half-warp is all in or all out.
@@ -205,21 +182,8 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
   }
   long long first_ids[kIdRegs];
   if (numbers) loadIdRound(p, 0, min(kIdStage / p.num_topk, p.num_tokens), first_ids);
-  // Pair - 2 used this set: every peer must have finished its combine send of it.
-  if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
-  if (b == 0) {
-    if (threadIdx.x < v.nranks)
-      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = llNtokWord(tag, p.num_tokens, p.fp8);
-    if (threadIdx.x == 0) {
-      p.hd->pair = pair;
-      p.hd->num_tokens = p.num_tokens;
-    }
-  }
+  sendStart(p, pair, NB, numbers, first_ids);
   __shared__ unsigned s_mask[kTokGroup];
-  if (numbers) {
-    numberPairs(p, set, b, NB == 0 ? G : NB, first_ids);
-    llMark(v, pair, kLLKindDispatch, 0);  // numbers and counts stored
-  }
   // One token per block when the host picks these kernels (smallCall); more
   // (whole rows of a larger call) are correct too, one after the other.
   for (int t = sl.lo; t < sl.hi; t++) {
@@ -237,10 +201,7 @@ __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& 
       storeSlicePiece(p, set, t, j, active, tl.raw[0], s_mask[0]);
     }
   }
-  llMark(v, pair, kLLKindDispatch, 1);  // rows stored
-  llSignal(v, kLLDispatchSent, set);
-  llMark(v, pair, kLLKindDispatch, 2);  // signalled (the release waited for the stores)
-  llBumpPair(v, pair);
+  sendEnd(v, pair);
 }
 
 // ---- receive ----
