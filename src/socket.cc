@@ -113,13 +113,11 @@ bool unpackAddress(const PackedAddress& packed, SocketAddress* addr) {
 
 // ---- Wait ----------------------------------------------------------------
 
-Wait Wait::afterMs(int64_t timeout_ms, const std::atomic<int>* abort_a, const std::atomic<int>* abort_b,
-                   const std::atomic<int>* abort_c) {
+Wait Wait::afterMs(int64_t timeout_ms, const std::atomic<int>* abort_a, const std::atomic<int>* abort_b) {
   Wait w;
   if (timeout_ms > 0) w.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   w.abort_flags[0] = abort_a;
   w.abort_flags[1] = abort_b;
-  w.abort_flags[2] = abort_c;
   return w;
 }
 

@@ -87,11 +87,13 @@ struct Wait {
   using Clock = std::chrono::steady_clock;
 
   Clock::time_point deadline = Clock::time_point::max();  // max: no deadline
+  // Any set flag ends the wait (NULL entries are skipped); the third is left
+  // for a caller's own (bootstrap: a root of this process that failed).
   const std::atomic<int>* abort_flags[3] = {nullptr, nullptr, nullptr};
 
   // timeout_ms <= 0 means no deadline. Flags may be NULL.
   static Wait afterMs(int64_t timeout_ms, const std::atomic<int>* abort_a = nullptr,
-                      const std::atomic<int>* abort_b = nullptr, const std::atomic<int>* abort_c = nullptr);
+                      const std::atomic<int>* abort_b = nullptr);
   // The same flags with the deadline moved later by extra_ms (no deadline stays none).
   Wait extendedBy(int64_t extra_ms) const;
   bool aborted() const;
