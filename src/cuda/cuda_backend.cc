@@ -590,9 +590,8 @@ epResult_t CudaBackend::reportFailedWait(const char* fn) {
     return setError(comm_, epTimeout,
                     "%s: rank %d (GPU %d) waited more than %d ms for rank %d in %s (channel %d): that rank "
                     "stopped, or is in another call (calls out of order, or a low-latency call against a "
-                    "high-throughput one)%s%s; the communicator cannot be used any more",
-                    fn, comm_->rank, dev_, comm_->cfg.timeout_ms, peer, whatName(what), channel,
-                    progress.empty() ? "" : "; ", progress.c_str());
+                    "high-throughput one)%s; the communicator cannot be used any more",
+                    fn, comm_->rank, dev_, comm_->cfg.timeout_ms, peer, whatName(what), channel, progress.c_str());
   }
   comm_->broken.store(epInvalidUsage);  // a wait found the peer in another call (device.cuh: peerOutOfStep)
   if (b == cuda::kOutOfStepLowLatency)

@@ -168,45 +168,36 @@ void HostNotices::run() {
 std::string HostNotices::progressNote(int r) const {
   uint64_t mine = 0, theirs = 0;
   if (!calls_ || !calls_->progress(r, &mine, &theirs)) return "";
-  char note[256];
-  if (theirs < mine)
-    snprintf(note, sizeof(note),
-             "rank %d's host has issued %llu collective calls on this communicator and this rank's %llu: it has "
-             "not made the later ones",
-             r, (unsigned long long)theirs, (unsigned long long)mine);
-  else if (theirs == mine)
-    snprintf(note, sizeof(note),
-             "rank %d's host has issued the same %llu collective calls on this communicator: its GPU has not run "
-             "the one awaited",
-             r, (unsigned long long)mine);
-  else
-    snprintf(note, sizeof(note),
-             "rank %d's host has issued %llu collective calls on this communicator and this rank's %llu", r,
-             (unsigned long long)theirs, (unsigned long long)mine);
-  return note;
+  std::string note = "; rank " + std::to_string(r) + "'s host has issued " + std::to_string(theirs) +
+                     " collective calls on this communicator";
+  if (theirs == mine) return note + ", as this rank: its GPU has not run the one awaited";
+  note += " and this rank's " + std::to_string(mine);
+  return theirs < mine ? note + ": it has not made the later ones" : note;
 }
 
-std::string HostNotices::goneWhat(int r) const {
-  if (r < 0 || r >= comm_->nranks || r >= kMaxRanks) return "";
+namespace {
+std::string goneText(const epComm* comm, int r, int why) {
   char what[96];
-  switch (gone_why_[r].load(std::memory_order_acquire)) {
-    case kGoneExited: snprintf(what, sizeof(what), "rank %d (pid %d) exited", r, comm_->peers[r].pid); break;
+  switch (why) {
+    case kGoneExited: snprintf(what, sizeof(what), "rank %d (pid %d) exited", r, comm->peers[size_t(r)].pid); break;
     case kGoneDestroyed: snprintf(what, sizeof(what), "rank %d destroyed its communicator", r); break;
     case kGoneAborted: snprintf(what, sizeof(what), "rank %d aborted its communicator", r); break;
     default: return "";
   }
   return what;
 }
+}  // namespace
+
+std::string HostNotices::goneWhat(int r) const {
+  if (r < 0 || r >= comm_->nranks || r >= kMaxRanks) return "";
+  return goneText(comm_, r, gone_why_[r].load(std::memory_order_acquire));
+}
 
 std::string HostNotices::describeGone(int r) const {
   std::string what = goneWhat(r);
   if (!what.empty()) return what;
-  char left[64];
-  if (r >= 0 && r < comm_->nranks && peerExited(comm_, r))
-    snprintf(left, sizeof(left), "rank %d (pid %d) exited", r, comm_->peers[size_t(r)].pid);
-  else
-    snprintf(left, sizeof(left), "rank %d left", r);
-  return left;
+  if (r >= 0 && r < comm_->nranks && peerExited(comm_, r)) return goneText(comm_, r, kGoneExited);
+  return "rank " + std::to_string(r) + " left";
 }
 
 // One look at the call logs; true once nothing is left to do. A difference

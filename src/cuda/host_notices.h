@@ -79,9 +79,10 @@ class HostNotices {
   // watcher's reason may be missing: "rank R (pid P) exited" if its process
   // did, else "rank R left".
   std::string describeGone(int r) const;
-  // For a wait for rank r that timed out: how many collective calls r's host
-  // has issued beside this rank's (has it made the call at all?), as their
-  // call logs say; "" where they cannot tell (not mapped, graphs captured).
+  // For a wait for rank r that timed out, a clause to append ("; rank R's
+  // host has issued ..."): how many collective calls r's host has issued
+  // beside this rank's (has it made the call at all?), as their call logs
+  // say; "" where they cannot tell (not mapped, graphs captured).
   std::string progressNote(int r) const;
   // A collective kernel this rank enqueued on `stream` (its call log; `note`:
   // a low-latency dispatch's llDispatchNote).

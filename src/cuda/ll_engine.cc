@@ -315,9 +315,8 @@ epResult_t LLEngine::reportFailedWait(const char* fn) {
   return setError(comm_, epResult_t(code),
                   "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) within %d ms: that rank "
                   "stopped, or is in another call (calls out of order, or a high-throughput call against this "
-                  "low-latency one)%s%s; the communicator cannot be used any more",
-                  fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms, progress.empty() ? "" : "; ",
-                  progress.c_str());
+                  "low-latency one)%s; the communicator cannot be used any more",
+                  fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms, progress.c_str());
 }
 
 epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {
