@@ -22,6 +22,11 @@
 //                          with its share of the SMs)
 //   EP_NODE_SIZE=1 gpu_ll_test --node-limit
 //                          config.max_nodes_per_token only (two ranks)
+//   gpu_ll_test --random N [SEED [--first I]]
+//                          N shapes drawn at random (tests/gpu/random_cases.h):
+//                          1 to 8 ranks (sharing GPUs as above), hidden sizes,
+//                          top-k, experts, batches per rank, wire types,
+//                          split, graphs; a failure prints how to draw it again
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -31,6 +36,7 @@
 
 #include "early_producer.cuh"
 #include "gpu_common.h"
+#include "random_cases.h"
 
 namespace {
 
@@ -814,9 +820,42 @@ int runSendHalfDoesNotWait(int R) {
   return failed ? 1 : 0;
 }
 
+// --random N [SEED [--first I]]: shape i of seed S is drawn from (S, i)
+// alone, so one shape can be run again by itself.
+int runRandom(int argc, char** argv) {
+  const int n = atoi(argv[2]);
+  const uint64_t seed = argc > 3 ? strtoull(argv[3], nullptr, 0) : 1;
+  const int first = argc > 5 && std::string(argv[4]) == "--first" ? atoi(argv[5]) : 0;
+  if (n < 1 || first < 0) {
+    fprintf(stderr, "gpu_ll_test: --random takes a count of at least 1, a seed and --first I\n");
+    return 2;
+  }
+  printf("gpu_ll_test --random %d %llu --first %d\n", n, (unsigned long long)seed, first);
+  int passed = 0, failed = 0;
+  for (int i = first; i < first + n; i++) {
+    std::mt19937_64 g(seed * 1000003 + uint64_t(i));
+    const int R = random_cases::ranksOf(g);
+    const Shape s = random_cases::llShape(g, R);
+    const bool graph = random_cases::chance(g, 0.2);
+    printf("[%d] ", i);
+    if (runShape(s, R, seed * 1000003 + uint64_t(i), graph) == 0) {
+      passed++;
+    } else {
+      failed++;
+      printf("  (shape %d of seed %llu: gpu_ll_test --random 1 %llu --first %d)\n", i, (unsigned long long)seed,
+             (unsigned long long)seed, i);
+    }
+    fflush(stdout);
+  }
+  printf("gpu_ll_test --random: %d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool random = argc > 2 && std::string(argv[1]) == "--random";
+  if (random) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // ranks may share a GPU
   const int ranks = ranksOption(argc, argv, "gpu_ll_test");  // 0: not given
   const bool node_limit = argc > 1 && std::string(argv[1]) == "--node-limit";
   if (node_limit) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // two ranks may share a GPU
@@ -837,6 +876,7 @@ int main(int argc, char** argv) {
     CK(cudaSetDevice(d));
     CK(cudaFuncGetAttributes(&busy_attr, busyKernel));
   }
+  if (random) return runRandom(argc, argv);
   if (node_limit) {
     const int failed = runNodeLimit();
     printf("gpu_ll_test --node-limit: %d passed, %d failed\n", 2 - failed, failed);

@@ -8,6 +8,11 @@
 //   gpu_test --ranks N  all cases at EP N only (1..8), ranks spread over the
 //                       visible GPUs (rank r on GPU r % GPUs): with fewer GPUs
 //                       than N, ranks share a GPU and split its SMs
+//   gpu_test --random N [SEED]
+//                       N cases drawn at random (tests/gpu/random_cases.h):
+//                       1 to 8 ranks (sharing GPUs as above), every option of
+//                       a case; a failure prints the seed and case number that
+//                       draw it again
 // Prints SKIPPED and exits 0 when no GPU is visible (tests/gpu/run.sh turns
 // that into a failure of `make gpu-test`).
 #include <algorithm>
@@ -15,6 +20,7 @@
 #include <string>
 
 #include "gpu_common.h"
+#include "random_cases.h"
 
 namespace {
 
@@ -519,7 +525,7 @@ void runBufferCapCoversBoth() {
 }
 
 // max_ranks: the most ranks the visible GPUs take (more with --ranks).
-void runCase(const Case& c, int max_ranks, bool graph) {
+void runCase(const Case& c, int max_ranks, bool graph, uint64_t seed = 42) {
   if (c.R > max_ranks) {
     printf("SKIPPED %s: needs %d GPUs, %d visible\n", c.name.c_str(), c.R, max_ranks);
     return;
@@ -529,7 +535,7 @@ void runCase(const Case& c, int max_ranks, bool graph) {
   EK(nullptr, epCommInitAll(gpu.data(), c.R, gpusOf(c.R).data(), &gc));
   EK(nullptr, epCommInitAll(host.data(), c.R, nullptr, &hc));
   std::vector<RankIn> ins;
-  makeInputs(c, 42, &ins);
+  makeInputs(c, seed, &ins);
   std::vector<RankOut> ref;
   runHost(c, host.data(), ins, &ref);
   runGpuCase(c, gpu.data(), ins, ref, false);
@@ -541,9 +547,36 @@ void runCase(const Case& c, int max_ranks, bool graph) {
   }
 }
 
+// --random N [SEED]: case i of seed S is drawn from (S, i) alone, so one
+// case can be run again by itself (--random 1 with its seed, --first i).
+int runRandom(int argc, char** argv) {
+  const int n = atoi(argv[2]);
+  const uint64_t seed = argc > 3 ? strtoull(argv[3], nullptr, 0) : 1;
+  const int first = argc > 5 && std::string(argv[4]) == "--first" ? atoi(argv[5]) : 0;
+  if (n < 1 || first < 0) {
+    fprintf(stderr, "gpu_test: --random takes a count of at least 1, a seed and --first I\n");
+    return 2;
+  }
+  printf("gpu_test --random %d %llu --first %d\n", n, (unsigned long long)seed, first);
+  for (int i = first; i < first + n; i++) {
+    std::mt19937_64 g(seed * 1000003 + uint64_t(i));
+    const int R = random_cases::ranksOf(g);
+    Case c = random_cases::htCase(g, R, i);
+    const int before = g_failures;
+    runCase(c, 8, random_cases::chance(g, 0.15), seed * 1000003 + uint64_t(i));
+    if (g_failures != before)
+      printf("  (case %d of seed %llu: gpu_test --random 1 %llu --first %d)\n", i, (unsigned long long)seed,
+             (unsigned long long)seed, i);
+  }
+  printf("%s: %d failures\n", g_failures ? "FAILED" : "ALL PASSED", g_failures);
+  return g_failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool random = argc > 2 && std::string(argv[1]) == "--random";
+  if (random) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // ranks may share a GPU
   bool small = argc > 1 && std::string(argv[1]) == "--small";
   const bool node_limit = argc > 1 && std::string(argv[1]) == "--node-limit";
   if (node_limit) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // two ranks may share a GPU
@@ -557,6 +590,7 @@ int main(int argc, char** argv) {
   // Under compute-sanitizer kernels of different GPUs may not run at once: one rank only.
   if (small) ndev = 1;
   gpuCount() = ndev;
+  if (random) return runRandom(argc, argv);
   if (node_limit) {
     runNodeLimit();
     printf("%s: %d failures\n", g_failures ? "FAILED" : "ALL PASSED", g_failures);

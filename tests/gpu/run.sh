@@ -13,6 +13,9 @@
 #                    CUDA IPC against the host backend; on one GPU two processes share it)
 #   EP_GPU_ARCH=0    skip the check that init refuses a library built for another
 #                    GPU architecture (gpu_arch_test: builds one into $BUILD/arch-smXY)
+#   EP_GPU_RANDOM=N  cases drawn at random per test (gpu_test / gpu_ll_test --random;
+#                    default 150 / 300, 0 skips them); EP_GPU_RANDOM_SEED their seed
+#                    (default: the day's date, printed, so a failure can be drawn again)
 #   EP_GPU_BENCH_ARGS  arguments of gpu_bench (see its main)
 #   EP_GPU_TEST_TIMEOUT, EP_GPU_LL_RANKS_TIMEOUT (gpu_ll_test --ranks, default 900),
 #   EP_GPU_SANITIZER_TIMEOUT, EP_GPU_BENCH_TIMEOUT: seconds
@@ -118,6 +121,23 @@ for n in ${EP_GPU_RANKS-$default_ranks}; do
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --mixed --ranks $n (EP_CUDA_LL_FLAGGED_PEERS=0): FAILED"; status=1; }
   fi
 done
+# Cases drawn at random (tests/gpu/random_cases.h): 1-8 ranks sharing the
+# visible GPUs, any hidden size, top-k, expert count, batch per rank and
+# option, against the host backend. A new seed each day widens what the
+# runs cover; a failure prints the seed and case number that draw it again.
+random_n=${EP_GPU_RANDOM:-}
+random_seed=${EP_GPU_RANDOM_SEED:-$(date +%Y%m%d)}
+if [ "${random_n:-1}" != 0 ]; then
+  echo "random cases: seed $random_seed"
+  timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_test" --random "${random_n:-150}" "$random_seed" 2>&1 |
+    tee "$LOGS/gpu_test_random.log" | tail -1
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_test --random ${random_n:-150} $random_seed: FAILED"; status=1; }
+  if [ "$LL" != 0 ]; then
+    timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_ll_test" --random "${random_n:-300}" "$random_seed" 2>&1 |
+      tee "$LOGS/gpu_ll_test_random.log" | tail -1
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --random ${random_n:-300} $random_seed: FAILED"; status=1; }
+  fi
+fi
 # A library built for another architecture than GPU 0's: init must refuse it
 # with the build that would run (gpu_arch_test.cc), and the normal build not.
 if [ "${EP_GPU_ARCH:-1}" != 0 ]; then
