@@ -636,6 +636,12 @@ struct Shape {
   // Repeated experts: every token lists expert 1 as its first two entries,
   // every fourth token as all of them (expert 1 full at T = M: each token once).
   bool repeats = false;
+  // Calls with fewer top-k columns than config.max_topk: the config's bound
+  // (0: topk) and each rank's num_topk (empty: topk on every rank).
+  int config_topk = 0;
+  std::vector<int> topk_of;
+  int maxTopk() const { return config_topk ? config_topk : topk; }
+  int kOf(int r) const { return topk_of.empty() ? topk : topk_of[r]; }
 };
 
 struct RankData {
@@ -657,7 +663,7 @@ inline epConfig_t configFor(const Shape& s, epBackend_t backend) {
   c.num_experts = s.experts;
   c.hidden = s.hidden;
   c.max_tokens_per_rank = s.max_tokens;
-  c.max_topk = s.topk;
+  c.max_topk = s.maxTopk();
   c.backend = backend;
   c.low_latency = 1;
   c.timeout_ms = 20000;
@@ -673,12 +679,12 @@ inline void randomInputs(const Shape& s, int R, uint64_t seed, int r, RankData* 
   d->x.resize(size_t(std::max(s.tokens[r], 1)) * s.hidden);
   fillRandomRow(g, epBfloat16, d->x.data(), d->x.size());
   for (size_t i = 0; i < d->x.size(); i += 97) d->x[i] = toBf16Bits(float(int(g() % 2001) - 1000));  // outliers
-  randomTopk(g, s.tokens[r], s.topk, s.experts, 0.05, &d->topk);
+  const int K = s.kOf(r);
+  randomTopk(g, s.tokens[r], K, s.experts, 0.05, &d->topk);
   if (s.repeats)
     for (int t = 0; t < s.tokens[r]; t++)
-      for (int k = 0; k < (t % 4 == 0 ? s.topk : std::min(2, s.topk)); k++)
-        d->topk[size_t(t) * s.topk + k] = 1;
-  d->w.resize(size_t(s.tokens[r]) * s.topk);
+      for (int k = 0; k < (t % 4 == 0 ? K : std::min(2, K)); k++) d->topk[size_t(t) * K + k] = 1;
+  d->w.resize(size_t(s.tokens[r]) * K);
   std::uniform_real_distribution<float> u(0, 1);
   for (float& f : d->w) f = u(g);
   d->y.resize(size_t(L) * cap * s.hidden);
@@ -702,7 +708,7 @@ inline void runHost(const Shape& s, int R, int r, epComm_t comm, const RankData&
   a.topk_idx = in.topk.data();
   a.topk_weights = in.w.data();
   a.num_tokens = s.tokens[r];
-  a.num_topk = s.topk;
+  a.num_topk = s.kOf(r);
   a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
   a.recv_x = o->recv_x.data();
   a.recv_scales = o->recv_scales.data();
@@ -733,8 +739,8 @@ inline void allocRank(const Shape& s, int R, GpuRank& g, size_t scratch_bytes) {
   const size_t cap = size_t(R) * M;
   CK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
   CK(cudaMalloc(&g.x, size_t(M) * H * 2 + 16));
-  CK(cudaMalloc(&g.topk, size_t(M) * s.topk * 8 + 8));
-  CK(cudaMalloc(&g.w, size_t(M) * s.topk * 4 + 4));
+  CK(cudaMalloc(&g.topk, size_t(M) * s.maxTopk() * 8 + 8));
+  CK(cudaMalloc(&g.w, size_t(M) * s.maxTopk() * 4 + 4));
   CK(cudaMalloc(&g.y, size_t(L) * cap * H * 2));
   CK(cudaMalloc(&g.out, size_t(M) * H * 2 + 16));
   CK(cudaMalloc(&g.recv_x, size_t(L) * cap * H * 2));
@@ -780,7 +786,7 @@ inline epLowLatencyDispatchArgs_t dispatchArgs(const Shape& s, int r, const GpuR
   a.topk_idx = g.topk;
   a.topk_weights = g.w;
   a.num_tokens = s.tokens[r];
-  a.num_topk = s.topk;
+  a.num_topk = s.kOf(r);
   a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
   a.recv_x = g.recv_x;
   a.recv_scales = g.recv_scales;
@@ -1072,7 +1078,7 @@ inline epResult_t htLayer(const Shape& s, int R, int r, GpuRank& g, uint8_t* scr
   a.topk_idx = g.topk;
   a.topk_idx_type = epInt64;
   a.num_tokens = s.tokens[r];
-  a.num_topk = s.topk;
+  a.num_topk = s.kOf(r);
   a.recv_x = scratch;  // room for R * M BF16 rows
   a.recv_capacity = int64_t(R) * s.max_tokens;
   int64_t num_recv = 0;

@@ -205,7 +205,13 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
   }
   printf("%-6s R=%d H=%-5d K=%-2d E=%-3d M=%-4d T=[", graph ? "graph" : "eager", R, s.hidden, s.topk, s.experts, s.max_tokens);
   for (int r = 0; r < R; r++) printf("%s%d", r ? "," : "", s.tokens[r]);
-  printf("] %s%s%s%s: %s\n", s.fp8 ? "fp8" : "bf16", s.pow2 ? " pow2" : "", s.split ? " split" : "",
+  printf("]");
+  if (s.config_topk || !s.topk_of.empty()) {  // calls with fewer columns than config.max_topk
+    printf(" max_topk=%d num_topk=[", s.maxTopk());
+    for (int r = 0; r < R; r++) printf("%s%d", r ? "," : "", s.kOf(r));
+    printf("]");
+  }
+  printf(" %s%s%s%s: %s\n", s.fp8 ? "fp8" : "bf16", s.pow2 ? " pow2" : "", s.split ? " split" : "",
          s.repeats ? " repeats" : "", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }

@@ -89,13 +89,17 @@ inline ht::Case htCase(std::mt19937_64& g, int R, int index) {
   c.bias = chance(g, 0.4);
   c.transposed_scales = c.dt == epFloat8E4M3 && chance(g, 0.4);
   c.num_sms = chance(g, 0.5) ? 0 : uniformInt(g, 1, 24);
-  c.repeats = c.K >= 2 && chance(g, 0.15);
+  // Calls with fewer columns than config.max_topk (K), the same on every
+  // rank: a sender may not pass more columns than its receivers.
+  if (chance(g, 0.25)) c.Kr.assign(R, uniformInt(g, 1, c.K));
+  c.repeats = c.kOf(0) >= 2 && chance(g, 0.15);
   if (chance(g, 0.1)) c.only_rank = int(g() % R);
   c.null_topk_if_empty = chance(g, 0.3);
   if (chance(g, 0.15)) c.cached_without_ids = int(g() % R);
   c.row_pad = chance(g, 0.2) ? 16 * uniformInt(g, 1, 4) : 0;
   c.name = "random " + std::to_string(index) + " EP" + std::to_string(R) + " " + typeName(c.dt) + "/" +
-           typeName(c.ct) + " h" + std::to_string(c.H) + " k" + std::to_string(c.K) + " e" +
+           typeName(c.ct) + " h" + std::to_string(c.H) + " k" + std::to_string(c.K) +
+           (c.Kr.empty() ? "" : " num_topk" + std::to_string(c.kOf(0))) + " e" +
            std::to_string(c.E) + " align" + std::to_string(c.align) + " sms" + std::to_string(c.num_sms) +
            (c.idx32 ? " idx32" : "") + (c.weights ? "" : " no-weights") + (c.bias ? " bias" : "") +
            (c.transposed_scales ? " transposed" : "") + (c.repeats ? " repeats" : "") +
@@ -122,6 +126,15 @@ inline ll::Shape llShape(std::mt19937_64& g, int R) {
   s.max_tokens = chance(g, 0.35) ? uniformInt(g, 1, 16) : logUniform(g, 1024);
   while (s.max_tokens > 1 && double(s.experts) * s.max_tokens * s.hidden > 48e6) s.max_tokens /= 2;
   s.tokens = tokensOf(g, R, s.max_tokens);
+  // Calls with fewer columns than config.max_topk: every rank alike, or a
+  // num_topk per rank (ranks may differ in low-latency mode).
+  if (chance(g, 0.3)) {
+    s.config_topk = uniformInt(g, s.topk, 32);
+    if (chance(g, 0.5)) {
+      s.topk_of.resize(R);
+      for (int r = 0; r < R; r++) s.topk_of[r] = uniformInt(g, 1, s.config_topk);
+    }
+  }
   s.repeats = s.experts >= 2 && s.topk >= 2 && chance(g, 0.15);
   return s;
 }
