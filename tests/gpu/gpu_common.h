@@ -642,11 +642,14 @@ struct Shape {
   std::vector<int> topk_of;
   int maxTopk() const { return config_topk ? config_topk : topk; }
   int kOf(int r) const { return topk_of.empty() ? topk : topk_of[r]; }
+  // The optional arguments: 32-bit expert ids, no weights (each 1), no recv_src.
+  bool idx32 = false, no_weights = false, no_src = false;
 };
 
 struct RankData {
   std::vector<uint16_t> x;
   std::vector<int64_t> topk;
+  std::vector<int32_t> topk32;  // the same ids, for Shape::idx32
   std::vector<float> w;
   std::vector<uint16_t> y;  // [L, R*M, H]
 };
@@ -684,6 +687,7 @@ inline void randomInputs(const Shape& s, int R, uint64_t seed, int r, RankData* 
   if (s.repeats)
     for (int t = 0; t < s.tokens[r]; t++)
       for (int k = 0; k < (t % 4 == 0 ? K : std::min(2, K)); k++) d->topk[size_t(t) * K + k] = 1;
+  d->topk32.assign(d->topk.begin(), d->topk.end());
   d->w.resize(size_t(s.tokens[r]) * K);
   std::uniform_real_distribution<float> u(0, 1);
   for (float& f : d->w) f = u(g);
@@ -705,15 +709,16 @@ inline void runHost(const Shape& s, int R, int r, epComm_t comm, const RankData&
   epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
   a.flags = s.pow2 ? EP_LL_ROUND_SCALE_POW2 : 0;
   a.x = in.x.data();
-  a.topk_idx = in.topk.data();
-  a.topk_weights = in.w.data();
+  a.topk_idx = s.idx32 ? (const void*)in.topk32.data() : (const void*)in.topk.data();
+  a.topk_idx_type = s.idx32 ? epInt32 : epInt64;
+  a.topk_weights = s.no_weights ? nullptr : in.w.data();
   a.num_tokens = s.tokens[r];
   a.num_topk = s.kOf(r);
   a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
   a.recv_x = o->recv_x.data();
   a.recv_scales = o->recv_scales.data();
   a.recv_count = o->recv_count.data();
-  a.recv_src = o->recv_src.data();
+  a.recv_src = s.no_src ? nullptr : o->recv_src.data();
   epHandle_t h = nullptr;
   EK(comm, epLowLatencyDispatch(comm, &a, &h, nullptr));
   epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
@@ -760,11 +765,13 @@ inline void freeRank(GpuRank& g) {
 inline void upload(const Shape& s, int r, const RankData& d, GpuRank& g) {
   CK(cudaMemcpyAsync(g.x, d.x.data(), d.x.size() * 2, cudaMemcpyHostToDevice, g.stream));
   if (!d.topk.empty()) {
-    CK(cudaMemcpyAsync(g.topk, d.topk.data(), d.topk.size() * 8, cudaMemcpyHostToDevice, g.stream));
+    if (s.idx32)
+      CK(cudaMemcpyAsync(g.topk, d.topk32.data(), d.topk32.size() * 4, cudaMemcpyHostToDevice, g.stream));
+    else
+      CK(cudaMemcpyAsync(g.topk, d.topk.data(), d.topk.size() * 8, cudaMemcpyHostToDevice, g.stream));
     CK(cudaMemcpyAsync(g.w, d.w.data(), d.w.size() * 4, cudaMemcpyHostToDevice, g.stream));
   }
   CK(cudaMemcpyAsync(g.y, d.y.data(), d.y.size() * 2, cudaMemcpyHostToDevice, g.stream));
-  (void)s;
   (void)r;
 }
 
@@ -784,14 +791,15 @@ inline epLowLatencyDispatchArgs_t dispatchArgs(const Shape& s, int r, const GpuR
   a.flags = (s.pow2 ? EP_LL_ROUND_SCALE_POW2 : 0u) | (s.split ? EP_LL_SEND_ONLY : 0u);
   a.x = g.x;
   a.topk_idx = g.topk;
-  a.topk_weights = g.w;
+  a.topk_idx_type = s.idx32 ? epInt32 : epInt64;
+  a.topk_weights = s.no_weights ? nullptr : g.w;
   a.num_tokens = s.tokens[r];
   a.num_topk = s.kOf(r);
   a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
   a.recv_x = g.recv_x;
   a.recv_scales = g.recv_scales;
   a.recv_count = g.recv_count;
-  a.recv_src = g.recv_src;
+  a.recv_src = s.no_src ? nullptr : g.recv_src;
   return a;
 }
 
@@ -848,7 +856,7 @@ inline long long compare(const Shape& s, int R, int r, GpuRank& g, const Outputs
     }
     for (int i = 0; i < count[e]; i++) {
       const size_t k = size_t(e) * cap + i;
-      if (src[k] != ref.recv_src[k] && bad++ < 3)
+      if (!s.no_src && src[k] != ref.recv_src[k] && bad++ < 3)
         printf("  FAIL %s rank %d recv_src[%d][%d]: expected %d, got %d\n", w, r, e, i, ref.recv_src[k], src[k]);
       const uint8_t *a = &rx[k * row], *b = &ref.recv_x[k * row];
       if (memcmp(a, b, row) != 0 && bad++ < 3) {

@@ -211,8 +211,9 @@ int runShape(const Shape& s, int R, uint64_t seed, bool graph) {
     for (int r = 0; r < R; r++) printf("%s%d", r ? "," : "", s.kOf(r));
     printf("]");
   }
-  printf(" %s%s%s%s: %s\n", s.fp8 ? "fp8" : "bf16", s.pow2 ? " pow2" : "", s.split ? " split" : "",
-         s.repeats ? " repeats" : "", bad ? "FAILED" : "OK");
+  printf(" %s%s%s%s%s%s%s: %s\n", s.fp8 ? "fp8" : "bf16", s.pow2 ? " pow2" : "", s.split ? " split" : "",
+         s.repeats ? " repeats" : "", s.idx32 ? " idx32" : "", s.no_weights ? " no-weights" : "",
+         s.no_src ? " no-src" : "", bad ? "FAILED" : "OK");
   return bad ? 1 : 0;
 }
 

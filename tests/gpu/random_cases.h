@@ -135,6 +135,9 @@ inline ll::Shape llShape(std::mt19937_64& g, int R) {
       for (int r = 0; r < R; r++) s.topk_of[r] = uniformInt(g, 1, s.config_topk);
     }
   }
+  s.idx32 = chance(g, 0.3);
+  s.no_weights = chance(g, 0.15);
+  s.no_src = chance(g, 0.15);
   s.repeats = s.experts >= 2 && s.topk >= 2 && chance(g, 0.15);
   return s;
 }
