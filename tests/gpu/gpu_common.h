@@ -189,6 +189,10 @@ struct Case {
   int only_rank = -1;               // every rank picks only this rank's experts (it receives every token)
   int row_pad = 0;  // GPU run only: x, the cached x and y with rows this many bytes apart beyond
                     // their size (x_stride / y_stride; the padding holds garbage)
+  // GPU run only: the optional outputs left out (recv_topk_idx, recv_topk_weights,
+  // recv_tokens_per_expert, out_topk_weights; num_recv in exact sizing, read
+  // with epHandleRecvCount instead), and the combine's deterministic flag.
+  bool fewer_outputs = false, deterministic = false;
   int kOf(int r) const { return Kr.empty() ? K : Kr[r]; }
 };
 
@@ -521,8 +525,9 @@ inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool 
     a.flags = EP_DISPATCH_NO_HOST_SYNC;
     a.num_recv = d.num_recv;
   } else {
-    a.num_recv = &host_num_recv;
+    a.num_recv = c.fewer_outputs ? nullptr : &host_num_recv;
   }
+  if (c.fewer_outputs) a.recv_topk_idx = nullptr, a.recv_topk_weights = nullptr, a.recv_tokens_per_expert = nullptr;
   // Strided inputs: the same rows, copied row_pad bytes apart into buffers
   // whose padding is garbage; the outputs must not change.
   void *x_pad = nullptr, *x2_pad = nullptr, *y_pad = nullptr;
@@ -541,15 +546,17 @@ inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool 
   }
   epHandle_t h = nullptr;
   EK(comm, epDispatch(comm, &a, &h, s));
+  if (!capacity && c.fewer_outputs) EK(comm, epHandleRecvCount(h, &host_num_recv));
   epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+  ca.flags = c.deterministic ? EP_COMBINE_DETERMINISTIC : 0u;
   ca.y = c.row_pad ? y_pad : d.y;
   ca.y_stride = c.row_pad ? g.crow + size_t(c.row_pad) : 0;
   ca.y_type = c.ct;
-  ca.recv_topk_weights = c.weights ? d.recv_w : nullptr;
+  ca.recv_topk_weights = c.weights && !c.fewer_outputs ? d.recv_w : nullptr;
   ca.num_topk = c.kOf(r);
   ca.bias = c.bias ? d.bias : nullptr;
   ca.out = d.out;
-  ca.out_topk_weights = c.weights ? d.out_w : nullptr;
+  ca.out_topk_weights = c.weights && !c.fewer_outputs ? d.out_w : nullptr;
   EK(comm, epCombine(comm, &ca, h, s));
   a.x = c.row_pad ? x2_pad : d.x2;
   a.x_scales = g.nb ? d.scales2 : nullptr;
@@ -559,6 +566,7 @@ inline void gpuRank(const Case& c, epComm_t comm, const RankIn& in, int r, bool 
   a.recv_topk_idx = d.recv_idx2;
   a.recv_topk_weights = c.weights ? d.recv_w2 : nullptr;
   a.recv_tokens_per_expert = d.tpe2;
+  if (c.fewer_outputs) a.recv_topk_idx = nullptr, a.recv_topk_weights = nullptr, a.recv_tokens_per_expert = nullptr;
   if (r == c.cached_without_ids) a.topk_idx = nullptr, a.topk_weights = nullptr;
   EK(comm, epDispatch(comm, &a, &h, s));
   CK(cudaStreamSynchronize(s));
@@ -608,13 +616,14 @@ inline void compareRank(const Case& c, const std::string& cname, int r, const Ra
   same("layout is_token_in_rank", cname, r, o.in_rank.data(), e.in_rank.data(), size_t(T) * c.R, 1);
   same("recv_x", cname, r, o.recv_x.data(), e.recv_x.data(), n * g.drow, std::min<size_t>(typeSize(c.dt), 4));
   same("recv_scales", cname, r, o.scales.data(), e.scales.data(), n * g.nb * 4, 4);
+  same("combine out", cname, r, o.out.data(), e.out.data(), T * g.crow, typeSize(c.ct));
+  same("cached recv_x", cname, r, o.recv_x2.data(), e.recv_x2.data(), n * g.drow, std::min<size_t>(typeSize(c.dt), 4));
+  same("cached recv_scales", cname, r, o.scales2.data(), e.scales2.data(), n * g.nb * 4, 4);
+  if (c.fewer_outputs) return;  // the outputs below were not asked for
   same("recv_topk_idx", cname, r, o.idx.data(), e.idx.data(), n * c.kOf(r) * 8, 8);
   if (c.weights) same("recv_topk_weights", cname, r, o.w.data(), e.w.data(), n * c.kOf(r) * 4, 4);
   same("recv_tokens_per_expert", cname, r, o.tpe.data(), e.tpe.data(), g.EL * 4, 4);
-  same("combine out", cname, r, o.out.data(), e.out.data(), T * g.crow, typeSize(c.ct));
   if (c.weights) same("combine out_topk_weights", cname, r, o.out_w.data(), e.out_w.data(), size_t(T) * c.kOf(r) * 4, 4);
-  same("cached recv_x", cname, r, o.recv_x2.data(), e.recv_x2.data(), n * g.drow, std::min<size_t>(typeSize(c.dt), 4));
-  same("cached recv_scales", cname, r, o.scales2.data(), e.scales2.data(), n * g.nb * 4, 4);
   same("cached recv_topk_idx", cname, r, o.idx2.data(), e.idx2.data(), n * c.kOf(r) * 8, 8);
   if (c.weights) same("cached recv_topk_weights", cname, r, o.w2.data(), e.w2.data(), n * c.kOf(r) * 4, 4);
   same("cached recv_tokens_per_expert", cname, r, o.tpe2.data(), e.tpe2.data(), g.EL * 4, 4);

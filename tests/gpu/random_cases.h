@@ -97,6 +97,8 @@ inline ht::Case htCase(std::mt19937_64& g, int R, int index) {
   c.null_topk_if_empty = chance(g, 0.3);
   if (chance(g, 0.15)) c.cached_without_ids = int(g() % R);
   c.row_pad = chance(g, 0.2) ? 16 * uniformInt(g, 1, 4) : 0;
+  c.fewer_outputs = chance(g, 0.2);
+  c.deterministic = chance(g, 0.3);
   c.name = "random " + std::to_string(index) + " EP" + std::to_string(R) + " " + typeName(c.dt) + "/" +
            typeName(c.ct) + " h" + std::to_string(c.H) + " k" + std::to_string(c.K) +
            (c.Kr.empty() ? "" : " num_topk" + std::to_string(c.kOf(0))) + " e" +
@@ -106,7 +108,8 @@ inline ht::Case htCase(std::mt19937_64& g, int R, int index) {
            (c.only_rank >= 0 ? " all-to-" + std::to_string(c.only_rank) : "") +
            (c.null_topk_if_empty ? " null-ids-if-empty" : "") +
            (c.cached_without_ids >= 0 ? " cached-without-ids-" + std::to_string(c.cached_without_ids) : "") +
-           (c.row_pad ? " pad" + std::to_string(c.row_pad) : "");
+           (c.row_pad ? " pad" + std::to_string(c.row_pad) : "") + (c.fewer_outputs ? " fewer-outputs" : "") +
+           (c.deterministic ? " deterministic" : "");
   return c;
 }
 
