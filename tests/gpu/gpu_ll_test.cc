@@ -827,30 +827,20 @@ int runSendHalfDoesNotWait(int R) {
   return failed ? 1 : 0;
 }
 
-// --random N [SEED [--first I]]: shape i of seed S is drawn from (S, i)
-// alone, so one shape can be run again by itself.
-int runRandom(int argc, char** argv) {
-  const int n = atoi(argv[2]);
-  const uint64_t seed = argc > 3 ? strtoull(argv[3], nullptr, 0) : 1;
-  const int first = argc > 5 && std::string(argv[4]) == "--first" ? atoi(argv[5]) : 0;
-  if (n < 1 || first < 0) {
-    fprintf(stderr, "gpu_ll_test: --random takes a count of at least 1, a seed and --first I\n");
-    return 2;
-  }
-  printf("gpu_ll_test --random %d %llu --first %d\n", n, (unsigned long long)seed, first);
+// --random N [SEED [--first I]] (random_cases.h).
+int runRandom(const random_cases::Run& run) {
   int passed = 0, failed = 0;
-  for (int i = first; i < first + n; i++) {
-    std::mt19937_64 g(seed * 1000003 + uint64_t(i));
+  for (int i = run.first; i < run.first + run.count; i++) {
+    std::mt19937_64 g(run.caseSeed(i));
     const int R = random_cases::ranksOf(g);
     const Shape s = random_cases::llShape(g, R);
     const bool graph = random_cases::chance(g, 0.2);
     printf("[%d] ", i);
-    if (runShape(s, R, seed * 1000003 + uint64_t(i), graph) == 0) {
+    if (runShape(s, R, run.caseSeed(i), graph) == 0) {
       passed++;
     } else {
       failed++;
-      printf("  (shape %d of seed %llu: gpu_ll_test --random 1 %llu --first %d)\n", i, (unsigned long long)seed,
-             (unsigned long long)seed, i);
+      random_cases::printDrawAgain("gpu_ll_test", run, i);
     }
     fflush(stdout);
   }
@@ -861,7 +851,9 @@ int runRandom(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool random = argc > 2 && std::string(argv[1]) == "--random";
+  const bool random = argc > 1 && std::string(argv[1]) == "--random";
+  random_cases::Run run;
+  if (random && !random_cases::parseRun(argc, argv, "gpu_ll_test", &run)) return 2;
   if (random) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // ranks may share a GPU
   const int ranks = ranksOption(argc, argv, "gpu_ll_test");  // 0: not given
   const bool node_limit = argc > 1 && std::string(argv[1]) == "--node-limit";
@@ -883,7 +875,7 @@ int main(int argc, char** argv) {
     CK(cudaSetDevice(d));
     CK(cudaFuncGetAttributes(&busy_attr, busyKernel));
   }
-  if (random) return runRandom(argc, argv);
+  if (random) return runRandom(run);
   if (node_limit) {
     const int failed = runNodeLimit();
     printf("gpu_ll_test --node-limit: %d passed, %d failed\n", 2 - failed, failed);

@@ -547,26 +547,15 @@ void runCase(const Case& c, int max_ranks, bool graph, uint64_t seed = 42) {
   }
 }
 
-// --random N [SEED]: case i of seed S is drawn from (S, i) alone, so one
-// case can be run again by itself (--random 1 with its seed, --first i).
-int runRandom(int argc, char** argv) {
-  const int n = atoi(argv[2]);
-  const uint64_t seed = argc > 3 ? strtoull(argv[3], nullptr, 0) : 1;
-  const int first = argc > 5 && std::string(argv[4]) == "--first" ? atoi(argv[5]) : 0;
-  if (n < 1 || first < 0) {
-    fprintf(stderr, "gpu_test: --random takes a count of at least 1, a seed and --first I\n");
-    return 2;
-  }
-  printf("gpu_test --random %d %llu --first %d\n", n, (unsigned long long)seed, first);
-  for (int i = first; i < first + n; i++) {
-    std::mt19937_64 g(seed * 1000003 + uint64_t(i));
+// --random N [SEED [--first I]] (random_cases.h).
+int runRandom(const random_cases::Run& run) {
+  for (int i = run.first; i < run.first + run.count; i++) {
+    std::mt19937_64 g(run.caseSeed(i));
     const int R = random_cases::ranksOf(g);
     Case c = random_cases::htCase(g, R, i);
     const int before = g_failures;
-    runCase(c, 8, random_cases::chance(g, 0.15), seed * 1000003 + uint64_t(i));
-    if (g_failures != before)
-      printf("  (case %d of seed %llu: gpu_test --random 1 %llu --first %d)\n", i, (unsigned long long)seed,
-             (unsigned long long)seed, i);
+    runCase(c, 8, random_cases::chance(g, 0.15), run.caseSeed(i));
+    if (g_failures != before) random_cases::printDrawAgain("gpu_test", run, i);
   }
   printf("%s: %d failures\n", g_failures ? "FAILED" : "ALL PASSED", g_failures);
   return g_failures ? 1 : 0;
@@ -575,7 +564,9 @@ int runRandom(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool random = argc > 2 && std::string(argv[1]) == "--random";
+  const bool random = argc > 1 && std::string(argv[1]) == "--random";
+  random_cases::Run run;
+  if (random && !random_cases::parseRun(argc, argv, "gpu_test", &run)) return 2;
   if (random) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // ranks may share a GPU
   bool small = argc > 1 && std::string(argv[1]) == "--small";
   const bool node_limit = argc > 1 && std::string(argv[1]) == "--node-limit";
@@ -590,7 +581,7 @@ int main(int argc, char** argv) {
   // Under compute-sanitizer kernels of different GPUs may not run at once: one rank only.
   if (small) ndev = 1;
   gpuCount() = ndev;
-  if (random) return runRandom(argc, argv);
+  if (random) return runRandom(run);
   if (node_limit) {
     runNodeLimit();
     printf("%s: %d failures\n", g_failures ? "FAILED" : "ALL PASSED", g_failures);

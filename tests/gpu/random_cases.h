@@ -21,6 +21,33 @@ inline int uniformInt(std::mt19937_64& g, int lo, int hi) {  // lo..hi inclusive
 
 inline bool chance(std::mt19937_64& g, double p) { return std::uniform_real_distribution<double>(0, 1)(g) < p; }
 
+// The arguments of --random: N [SEED [--first I]], cases I .. I + N - 1 of
+// SEED (default 1, first 0). Case i is drawn from caseSeed(i) alone, so one
+// case can be drawn again by itself.
+struct Run {
+  int count = 0, first = 0;
+  uint64_t seed = 1;
+  uint64_t caseSeed(int i) const { return seed * 1000003 + uint64_t(i); }
+};
+
+// Reads argv[2..] (argv[1] is --random); false, after a message, when they
+// are not of that form.
+inline bool parseRun(int argc, char** argv, const char* prog, Run* run) {
+  const bool ok = (argc == 3 || argc == 4 || (argc == 6 && std::string(argv[4]) == "--first")) &&
+                  (run->count = atoi(argv[2])) >= 1 &&
+                  (argc < 4 || (run->seed = strtoull(argv[3], nullptr, 0), true)) &&
+                  (argc < 6 || (run->first = atoi(argv[5])) >= 0);
+  if (!ok) fprintf(stderr, "%s: --random takes N [SEED [--first I]], N >= 1, I >= 0\n", prog);
+  else printf("%s --random %d %llu --first %d\n", prog, run->count, (unsigned long long)run->seed, run->first);
+  return ok;
+}
+
+// After a failed case: the command that draws it alone.
+inline void printDrawAgain(const char* prog, const Run& run, int i) {
+  printf("  (case %d of seed %llu: %s --random 1 %llu --first %d)\n", i, (unsigned long long)run.seed, prog,
+         (unsigned long long)run.seed, i);
+}
+
 // 1..hi, small values as likely as large ones on a log scale (1, 2-3, 4-7, ...).
 inline int logUniform(std::mt19937_64& g, int hi) {
   const double v = std::exp(std::uniform_real_distribution<double>(0, std::log(double(hi) + 1))(g));
