@@ -259,7 +259,8 @@ class Root {
   std::atomic<int>* ready = nullptr;
 
   void run() {
-    const int64_t fallback_ms = param::TIMEOUT_MS();
+    // Clamped as the ranks' timeout is: milliseconds beyond ~2^43 overflow the clock's nanoseconds.
+    const int64_t fallback_ms = clampMs(param::TIMEOUT_MS());
     fallback_deadline_ = fallback_ms > 0 ? Clock::now() + std::chrono::milliseconds(fallback_ms)
                                          : Clock::time_point::max();
     if (ready != nullptr) ready->store(1, std::memory_order_release);

@@ -55,23 +55,53 @@ Notice makeNotice(int origin, epResult_t result, const std::string& text) {
   return n;
 }
 
+// What this rank still owes its successor when an operation fails: the rest
+// of a message whose send a failed receive cut short. The successor reads
+// that first, so the notice goes after it (header_next: it expects a header then).
+struct Owed {
+  const char* data = nullptr;
+  size_t len = 0;
+  bool header_next = false;
+};
+
+// The message buf[0, len) was being sent and `sent` bytes of it went out.
+// Nothing sent: the notice replaces it (the successor still expects what it
+// was, a header when is_header). Else the rest is owed, and the successor
+// expects a header after it when header_after.
+Owed owedOf(const void* buf, size_t len, size_t sent, bool is_header, bool header_after) {
+  Owed o;
+  if (sent == 0) {
+    o.header_next = is_header;
+    return o;
+  }
+  o.data = static_cast<const char*>(buf) + std::min(sent, len);
+  o.len = len - std::min(sent, len);
+  o.header_next = header_after;
+  return o;
+}
+
 // Passes n on to the successor, best effort (it may be gone). header_next:
 // the successor expects an operation header next, else a step frame of an
-// operation of bytes_per_rank.
-void forwardNotice(Bootstrap* b, const Notice& n, bool header_next, size_t bytes_per_rank) {
+// operation of bytes_per_rank. owed (may be NULL): bytes sent before the
+// notice (its header_next then replaces the argument).
+void forwardNotice(Bootstrap* b, const Notice& n, bool header_next, size_t bytes_per_rank,
+                   const Owed* owed = nullptr) {
   if (b->nranks < 2 || !b->next_fd.valid()) return;
+  if (owed != nullptr) header_next = owed->header_next;
   std::vector<char> msg;
   try {
+    if (owed != nullptr && owed->len != 0) msg.assign(owed->data, owed->data + owed->len);
+    const size_t at = msg.size();
     if (header_next) {
       const OpHeader h = {kOpMagic, kOpNotice, b->op_seq, sizeof(Notice)};
-      msg.resize(sizeof(h) + sizeof(n));
-      memcpy(msg.data(), &h, sizeof(h));
-      memcpy(msg.data() + sizeof(h), &n, sizeof(n));
+      msg.resize(at + sizeof(h) + sizeof(n));
+      memcpy(msg.data() + at, &h, sizeof(h));
+      memcpy(msg.data() + at + sizeof(h), &n, sizeof(n));
     } else {
       const StepHead h = {kStepMagic, 1};
-      msg.assign(sizeof(h) + framePayload(bytes_per_rank), 0);
-      memcpy(msg.data(), &h, sizeof(h));
-      memcpy(msg.data() + sizeof(h), &n, sizeof(n));
+      msg.resize(at + sizeof(h) + framePayload(bytes_per_rank), 0);
+      memcpy(msg.data() + at, &h, sizeof(h));
+      memcpy(msg.data() + at + sizeof(h), &n, sizeof(n));
     }
   } catch (const std::bad_alloc&) {
     return;
@@ -93,7 +123,7 @@ epResult_t noticeFailure(Bootstrap* b, const Notice& n, uint32_t kind) {
 // failure on the predecessor's side is passed on to the successor (see
 // forwardNotice for header_next and bytes_per_rank).
 epResult_t ringFailure(Bootstrap* b, const IoResult& r, bool send_side, uint32_t kind, bool header_next,
-                       size_t bytes_per_rank) {
+                       size_t bytes_per_rank, const Owed* owed = nullptr) {
   b->broken = true;
   const char* op = opName(kind);
   int peer = send_side ? b->next() : b->prev();
@@ -135,7 +165,7 @@ epResult_t ringFailure(Bootstrap* b, const IoResult& r, bool send_side, uint32_t
                r.describe().c_str());
       break;
   }
-  if (!send_side) forwardNotice(b, makeNotice(peer, res, text), header_next, bytes_per_rank);
+  if (!send_side) forwardNotice(b, makeNotice(peer, res, text), header_next, bytes_per_rank, owed);
   return setError(b->comm, res, "%s", text);
 }
 
@@ -209,11 +239,15 @@ epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32
   OpHeader mine = {kOpMagic, kind, b->op_seq, bytes_per_rank};
   OpHeader theirs;
   bool send_side = false;
+  size_t sent = 0;
   IoResult r = sendRecvExact(b->next_fd.get(), &mine, sizeof(mine), b->prev_fd.get(), &theirs,
-                             sizeof(theirs), wait, &send_side);
+                             sizeof(theirs), wait, &send_side, &sent);
   // The successor gone: theirs came in all the same (sendRecvExact).
   const bool successor_gone = !r.ok() && send_side && r.status == IoStatus::kClosed;
-  if (!r.ok() && !successor_gone) return ringFailure(b, r, send_side, kind, false, bytes_per_rank);
+  if (!r.ok() && !successor_gone) {
+    const Owed owed = owedOf(&mine, sizeof(mine), sent, true, false);
+    return ringFailure(b, r, send_side, kind, false, bytes_per_rank, &owed);
+  }
   if (noticeHeader(theirs)) {  // the predecessor failed or heard of a failure
     Notice n;
     IoResult rn = recvExact(b->prev_fd.get(), &n, sizeof(n), wait);
@@ -225,13 +259,15 @@ epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32
   if (theirs.magic != kOpMagic || theirs.kind != kind || theirs.seq != b->op_seq ||
       theirs.bytes_per_rank != bytes_per_rank) {
     b->broken = true;
-    return setError(b->comm, epInvalidUsage,
-                    "bootstrap: rank %d called %s #%llu with %llu bytes per rank, but rank %d called %s "
-                    "#%llu with %llu",
-                    b->rank, opName(kind), (unsigned long long)b->op_seq,
-                    (unsigned long long)bytes_per_rank, b->prev(),
-                    theirs.magic == kOpMagic ? opName(theirs.kind) : "something else",
-                    (unsigned long long)theirs.seq, (unsigned long long)theirs.bytes_per_rank);
+    char text[512];
+    snprintf(text, sizeof(text),
+             "bootstrap: rank %d called %s #%llu with %llu bytes per rank, but rank %d called %s #%llu with %llu",
+             b->rank, opName(kind), (unsigned long long)b->op_seq, (unsigned long long)bytes_per_rank, b->prev(),
+             theirs.magic == kOpMagic ? opName(theirs.kind) : "something else", (unsigned long long)theirs.seq,
+             (unsigned long long)theirs.bytes_per_rank);
+    // The successor took this header and waits for the first frame: say why none comes.
+    forwardNotice(b, makeNotice(b->rank, epInvalidUsage, text), false, bytes_per_rank);
+    return setError(b->comm, epInvalidUsage, "%s", text);
   }
   b->op_seq++;
 
@@ -247,16 +283,22 @@ epResult_t ringAllGather(Bootstrap* b, void* data, size_t bytes_per_rank, uint32
     if (bytes_per_rank != 0)
       memcpy(out.data() + sizeof(StepHead), base + size_t(send_slot) * bytes_per_rank, bytes_per_rank);
     r = sendRecvExact(b->next_fd.get(), out.data(), out.size(), b->prev_fd.get(), in.data(), in.size(), wait,
-                      &send_side);
+                      &send_side, &sent);
     if (!r.ok() && send_side && r.status == IoStatus::kClosed)  // in holds this step's frame
       return successorGone(b, r, kind, bytes_per_rank, step, in);
-    if (!r.ok()) return ringFailure(b, r, send_side, kind, last, bytes_per_rank);
+    if (!r.ok()) {
+      const Owed owed = owedOf(out.data(), out.size(), sent, false, last);
+      return ringFailure(b, r, send_side, kind, last, bytes_per_rank, &owed);
+    }
     StepHead head;
     memcpy(&head, in.data(), sizeof(head));
     if (head.magic != kStepMagic) {
       b->broken = true;
-      return setError(b->comm, epInternalError, "bootstrap: rank %d: step %d of the %s from rank %d is not a frame",
-                      b->rank, step, opName(kind), b->prev());
+      char text[256];
+      snprintf(text, sizeof(text), "bootstrap: rank %d: step %d of the %s from rank %d is not a frame", b->rank,
+               step, opName(kind), b->prev());
+      forwardNotice(b, makeNotice(b->rank, epInternalError, text), last, bytes_per_rank);
+      return setError(b->comm, epInternalError, "%s", text);
     }
     Notice nt;
     if (frameNotice(in.data(), &nt)) {

@@ -547,11 +547,19 @@ IoResult recvExact(int fd, void* buf, size_t len, const Wait& wait) {
 }
 
 IoResult sendRecvExact(int send_fd, const void* send_buf, size_t send_len, int recv_fd,
-                       void* recv_buf, size_t recv_len, const Wait& wait, bool* send_side) {
+                       void* recv_buf, size_t recv_len, const Wait& wait, bool* send_side,
+                       size_t* sent_out) {
   const char* sp = static_cast<const char*>(send_buf);
   char* rp = static_cast<char*>(recv_buf);
   size_t sent = 0, received = 0;
   *send_side = false;
+  struct SentOut {  // reports `sent` on every return
+    size_t* out;
+    const size_t& sent;
+    ~SentOut() {
+      if (out != nullptr) *out = sent;
+    }
+  } report{sent_out, sent};
   IoResult send_closed;  // kClosed once the peer closed the send side
   while ((sent < send_len && send_closed.ok()) || received < recv_len) {
     if (wait.aborted()) return ioResult(IoStatus::kAborted);

@@ -161,7 +161,10 @@ IoResult recvExact(int fd, void* buf, size_t len, const Wait& wait);
 // closed by the peer does not end the call: the receive goes on to its end
 // (the other neighbour may bring the reason), then the send's kClosed is
 // returned with *send_side; a receive that fails meanwhile is returned instead.
+// *sent_out (may be NULL) gets the bytes of send_buf sent, on every return: a
+// failed receive can leave the send incomplete, and the peer is still owed the rest.
 IoResult sendRecvExact(int send_fd, const void* send_buf, size_t send_len, int recv_fd,
-                       void* recv_buf, size_t recv_len, const Wait& wait, bool* send_side);
+                       void* recv_buf, size_t recv_len, const Wait& wait, bool* send_side,
+                       size_t* sent_out = nullptr);
 
 }  // namespace ep

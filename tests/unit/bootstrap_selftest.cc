@@ -5,7 +5,8 @@
 // children of the case process and talk over loopback. Build:
 //   g++ -std=c++17 -O2 -Iinclude -Isrc tests/unit/bootstrap_selftest.cc src/bootstrap.cc
 //       src/socket.cc src/debug.cc src/params.cc -lpthread -o /tmp/bs && /tmp/bs
-// Prints "N passed, M failed" and exits non-zero when a case failed.
+// Prints "N passed, M failed" and exits non-zero when a case failed. An
+// argument runs only the cases whose name contains it.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <poll.h>
@@ -718,9 +719,84 @@ int caseDuplicateRank() {
   return 0;
 }
 
+// Ranks call different collectives: the rank that finds the mismatch tells its
+// successor why it leaves, so that rank does not report an unexplained exit.
+int caseMismatchNotice() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  auto body = [&id](int rank) {
+    ep::Bootstrap* b = nullptr;
+    CHECK(ep::bootstrapInit(id, rank, 3, 3000, nullptr, nullptr, &b) == epSuccess, "%s", ep::threadLastError());
+    std::vector<char> data(3 * 8);
+    auto t0 = Clock::now();
+    epResult_t res = rank == 0 ? ep::bootstrapBarrier(b) : ep::bootstrapAllGather(b, data.data(), 8);
+    std::string msg = ep::threadLastError();
+    if (rank == 2) {
+      CHECK(res == epRemoteError && contains(msg.c_str(), "rank 1 failed") && msSince(t0) < 2000,
+            "rank 2 got %d after %ld ms (%s)", res, msSince(t0), msg.c_str());
+    } else {
+      CHECK(res == epInvalidUsage, "rank %d got %d (%s)", rank, res, msg.c_str());
+    }
+    // As commInitRank does after a failed init.
+    ep::bootstrapNotifyFailure(b, res, msg.c_str());
+    ep::bootstrapClose(b);
+    return 0;
+  };
+  auto codes = runForked({[&] { return body(0); }, [&] { return body(1); }, [&] { return body(2); }});
+  CHECK(allZero(codes), "mismatch-notice case");
+  return 0;
+}
+
+// A rank whose predecessor leaves while a large frame to its successor is half
+// sent passes the notice on without garbling the successor's stream: the ranks
+// after it name the rank that left, not the one that passed the news on.
+int caseNoticeAfterPartialSend() {
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  const size_t bytes = size_t(16) << 20;  // far beyond the socket buffers
+  auto body = [&id, bytes](int rank) {
+    ep::Bootstrap* b = nullptr;
+    CHECK(ep::bootstrapInit(id, rank, 4, 6000, nullptr, nullptr, &b) == epSuccess, "%s", ep::threadLastError());
+    std::vector<char> data(4 * bytes, char(rank));
+    std::thread aborter;
+    if (rank == 0)  // leaves while rank 1 waits for rank 2 to take its first frame
+      aborter = std::thread([b] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));
+        ep::bootstrapAbort(b);
+      });
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    epResult_t res = ep::bootstrapAllGather(b, data.data(), bytes);
+    std::string msg = ep::threadLastError();
+    if (aborter.joinable()) aborter.join();
+    if (rank >= 2)
+      CHECK(res == epRemoteError && contains(msg.c_str(), "rank 0 left"), "rank %d got %d (%s)", rank, res,
+            msg.c_str());
+    ep::bootstrapNotifyFailure(b, res, msg.c_str());
+    ep::bootstrapClose(b);
+    return 0;
+  };
+  auto codes = runForked({[&] { return body(0); }, [&] { return body(1); }, [&] { return body(2); },
+                          [&] { return body(3); }});
+  CHECK(allZero(codes), "partial-send notice case");
+  return 0;
+}
+
+// EP_TIMEOUT_MS far beyond int (the caller gives its own timeout): the root
+// must not compute an overflowed, already passed deadline and leave at once.
+int caseHugeEnvTimeout() {
+  setenv("EP_TIMEOUT_MS", "10000000000000", 1);  // this case's process only
+  epUniqueId id;
+  CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
+  ep::Bootstrap* b = nullptr;
+  epResult_t res = ep::bootstrapInit(id, 0, 1, 2000, nullptr, nullptr, &b);
+  CHECK(res == epSuccess, "got %d (%s)", res, ep::threadLastError());
+  ep::bootstrapClose(b);
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);  // belt and braces: the library uses MSG_NOSIGNAL itself
   // Loopback only, whatever interfaces this machine has; before any param is read.
   setenv("EP_SOCKET_IFNAME", "lo", 1);
@@ -756,10 +832,14 @@ int main() {
       {"bootstrapAbort unblocks a barrier", caseAbortRing},
       {"allgather size mismatch", caseSizeMismatch},
       {"duplicate rank rejected", caseDuplicateRank},
+      {"collective mismatch is passed on", caseMismatchNotice},
+      {"notice after a half-sent frame", caseNoticeAfterPartialSend},
+      {"a huge EP_TIMEOUT_MS does not end the root", caseHugeEnvTimeout},
   };
   int passed = 0, failed = 0;
   auto t_all = Clock::now();
   for (const Case& c : cases) {
+    if (argc > 1 && strstr(c.name, argv[1]) == nullptr) continue;  // optional filter: a part of the case's name
     auto t0 = Clock::now();
     // Each case in its own process: fresh parameter cache, and a hang cannot stop the run.
     int code = runForked({c.run}, 15000)[0];
