@@ -1,11 +1,14 @@
 // Reading the topology with hwloc 2.x (Debian's 2.9 has no CUDA or NVML
 // plugin, so GPUs are plain PCI devices). The only file that includes hwloc.h;
 // without it (no -DEP_WITH_HWLOC) the topology is "hwloc not available".
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <set>
+#include <tuple>
 
 #include "debug.h"
 #include "params.h"
@@ -132,6 +135,32 @@ int activePorts(hwloc_obj_t osdev) {
   return known > 0 ? active : -1;
 }
 
+// hwloc lists I/O objects in tree order, by their locality first, which need
+// not follow bus numbers (a machine whose first NUMA node holds the higher
+// buses). Reorders items and objs alike into PCI bus order, the order CUDA
+// numbers identical GPUs in; objects that are not PCI functions (soft RoCE
+// devices) go last, in hwloc's order.
+template <typename Item>
+void sortByBus(std::vector<Item>* items, std::vector<hwloc_obj_t>* objs) {
+  auto key = [](hwloc_obj_t o) {
+    const bool pci = o->type == HWLOC_OBJ_PCI_DEVICE;
+    return std::make_tuple(!pci, pci ? unsigned(o->attr->pcidev.domain) : 0u, pci ? unsigned(o->attr->pcidev.bus) : 0u,
+                           pci ? unsigned(o->attr->pcidev.dev) : 0u, pci ? unsigned(o->attr->pcidev.func) : 0u);
+  };
+  std::vector<size_t> order(objs->size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return key((*objs)[a]) < key((*objs)[b]); });
+  std::vector<Item> sorted_items;
+  std::vector<hwloc_obj_t> sorted_objs;
+  for (size_t i : order) {
+    sorted_items.push_back(std::move((*items)[i]));
+    sorted_objs.push_back((*objs)[i]);
+  }
+  *items = std::move(sorted_items);
+  *objs = std::move(sorted_objs);
+}
+
 void readTopology(hwloc_topology_t t, Topology* out) {
   out->packages = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PACKAGE);
   for (hwloc_obj_t n = nullptr; (n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, n)) != nullptr;) {
@@ -166,6 +195,8 @@ void readTopology(hwloc_topology_t t, Topology* out) {
     out->nics.push_back(nic);
     nic_objs.push_back(on_pci ? pci : o);
   }
+  sortByBus(&out->gpus, &gpu_objs);
+  sortByBus(&out->nics, &nic_objs);
   out->dist.assign(gpu_objs.size(), std::vector<PciDist>(nic_objs.size(), PciDist::kSys));
   for (size_t g = 0; g < gpu_objs.size(); g++)
     for (size_t n = 0; n < nic_objs.size(); n++) out->dist[g][n] = classify(t, gpu_objs[g], nic_objs[n]);

@@ -130,6 +130,29 @@ void functions_of_one_card_are_pix(void**) {
   assert_int_equal(t.nic_of_gpu[0], 1);
 }
 
+// ---- Bus numbers against the NUMA order ----------------------------------------------
+
+// GPUs and NICs are listed in PCI bus order (TOPOLOGY.md), not in hwloc's tree
+// order, which puts package 0's devices at 81:00 / 82:00 first.
+void gpus_and_nics_in_bus_order_across_numa_nodes(void**) {
+  Topology t;
+  loadFixture("numa_bus_order.xml", &t);
+  assert_int_equal(t.gpus.size(), 2);
+  assert_int_equal(t.nics.size(), 2);
+  assert_string_equal(t.gpus[0].bus_id.c_str(), "0000:01:00.0");
+  assert_int_equal(t.gpus[0].numa, 1);
+  assert_string_equal(t.gpus[1].bus_id.c_str(), "0000:81:00.0");
+  assert_int_equal(t.gpus[1].numa, 0);
+  assert_string_equal(t.nics[0].name.c_str(), "mlx5_0");
+  assert_string_equal(t.nics[0].bus_id.c_str(), "0000:02:00.0");
+  assert_string_equal(t.nics[1].name.c_str(), "mlx5_1");
+  // The matrix and the choice follow the sorted lists.
+  assert_int_equal(int(t.dist[0][0]), int(PciDist::kPhb));
+  assert_int_equal(int(t.dist[0][1]), int(PciDist::kSys));
+  assert_int_equal(t.nic_of_gpu[0], 0);
+  assert_int_equal(t.nic_of_gpu[1], 1);
+}
+
 // ---- VM with a flat PCI tree: everything on one host bridge ---------------------------
 
 void vm_flat_spreads_gpus_over_equal_nics(void**) {
@@ -391,6 +414,7 @@ int main() {
       cmocka_unit_test(pcie_box_one_nic_shared_by_all),
       cmocka_unit_test(pcie_box_soft_roce_is_left_out),
       cmocka_unit_test(functions_of_one_card_are_pix),
+      cmocka_unit_test(gpus_and_nics_in_bus_order_across_numa_nodes),
       cmocka_unit_test(vm_flat_spreads_gpus_over_equal_nics),
       cmocka_unit_test(vm_flat_nic_without_active_port_is_left_out),
       cmocka_unit_test(choice_avoids_needless_sharing),
