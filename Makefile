@@ -107,7 +107,8 @@ TEST_MODULES := $(BUILD)/tests/modules/libmoeep-transport-fake.so \
                 $(BUILD)/tests/modules/libmoeep-transport-nosym.so \
                 $(BUILD)/tests/modules/libmoeep-transport-noname.so \
                 $(BUILD)/tests/modules/libmoeep-transport-noconnect.so \
-                $(BUILD)/tests/modules/libmoeep-transport-noprops.so
+                $(BUILD)/tests/modules/libmoeep-transport-noprops.so \
+                $(BUILD)/tests/modules/libmoeep-transport-funcsym.so
 tests: $(UNIT_BINS) $(MP_BINS) $(SELFTEST_BINS) $(TEST_MODULES)
 
 MODULE_FLAGS = $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) -shared
@@ -129,6 +130,9 @@ $(BUILD)/tests/modules/libmoeep-transport-noconnect.so: tests/modules/fake_trans
 $(BUILD)/tests/modules/libmoeep-transport-noprops.so: tests/modules/fake_transport.cc src/transport.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="noprops"' -DFAKE_NO_OPTIONAL $< -o $@
+$(BUILD)/tests/modules/libmoeep-transport-funcsym.so: tests/modules/fake_transport.cc src/transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="funcsym"' -DFAKE_FUNCTION_SYMBOL $< -o $@
 
 $(BUILD)/obj/%.o: %.cc
 	@mkdir -p $(dir $@)

@@ -1,7 +1,8 @@
 #include "transport.h"
 
-#include <dlfcn.h>
 #include <dirent.h>
+#include <dlfcn.h>
+#include <link.h>
 
 #include <algorithm>
 #include <cstdarg>
@@ -176,10 +177,11 @@ void addEntry(const epTransport_v1_t* table, const std::string& origin) {
   pushEntry(e);
 }
 
-// A module whose table has no name is listed, refused, under the NAME of its
-// file (libmoeep-transport-NAME.so), so that moeep_info shows why; the table
+// A module refused before its table could be read (no name, or a symbol that
+// is not a table) is listed under the NAME of its file
+// (libmoeep-transport-NAME.so), so that moeep_info shows why; the table
 // listed is a stand-in that only carries that name and is never called.
-void addNameless(const std::string& file_name, const std::string& origin) {
+void addRefused(const std::string& file_name, const std::string& origin, const std::string& reason) {
   struct StandIn {
     std::string name;
     epTransport_v1_t table;
@@ -193,9 +195,26 @@ void addNameless(const std::string& file_name, const std::string& origin) {
   TransportEntry e;
   e.table = &s.table;
   e.origin = origin;
-  e.reason = "refused: its table has no name";
-  EP_WARN(kSubsysTransport, "transport module %s: epTransport_v1 has no name: refused", origin.c_str());
+  e.reason = "refused: " + reason;
+  EP_WARN(kSubsysTransport, "transport module %s: %s: refused", origin.c_str(), reason.c_str());
   pushEntry(e);
+}
+
+// Why the symbol epTransport_v1 at sym cannot be read as a table (a function,
+// or an object smaller than the version-1 table), or "" when it can, or the
+// dynamic linker cannot tell.
+std::string notATable(void* sym) {
+  Dl_info info;
+  void* extra = nullptr;
+  if (dladdr1(sym, &info, &extra, RTLD_DL_SYMENT) == 0 || extra == nullptr) return "";
+  const auto* entry = static_cast<const ElfW(Sym)*>(extra);
+  const unsigned type = ELF64_ST_TYPE(entry->st_info);
+  if (type == STT_FUNC || type == STT_GNU_IFUNC)
+    return "its epTransport_v1 is a function, not a transport table";
+  if (entry->st_size != 0 && entry->st_size < sizeof(epTransport_v1_t))
+    return "its epTransport_v1 is " + std::to_string(entry->st_size) + " bytes, not a transport table (" +
+           std::to_string(sizeof(epTransport_v1_t)) + " bytes)";
+  return "";
 }
 
 // Directory of libmoeep.so itself, where modules are looked for first.
@@ -223,16 +242,23 @@ void loadModulesFrom(const std::string& dir) {
       EP_WARN(kSubsysTransport, "transport module %s not loaded: %s", path.c_str(), dlerror());
       continue;
     }
-    auto* table = static_cast<const epTransport_v1_t*>(dlsym(lib, "epTransport_v1"));
+    void* sym = dlsym(lib, "epTransport_v1");
+    auto* table = static_cast<const epTransport_v1_t*>(sym);
     if (table == nullptr) {
       EP_WARN(kSubsysTransport, "transport module %s has no epTransport_v1 symbol: ignored",
               path.c_str());
       dlclose(lib);
       continue;
     }
+    // Not a table: reading its name would read code or past the object.
+    const std::string bad = notATable(sym);
+    if (!bad.empty()) {
+      addRefused(n + strlen(prefix), path, bad);
+      continue;
+    }
     // modules stay loaded for the life of the process
     if (table->name == nullptr || table->name[0] == '\0')
-      addNameless(n + strlen(prefix), path);
+      addRefused(n + strlen(prefix), path, "its table has no name");
     else
       addEntry(table, path);
   }

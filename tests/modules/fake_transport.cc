@@ -5,6 +5,7 @@
 //   libmoeep-transport-noname.so   a table whose name is NULL (FAKE_NULL_NAME)
 //   libmoeep-transport-noconnect.so  a table without its connect callback (FAKE_NO_CONNECT)
 //   libmoeep-transport-noprops.so  without properties and finalize, which may be NULL (FAKE_NO_OPTIONAL)
+//   libmoeep-transport-funcsym.so  exports epTransport_v1 as a function, not a table (FAKE_FUNCTION_SYMBOL)
 // It moves no data: init succeeds and properties name it, which is all the
 // loader looks at; the other mandatory callbacks are stubs that fail.
 #define EP_TRANSPORT_MODULE 1
@@ -69,7 +70,11 @@ const epTransport_v1_t fakeTransport = {FAKE_TABLE_NAME, FAKE_VERSION,  fakeInit
 
 }  // namespace
 
-#ifndef FAKE_NO_SYMBOL
+#if defined(FAKE_FUNCTION_SYMBOL)
+// A module author's mistake: a function where the table should be. Its first
+// bytes are code, not a name pointer.
+extern "C" __attribute__((visibility("default"))) const epTransport_v1_t* epTransport_v1() { return &fakeTransport; }
+#elif !defined(FAKE_NO_SYMBOL)
 EP_TRANSPORT_DEFINE(fakeTransport)
 #else
 extern "C" {

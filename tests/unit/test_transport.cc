@@ -129,6 +129,19 @@ void table_without_mandatory_callback_is_refused(void**) {
   });
 }
 
+// A module whose epTransport_v1 is a function (or any symbol too small to be a
+// table) is refused with a reason instead of read as a table.
+void symbol_that_is_not_a_table_is_refused(void**) {
+  inChild(nullptr, [] {
+    Found f = find("funcsym");
+    if (f.available) return std::string("module whose epTransport_v1 is a function accepted");
+    if (!f.present) return std::string("module 'funcsym' not listed with a reason");
+    if (f.detail.find("not a transport table") == std::string::npos) return "reason '" + f.detail + "'";
+    if (!find("fake").available) return std::string("'fake' unavailable next to 'funcsym'");
+    return std::string();
+  });
+}
+
 void ep_transports_list_selects(void**) {
   inChild("shm", [] {
     Found f = find("fake");
@@ -213,6 +226,7 @@ int main(int, char** argv) {
       cmocka_unit_test(module_without_symbol_is_ignored),
       cmocka_unit_test(nameless_table_is_refused_under_its_file_name),
       cmocka_unit_test(table_without_mandatory_callback_is_refused),
+      cmocka_unit_test(symbol_that_is_not_a_table_is_refused),
       cmocka_unit_test(ep_transports_list_selects),
       cmocka_unit_test(ep_transports_exclusion),
       cmocka_unit_test(ep_transports_names_are_trimmed_and_unknown_ones_warned),
