@@ -400,11 +400,16 @@ EP_API epResult_t epHandleDestroy(epHandle_t handle) try {
   if (handle == nullptr) return epSuccess;
   if (handle->magic != kHandleMagic)
     return setError(nullptr, epInvalidArgument, "epHandleDestroy: handle is not a live routing handle");
-  epComm* comm = handle->comm;  // nullptr once its communicator was destroyed
-  if (comm != nullptr) {
-    llForgetHandle(comm, handle);
-    commRemoveHandle(comm, handle);
-    if (comm->backend) comm->backend->releaseHandle(handle);
+  {
+    // Held while comm is used: a destroy or abort of comm in another thread
+    // detaches the handle (comm = nullptr) before or after, never during.
+    std::lock_guard<std::mutex> link(handleLinkMutex());
+    epComm* comm = handle->comm;  // nullptr once its communicator was destroyed
+    if (comm != nullptr) {
+      llForgetHandle(comm, handle);
+      commRemoveHandle(comm, handle);
+      if (comm->backend) comm->backend->releaseHandle(handle);
+    }
   }
   handle->magic = kDeadMagic;
   delete handle;

@@ -53,6 +53,11 @@ void commRemoveHandle(epComm* comm, epHandle* h) {
   comm->handles.erase(h);
 }
 
+std::mutex& handleLinkMutex() {
+  static std::mutex* mu = new std::mutex;  // never destroyed: handles may be destroyed during exit
+  return *mu;
+}
+
 void commStoreError(epComm* comm, const char* msg) {
   std::lock_guard<std::mutex> lock(comm->error_mu);
   comm->last_error = msg;
@@ -272,6 +277,7 @@ epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
 void commFree(epComm* comm) {
   if (comm == nullptr) return;
   {  // Handles outlive their communicator only as empty shells.
+    std::lock_guard<std::mutex> link(handleLinkMutex());  // no epHandleDestroy is inside comm now
     std::lock_guard<std::mutex> lock(comm->handles_mu);
     for (epHandle* h : comm->handles) {
       if (comm->backend) comm->backend->releaseHandle(h);

@@ -80,6 +80,14 @@ constexpr int kMaxExpertAlignment = 1 << 20;
 void commAddHandle(struct epComm* comm, struct epHandle* h);
 void commRemoveHandle(struct epComm* comm, struct epHandle* h);
 
+// Guards every handle's link to its communicator (epHandle::comm) in this
+// process: held by commFree while it detaches the handles and by
+// epHandleDestroy while it reads the link and works on the communicator, so
+// that a handle destroyed while another thread destroys or aborts its
+// communicator finds it either alive or detached, never freed under it.
+// Taken before epComm::handles_mu.
+std::mutex& handleLinkMutex();
+
 // Stores msg as the communicator's last error (called by setError).
 void commStoreError(struct epComm* comm, const char* msg);
 

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -327,6 +328,46 @@ void init_all_without_room_for_threads_fails(void**) {
   assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+// epCommAbort from one thread while another destroys the handles of the
+// communicator (a worker cleaning up after its call returned epAborted):
+// handles outlive their communicator as empty shells, so each epHandleDestroy
+// must either find its communicator alive or already detached, never freed
+// under it. Many handles make the abort's detaching of them take a while.
+void handle_destroy_racing_abort_is_safe(void**) {
+  for (int round = 0; round < 20; round++) {
+    epConfig_t cfg = config();
+    epComm_t comm = nullptr;
+    assert_ok(eptest::makeOneRankComm(&comm, cfg));
+    constexpr int kHandles = 20000;
+    std::vector<epHandle_t> handles(kHandles, nullptr);
+    for (int i = 0; i < kHandles; i++) {
+      epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+      a.num_tokens = 0;
+      a.num_topk = 1;
+      assert_ok(epDispatchPrepare(comm, &a, &handles[i], nullptr));
+    }
+    std::atomic<int> aborted{-1}, go{0}, done{0};
+    std::thread aborter([&] {
+      while (go.load() == 0) std::this_thread::yield();
+      aborted = epCommAbort(comm);
+    });
+    // More runnable threads than cores: the two sides get preempted at any
+    // point, where on idle cores they rarely interleave in the window.
+    std::vector<std::thread> spinners;
+    for (unsigned i = 0; i < std::max(2u, std::thread::hardware_concurrency()); i++)
+      spinners.emplace_back([&] {
+        while (done.load(std::memory_order_relaxed) == 0) {
+        }
+      });
+    go.store(1);  // the abort and the handles' destroys start together
+    for (int i = kHandles - 1; i >= 0; i--) assert_ok(epHandleDestroy(handles[i]));
+    aborter.join();
+    done.store(1);
+    for (std::thread& t : spinners) t.join();
+    assert_int_equal(aborted.load(), epSuccess);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -339,6 +380,7 @@ int main() {
       cmocka_unit_test(wider_topk_of_a_peer_is_reported),
       cmocka_unit_test(combine_weights_from_a_peer_without_them_is_reported),
       cmocka_unit_test(prepared_handle_needs_ids_in_its_first_dispatch),
+      cmocka_unit_test(handle_destroy_racing_abort_is_safe),
       cmocka_unit_test(init_all_without_room_for_threads_fails),
   };
   return cmocka_run_group_tests_name("communicator and threads", tests, nullptr, nullptr);
