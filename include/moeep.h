@@ -86,7 +86,7 @@ typedef enum {
 /* ---- Communicator configuration -----------------------------------------
  * Fields set to 0 (or -1 where noted) take the value of the matching EP_*
  * variable, else the library default. Precedence: struct > EP_* > default. */
-#define EP_CONFIG_VERSION 1
+#define EP_CONFIG_VERSION 1 /* raised with every field added: read up to its version's last field */
 typedef struct {
   size_t size;                 /* sizeof(epConfig_t) as the caller compiled it */
   unsigned magic;              /* EP_CONFIG_MAGIC */

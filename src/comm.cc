@@ -63,6 +63,18 @@ void commStoreError(epComm* comm, const char* msg) {
   comm->last_error = msg;
 }
 
+// The bytes of a caller's config that are its fields: up to the end of the
+// last field of its version, never its tail padding (the current struct has
+// 4 bytes of it, where a field added later would otherwise read an older
+// caller's garbage). A field added to epConfig_t raises EP_CONFIG_VERSION and
+// gives its version's end here; a newer caller is read as far as this
+// library knows.
+size_t configCallerBytes(const epConfig_t& user) {
+  constexpr size_t kVersion1End = offsetof(epConfig_t, ib_ar_control) + sizeof(int);
+  static_assert(EP_CONFIG_VERSION == 1, "a new version of epConfig_t needs its end in configCallerBytes");
+  return std::min(user.size, user.version <= 1 ? kVersion1End : sizeof(epConfig_t));
+}
+
 epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm* comm) {
   if (user == nullptr) return setError(comm, epInvalidArgument, "config is NULL");
   if (nranks < 1 || nranks > kMaxCommRanks)
@@ -79,7 +91,7 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
                     user->size);
   // Copy what the caller knew about; later fields keep their defaults.
   epConfig_t c = EP_CONFIG_INITIALIZER;
-  memcpy(&c, user, std::min(user->size, sizeof(epConfig_t)));
+  memcpy(&c, user, configCallerBytes(*user));
   c.size = sizeof(epConfig_t);
 
   Config r;
@@ -474,7 +486,7 @@ EP_API epResult_t epCommInitAll(epComm_t* comms, int nranks, const int* devices,
       nranks,
       [&](int r, const std::atomic<int>* give_up) {
         epConfig_t c = EP_CONFIG_INITIALIZER;
-        memcpy(&c, config, std::min(config->size, sizeof(c)));
+        memcpy(&c, config, configCallerBytes(*config));
         c.size = sizeof(c);
         if (devices != nullptr) c.device = devices[r];
         else if (c.device < 0 && (c.backend == epBackendCuda || c.backend == epBackendAuto)) c.device = r;

@@ -400,6 +400,24 @@ void resolve_accepts_older_v1_sized_struct(void**) {
   assert_int_equal(r.timeout_ms, 999);
 }
 
+// The current struct ends in tail padding (after ib_ar_control): not a field,
+// so garbage there changes nothing; a field a later version adds there must
+// not be read from this caller's padding (configCallerBytes).
+void resolve_ignores_tail_padding(void**) {
+  const size_t end = offsetof(epConfig_t, ib_ar_control) + sizeof(int);
+  if (end == sizeof(epConfig_t)) skip();  // no padding on this ABI
+  epConfig_t clean = validConfig();
+  clean.low_latency = 1;
+  clean.ib_ar_control = 0;
+  epConfig_t dirty = clean;
+  memset(reinterpret_cast<unsigned char*>(&dirty) + end, 0x5a, sizeof(epConfig_t) - end);
+  Config a = expect_accepted(clean, 4), b = expect_accepted(dirty, 4);
+  assert_int_equal(b.low_latency, 1);
+  assert_int_equal(b.num_experts, a.num_experts);
+  assert_int_equal(b.max_nodes_per_token, a.max_nodes_per_token);
+  assert_int_equal(b.ib.adaptive_routing[2], 0);
+}
+
 void resolve_accepts_larger_struct_copying_only_known_fields(void**) {
   struct Future {
     epConfig_t c;
@@ -716,6 +734,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(resolve_rejects_wrong_magic),
       cmocka_unit_test(resolve_rejects_too_small_size),
       cmocka_unit_test(resolve_accepts_older_v1_sized_struct),
+      cmocka_unit_test(resolve_ignores_tail_padding),
       cmocka_unit_test(resolve_accepts_larger_struct_copying_only_known_fields),
       cmocka_unit_test(resolve_rejects_experts_not_multiple_of_ranks),
       cmocka_unit_test(resolve_rejects_nonpositive_experts_and_hidden),
