@@ -294,87 +294,94 @@ EP_API epResult_t epCommNodes(epComm_t comm, int* num_nodes, int* node_of_rank) 
   return apiException("epCommNodes", nullptr);
 }
 
-EP_API epResult_t epLayout(epComm_t comm, const epLayoutArgs_t* user, epStream_t stream) try {
-  const char* fn = "epLayout";
+EP_API epResult_t epLayout(epComm_t comm, const epLayoutArgs_t* user, epStream_t stream) {
   CallGuard g(comm);
-  EPCHECK(g.enterCollective(fn));
-  epLayoutArgs_t a = EP_LAYOUT_ARGS_INITIALIZER;
-  EPCHECK(readArgs(comm, user, EP_LAYOUT_ARGS_MAGIC, kLayoutV1, &a, fn, "epLayoutArgs_t"));
-  EPCHECK(checkNumTokens(comm, fn, a.num_tokens));
-  EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
-  return comm->backend->layout(a, stream);
-} catch (...) {
-  return apiException("epLayout", comm);
+  try {
+    const char* fn = "epLayout";
+    EPCHECK(g.enterCollective(fn));
+    epLayoutArgs_t a = EP_LAYOUT_ARGS_INITIALIZER;
+    EPCHECK(readArgs(comm, user, EP_LAYOUT_ARGS_MAGIC, kLayoutV1, &a, fn, "epLayoutArgs_t"));
+    EPCHECK(checkNumTokens(comm, fn, a.num_tokens));
+    EPCHECK(checkTopk(comm, fn, a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
+    return comm->backend->layout(a, stream);
+  } catch (...) {
+    return g.exception("epLayout");
+  }
 }
 
 EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t* user, epHandle_t* handle,
-                                    epStream_t stream) try {
-  const char* fn = "epDispatchPrepare";
+                                    epStream_t stream) {
   CallGuard g(comm);
-  EPCHECK(g.enterCollective(fn));
-  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
-  EPCHECK(readArgs(comm, user, EP_DISPATCH_ARGS_MAGIC, kDispatchV1, &a, fn, "epDispatchArgs_t"));
-  if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
-  EPCHECK(checkRoutingArgs(comm, fn, a, true));
-  auto h = std::make_unique<epHandle>();
-  h->comm = comm;
-  EPCHECK(prepareRouting(comm, a, h.get(), stream));
-  commAddHandle(comm, h.get());
-  *handle = h.release();
-  return epSuccess;
-} catch (...) {
-  return apiException("epDispatchPrepare", comm);
+  try {
+    const char* fn = "epDispatchPrepare";
+    EPCHECK(g.enterCollective(fn));
+    epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+    EPCHECK(readArgs(comm, user, EP_DISPATCH_ARGS_MAGIC, kDispatchV1, &a, fn, "epDispatchArgs_t"));
+    if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
+    EPCHECK(checkRoutingArgs(comm, fn, a, true));
+    auto h = std::make_unique<epHandle>();
+    h->comm = comm;
+    EPCHECK(prepareRouting(comm, a, h.get(), stream));
+    commAddHandle(comm, h.get());
+    *handle = h.release();
+    return epSuccess;
+  } catch (...) {
+    return g.exception("epDispatchPrepare");
+  }
 }
 
 EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHandle_t* handle,
-                             epStream_t stream) try {
-  const char* fn = "epDispatch";
+                             epStream_t stream) {
   CallGuard g(comm);
-  EPCHECK(g.enterCollective(fn));
-  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
-  EPCHECK(readArgs(comm, user, EP_DISPATCH_ARGS_MAGIC, kDispatchV1, &a, fn, "epDispatchArgs_t"));
-  if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
-  epHandle* existing = *handle;
-  if (existing != nullptr) {
-    EPCHECK(checkHandle(comm, fn, existing));
-    if (a.num_tokens != existing->routing.num_tokens)
-      return setError(comm, epInvalidArgument,
-                      "%s: num_tokens = %d differs from the handle's %d (a cached dispatch reuses "
-                      "the routing of the same tokens)",
-                      fn, a.num_tokens, existing->routing.num_tokens);
-    if (a.topk_idx != nullptr && a.num_topk != existing->routing.num_topk)
-      return setError(comm, epInvalidArgument, "%s: num_topk = %d differs from the handle's %d", fn,
-                      a.num_topk, existing->routing.num_topk);
-    // The ids travel with the rows: the receivers' recv_topk_idx and their
-    // per-expert counts come from them, so the first dispatch of a prepared
-    // handle needs them (only a re-dispatch may leave them out).
-    if (a.topk_idx == nullptr && a.num_tokens > 0 && !existing->dispatched)
-      return setError(comm, epInvalidArgument,
-                      "%s: topk_idx is NULL in the first dispatch of a prepared handle (the receivers' "
-                      "recv_topk_idx and recv_tokens_per_expert come from the ids sent with the rows; "
-                      "only a cached re-dispatch may leave them out)",
-                      fn);
-    if (a.topk_idx == nullptr) a.num_topk = existing->routing.num_topk;  // without ids, the handle's K applies
-    EPCHECK(checkDispatchArgs(comm, fn, a, false));
-    EPCHECK(comm->backend->dispatch(a, existing, false, stream));
-    existing->dispatched = true;
+  try {
+    const char* fn = "epDispatch";
+    EPCHECK(g.enterCollective(fn));
+    epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+    EPCHECK(readArgs(comm, user, EP_DISPATCH_ARGS_MAGIC, kDispatchV1, &a, fn, "epDispatchArgs_t"));
+    if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
+    epHandle* existing = *handle;
+    if (existing != nullptr) {
+      EPCHECK(checkHandle(comm, fn, existing));
+      if (a.num_tokens != existing->routing.num_tokens)
+        return setError(comm, epInvalidArgument,
+                        "%s: num_tokens = %d differs from the handle's %d (a cached dispatch reuses "
+                        "the routing of the same tokens)",
+                        fn, a.num_tokens, existing->routing.num_tokens);
+      if (a.topk_idx != nullptr && a.num_topk != existing->routing.num_topk)
+        return setError(comm, epInvalidArgument, "%s: num_topk = %d differs from the handle's %d", fn,
+                        a.num_topk, existing->routing.num_topk);
+      // The ids travel with the rows: the receivers' recv_topk_idx and their
+      // per-expert counts come from them, so the first dispatch of a prepared
+      // handle needs them (only a re-dispatch may leave them out).
+      if (a.topk_idx == nullptr && a.num_tokens > 0 && !existing->dispatched)
+        return setError(comm, epInvalidArgument,
+                        "%s: topk_idx is NULL in the first dispatch of a prepared handle (the receivers' "
+                        "recv_topk_idx and recv_tokens_per_expert come from the ids sent with the rows; "
+                        "only a cached re-dispatch may leave them out)",
+                        fn);
+      if (a.topk_idx == nullptr)
+        a.num_topk = existing->routing.num_topk;  // without ids, the handle's K applies
+      EPCHECK(checkDispatchArgs(comm, fn, a, false));
+      EPCHECK(comm->backend->dispatch(a, existing, false, stream));
+      existing->dispatched = true;
+      return epSuccess;
+    }
+    EPCHECK(checkDispatchArgs(comm, fn, a, true));
+    auto h = std::make_unique<epHandle>();
+    h->comm = comm;
+    EPCHECK(prepareRouting(comm, a, h.get(), stream));
+    epResult_t res = comm->backend->dispatch(a, h.get(), true, stream);
+    if (res != epSuccess) {
+      comm->backend->releaseHandle(h.get());
+      return res;
+    }
+    h->dispatched = true;
+    commAddHandle(comm, h.get());
+    *handle = h.release();
     return epSuccess;
+  } catch (...) {
+    return g.exception("epDispatch");
   }
-  EPCHECK(checkDispatchArgs(comm, fn, a, true));
-  auto h = std::make_unique<epHandle>();
-  h->comm = comm;
-  EPCHECK(prepareRouting(comm, a, h.get(), stream));
-  epResult_t res = comm->backend->dispatch(a, h.get(), true, stream);
-  if (res != epSuccess) {
-    comm->backend->releaseHandle(h.get());
-    return res;
-  }
-  h->dispatched = true;
-  commAddHandle(comm, h.get());
-  *handle = h.release();
-  return epSuccess;
-} catch (...) {
-  return apiException("epDispatch", comm);
 }
 
 EP_API epResult_t epHandleRecvCount(epHandle_t handle, int64_t* num_recv) try {
@@ -419,44 +426,47 @@ EP_API epResult_t epHandleDestroy(epHandle_t handle) try {
 }
 
 EP_API epResult_t epCombine(epComm_t comm, const epCombineArgs_t* user, epHandle_t handle,
-                            epStream_t stream) try {
-  const char* fn = "epCombine";
+                            epStream_t stream) {
   CallGuard g(comm);
-  EPCHECK(g.enterCollective(fn));
-  epCombineArgs_t a = EP_COMBINE_ARGS_INITIALIZER;
-  EPCHECK(readArgs(comm, user, EP_COMBINE_ARGS_MAGIC, kCombineV1, &a, fn, "epCombineArgs_t"));
-  if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
-  EPCHECK(checkHandle(comm, fn, handle));
-  if (!handle->dispatched)
-    return setError(comm, epInvalidUsage, "%s: the handle has not been used by a dispatch yet", fn);
-  const Config& c = comm->cfg;
-  if (a.flags & ~EP_COMBINE_DETERMINISTIC)
-    return setError(comm, epInvalidArgument, "%s: args.flags = 0x%x has unknown bits", fn, a.flags);
-  if (a.y_type != c.combine_type)
-    return setError(comm, epInvalidArgument, "%s: y_type = %s but config.combine_type = %s", fn,
-                    dataTypeName(a.y_type), dataTypeName(c.combine_type));
-  const size_t row_bytes = size_t(c.hidden) * dataTypeSize(c.combine_type);
-  if (a.y_stride != 0 && (a.y_stride < row_bytes || a.y_stride % 16 != 0))
-    return setError(comm, epInvalidArgument,
-                    "%s: y_stride = %zu must be 0 or a multiple of 16 of at least %zu bytes", fn,
-                    a.y_stride, row_bytes);
-  if (handle->counts_known && handle->routing.num_recv > 0 && a.y == nullptr)
-    return setError(comm, epInvalidArgument, "%s: y is NULL but this rank received %lld rows", fn,
-                    (long long)handle->routing.num_recv);
-  if (handle->routing.num_tokens > 0 && a.out == nullptr)
-    return setError(comm, epInvalidArgument, "%s: out is NULL with %d tokens", fn,
-                    handle->routing.num_tokens);
-  if ((reinterpret_cast<uintptr_t>(a.y) | reinterpret_cast<uintptr_t>(a.out) |
-       reinterpret_cast<uintptr_t>(a.bias)) % 16 != 0)
-    return setError(comm, epInvalidArgument, "%s: y, out and bias must be 16-byte aligned", fn);
-  if (a.out_topk_weights != nullptr && a.recv_topk_weights == nullptr)
-    return setError(comm, epInvalidArgument, "%s: out_topk_weights needs recv_topk_weights", fn);
-  if (a.recv_topk_weights != nullptr && a.num_topk != handle->routing.num_topk)
-    return setError(comm, epInvalidArgument, "%s: num_topk = %d differs from the dispatch's %d", fn,
-                    a.num_topk, handle->routing.num_topk);
-  return comm->backend->combine(a, handle, stream);
-} catch (...) {
-  return apiException("epCombine", comm);
+  try {
+    const char* fn = "epCombine";
+    EPCHECK(g.enterCollective(fn));
+    epCombineArgs_t a = EP_COMBINE_ARGS_INITIALIZER;
+    EPCHECK(readArgs(comm, user, EP_COMBINE_ARGS_MAGIC, kCombineV1, &a, fn, "epCombineArgs_t"));
+    if (handle == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
+    EPCHECK(checkHandle(comm, fn, handle));
+    if (!handle->dispatched)
+      return setError(comm, epInvalidUsage, "%s: the handle has not been used by a dispatch yet", fn);
+    const Config& c = comm->cfg;
+    if (a.flags & ~EP_COMBINE_DETERMINISTIC)
+      return setError(comm, epInvalidArgument, "%s: args.flags = 0x%x has unknown bits", fn, a.flags);
+    if (a.y_type != c.combine_type)
+      return setError(comm, epInvalidArgument, "%s: y_type = %s but config.combine_type = %s", fn,
+                      dataTypeName(a.y_type), dataTypeName(c.combine_type));
+    const size_t row_bytes = size_t(c.hidden) * dataTypeSize(c.combine_type);
+    if (a.y_stride != 0 && (a.y_stride < row_bytes || a.y_stride % 16 != 0))
+      return setError(comm, epInvalidArgument,
+                      "%s: y_stride = %zu must be 0 or a multiple of 16 of at least %zu bytes", fn,
+                      a.y_stride, row_bytes);
+    if (handle->counts_known && handle->routing.num_recv > 0 && a.y == nullptr)
+      return setError(comm, epInvalidArgument, "%s: y is NULL but this rank received %lld rows", fn,
+                      (long long)handle->routing.num_recv);
+    if (handle->routing.num_tokens > 0 && a.out == nullptr)
+      return setError(comm, epInvalidArgument, "%s: out is NULL with %d tokens", fn,
+                      handle->routing.num_tokens);
+    const uintptr_t addresses = reinterpret_cast<uintptr_t>(a.y) | reinterpret_cast<uintptr_t>(a.out) |
+                                reinterpret_cast<uintptr_t>(a.bias);
+    if (addresses % 16 != 0)
+      return setError(comm, epInvalidArgument, "%s: y, out and bias must be 16-byte aligned", fn);
+    if (a.out_topk_weights != nullptr && a.recv_topk_weights == nullptr)
+      return setError(comm, epInvalidArgument, "%s: out_topk_weights needs recv_topk_weights", fn);
+    if (a.recv_topk_weights != nullptr && a.num_topk != handle->routing.num_topk)
+      return setError(comm, epInvalidArgument, "%s: num_topk = %d differs from the dispatch's %d", fn,
+                      a.num_topk, handle->routing.num_topk);
+    return comm->backend->combine(a, handle, stream);
+  } catch (...) {
+    return g.exception("epCombine");
+  }
 }
 
 EP_API epResult_t epGetParam(int index, const char** name, const char** default_value,

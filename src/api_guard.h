@@ -57,6 +57,13 @@ class CallGuard {
   CallGuard(const CallGuard&) = delete;
   CallGuard& operator=(const CallGuard&) = delete;
 
+  // An exception that left the call's body, turned into its result while
+  // the guard still counts the call: an epCommAbort or epCommDestroy in
+  // another thread waits for that count, so comm is not freed meanwhile.
+  // (A handler after the guard's destructor could find it freed.) A call
+  // that never entered touches no communicator.
+  epResult_t exception(const char* fn) noexcept { return apiException(fn, counted_ ? comm_ : nullptr); }
+
   epResult_t enter(const char* fn) {
     clearThreadError();
     if (comm_ == nullptr) return setError(nullptr, epInvalidArgument, "%s: comm is NULL", fn);
