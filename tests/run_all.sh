@@ -86,13 +86,20 @@ run "ep_bench started by hand twice in a row (id file)" bash tests/mp/launch_by_
 run "launcher variables: a rank without a size, or out of range, is refused" \
   bash tests/mp/launcher_env.sh "$BUILD"
 
+# --- the forked ranks end with their launcher (a SIGTERM to its pid alone)
+run "ep_bench ranks end with a killed launcher" bash tests/mp/bench_parent_death.sh "$BUILD"
+# --- --mode ll refuses T = 0 from --tokens as from --shape (a usage error, not a failed run)
+run "ep_bench --mode ll --tokens 0 refused" bash -c \
+  "out=\$($BUILD/bin/ep_bench -n 1 --mode ll --tokens 0 2>&1); [ \$? -eq 2 ] && grep -q 'needs at least 1 token' <<<\"\$out\""
+
 # --- ep_bench --backend cuda, however getopt spells it, runs ep_bench_gpu (or is refused without it)
 run "ep_bench --backend cuda in every spelling" bash tests/mp/bench_backend.sh "$BUILD"
 
 # --- ep_bench --seed: an unsigned number, not " -1" read as 2^64 - 1 (a value that runs, then ones refused)
 bench1=("$BUILD/bin/ep_bench" -n 1 --shape 64:2:4:16 --iters 1 --warmup 0)
 run "ep_bench --seed refuses a sign or leading blanks" bash -c \
-  "${bench1[*]} --seed 0x10 >/dev/null && for s in ' -1' '-1' '+1' ' 1' ''; do
+  "${bench1[*]} --seed 0x10 >/dev/null && out=\$(${bench1[*]} --seed 010) && grep -q 'seed 10\$' <<<\"\$out\" &&
+   out=\$(${bench1[*]} --seed 08) && grep -q 'seed 8\$' <<<\"\$out\" && for s in ' -1' '-1' '+1' ' 1' ''; do
      ${bench1[*]} --seed \"\$s\" 2>&1 | grep -qF \"bad value '\$s' for --seed\" || exit 1; done"
 
 # --- moeep_info: a dry-run plan from a fixture; options without their section are refused

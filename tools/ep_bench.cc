@@ -168,14 +168,8 @@ bool checkModeOptions(Options* opt, bool type_given, std::string* error) {
     *error = "--pow2-scales needs --mode ll with the fp8 wire";
   else if (opt->split && !ll)
     *error = "--split is for --mode ll";
-  else {
-    for (const auto& s : opt->shapes)
-      if (ll && s.tokens < 1) {
-        *error = "--mode ll needs at least 1 token per rank in --shape (T sizes the low-latency buffers)";
-        return false;
-      }
+  else
     return true;
-  }
   return false;
 }
 
@@ -312,9 +306,11 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
       case kSeed: {
         // strtoull skips leading blanks and takes a sign: " -1" would read as 2^64 - 1.
         if (*optarg < '0' || *optarg > '9') return bad("an unsigned integer");
+        // Decimal, or hex after 0x; not base 0, which reads "010" as octal 8 and refuses "08".
+        const bool hex = optarg[0] == '0' && (optarg[1] == 'x' || optarg[1] == 'X');
         char* end = nullptr;
         errno = 0;
-        unsigned long long s = strtoull(optarg, &end, 0);
+        unsigned long long s = strtoull(optarg, &end, hex ? 16 : 10);
         if (errno != 0 || *end != '\0') return bad("an unsigned integer");
         opt->seed = s;
         break;
@@ -373,6 +369,11 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
     if (opt->topk >= 0) s.topk = opt->topk;
     if (opt->experts >= 0) s.experts = opt->experts;
     if (opt->tokens >= 0) s.tokens = opt->tokens;
+    // After the overrides (--tokens 0) and on the default shapes too.
+    if (opt->mode == BenchMode::kLowLatency && s.tokens < 1) {
+      *error = "--mode ll needs at least 1 token per rank (--shape or --tokens; T sizes the low-latency buffers)";
+      return kBadOptions;
+    }
     // The generator draws K distinct experts per token; the library checks the rest.
     if (s.topk > s.experts) {
       *error = "shape " + std::to_string(s.hidden) + ":" + std::to_string(s.topk) + ":" +

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -213,6 +214,7 @@ int forkAndWait(int nranks, int timeout_s, int num_ids, epUniqueId* ids, int* ra
   fflush(stdout);
   fflush(stderr);
   std::vector<pid_t> pids(nranks, -1);
+  const pid_t launcher = getpid();
   for (int r = 0; r < nranks; r++) {
     pid_t pid = fork();
     if (pid < 0) {
@@ -223,6 +225,10 @@ int forkAndWait(int nranks, int timeout_s, int num_ids, epUniqueId* ids, int* ra
     }
     if (pid == 0) {
       close(server.hold);  // only the launcher keeps the server alive
+      // A rank must not outlive its launcher (killed by a SIGTERM of its own,
+      // not of the group: nobody would wait for the ranks or report them).
+      // The check after prctl covers a launcher that died before it.
+      if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) _exit(1);
       *rank = r;
       return 0;
     }
