@@ -268,6 +268,20 @@ __device__ __forceinline__ int numberingBlocks(const LLView& v) {
   return min((v.num_experts + kWarps - 1) / kWarps, G / 2);
 }
 
+// A send half's part of pair in this block: the buffer set, the records'
+// tag (the low 32 bits of pair + 1), how many blocks number (NB, 0: every
+// block numbers and sends rows) and which of the two this block does.
+struct SendRoles {
+  int set;
+  uint32_t tag;
+  int NB;
+  bool numbers, rows;
+};
+__device__ __forceinline__ SendRoles sendRoles(const LLView& v, uint64_t pair) {
+  const int NB = numberingBlocks(v), b = blockIdx.x;
+  return {int(pair & 1u), uint32_t(pair + 1), NB, NB == 0 || b < NB, NB == 0 || b >= NB};
+}
+
 // What both send halves (this file's and the row slices' of
 // ll_dispatch_small.cu) do once their first loads are issued: wait until
 // every peer finished its combine send of pair - 2 (it used this set); block
@@ -310,13 +324,9 @@ __device__ __forceinline__ void sendEnd(const LLView& v, uint64_t pair) {
 template <bool kSingles>
 __device__ __forceinline__ void dispatchSendPhase(const LLDispatchParams& p, uint64_t pair) {
   const LLView& v = p.v;
-  const int set = int(pair & 1u);
-  const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
-  const int NB = numberingBlocks(v), G = gridDim.x, b = blockIdx.x;
-  const bool numbers = NB == 0 || b < NB;
-  const bool rows = NB == 0 || b >= NB;
+  const auto [set, tag, NB, numbers, rows] = sendRoles(v, pair);
   int lo = 0, hi = 0;
-  if (rows) llShare(p.num_tokens, b - NB, G - NB, lo, hi);  // NB == 0: every block
+  if (rows) llShare(p.num_tokens, int(blockIdx.x) - NB, int(gridDim.x) - NB, lo, hi);  // NB == 0: every block
   // Loads first: the first token group, or the first numbering round.
   TokenLoads tl;
   if (hi > lo) loadTokens(p, lo, min(kTokGroup, hi - lo), tl);

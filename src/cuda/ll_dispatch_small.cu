@@ -167,13 +167,10 @@ __device__ __forceinline__ void dispatchSendFlaggedPhase(const LLDispatchParams&
 template <bool kSingles>
 __device__ __forceinline__ void dispatchSendSlicesPhase(const LLDispatchParams& p, uint64_t pair) {
   const LLView& v = p.v;
-  const int set = int(pair & 1u);
-  const uint32_t tag = uint32_t(pair + 1);  // record tags: the low 32 bits
-  const int NB = numberingBlocks(v), G = gridDim.x, b = blockIdx.x;
-  const bool numbers = NB == 0 || b < NB;
-  const bool rows = NB == 0 || b >= NB;
+  const auto [set, tag, NB, numbers, rows] = sendRoles(v, pair);
   LLSliceShare sl{0, 0, 0, 0};
-  if (rows) sl = llSliceShare(p.num_tokens, piecesPerToken(p), b - NB, G - NB, kThreads, 16);  // NB == 0: every block
+  if (rows)  // NB == 0: every block
+    sl = llSliceShare(p.num_tokens, piecesPerToken(p), int(blockIdx.x) - NB, int(gridDim.x) - NB, kThreads, 16);
   // Loads first: the first token's ids and piece, or the first numbering round.
   TokenLoads tl;
   if (sl.hi > sl.lo) {
