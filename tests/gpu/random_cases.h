@@ -33,10 +33,13 @@ struct Run {
 // Reads argv[2..] (argv[1] is --random); false, after a message, when they
 // are not of that form.
 inline bool parseRun(int argc, char** argv, const char* prog, Run* run) {
-  const bool ok = (argc == 3 || argc == 4 || (argc == 6 && std::string(argv[4]) == "--first")) &&
-                  (run->count = atoi(argv[2])) >= 1 &&
-                  (argc < 4 || (run->seed = strtoull(argv[3], nullptr, 0), true)) &&
-                  (argc < 6 || (run->first = atoi(argv[5])) >= 0);
+  const bool form = argc == 3 || argc == 4 || (argc == 6 && std::string(argv[4]) == "--first");
+  if (form) {
+    run->count = atoi(argv[2]);
+    if (argc >= 4) run->seed = strtoull(argv[3], nullptr, 0);
+    if (argc == 6) run->first = atoi(argv[5]);
+  }
+  const bool ok = form && run->count >= 1 && run->first >= 0;
   if (!ok) fprintf(stderr, "%s: --random takes N [SEED [--first I]], N >= 1, I >= 0\n", prog);
   else printf("%s --random %d %llu --first %d\n", prog, run->count, (unsigned long long)run->seed, run->first);
   return ok;
