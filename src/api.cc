@@ -141,8 +141,8 @@ epResult_t checkDispatchArgs(epComm* comm, const char* fn, const epDispatchArgs_
 
 // The backend's prepare, giving back the routing state it took when it fails
 // after taking it (the handle is dropped, so nothing else would).
-epResult_t prepareRouting(epComm* comm, const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
-  epResult_t res = comm->backend->prepare(a, h, stream);
+epResult_t prepareRouting(epComm* comm, const char* fn, const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
+  epResult_t res = comm->backend->prepare(fn, a, h, stream);
   if (res != epSuccess) comm->backend->releaseHandle(h);
   return res;
 }
@@ -321,7 +321,7 @@ EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t* user,
     EPCHECK(checkRoutingArgs(comm, fn, a, true));
     auto h = std::make_unique<epHandle>();
     h->comm = comm;
-    EPCHECK(prepareRouting(comm, a, h.get(), stream));
+    EPCHECK(prepareRouting(comm, fn, a, h.get(), stream));
     commAddHandle(comm, h.get());
     *handle = h.release();
     return epSuccess;
@@ -369,7 +369,7 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
     EPCHECK(checkDispatchArgs(comm, fn, a, true));
     auto h = std::make_unique<epHandle>();
     h->comm = comm;
-    EPCHECK(prepareRouting(comm, a, h.get(), stream));
+    EPCHECK(prepareRouting(comm, fn, a, h.get(), stream));
     epResult_t res = comm->backend->dispatch(a, h.get(), true, stream);
     if (res != epSuccess) {
       comm->backend->releaseHandle(h.get());

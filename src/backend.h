@@ -22,7 +22,9 @@ class Backend {
   virtual epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) = 0;
   // New routing from args.topk_idx: fills h->routing's send side, exchanges
   // counts with every rank and fills the receive side (counts_known = true).
-  virtual epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) = 0;
+  // fn: the entry point that asked (epDispatch, epDispatchPrepare), named by
+  // its errors.
+  virtual epResult_t prepare(const char* fn, const epDispatchArgs_t& args, epHandle* h, epStream_t stream) = 0;
   // Moves rows with the routing of h (prepared, or cached from an earlier dispatch).
   // ids_routed: args.topk_idx are the very ids prepare() just routed (and
   // checked) in this call; other ids (a prepared handle's, a cached

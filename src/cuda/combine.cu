@@ -240,13 +240,11 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
 
 int launchCombine(const CombineParams& p, int blocks, void* stream) {
   const int threads = (p.push_warps + p.reduce_warps) * 32;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (p.type) {
-    case 0: combineKernel<0><<<blocks, threads, 0, s>>>(p); break;
-    case 1: combineKernel<1><<<blocks, threads, 0, s>>>(p); break;
-    default: combineKernel<2><<<blocks, threads, 0, s>>>(p); break;
-  }
-  return int(cudaGetLastError());
+  auto kernel = p.type == 0 ? combineKernel<0> : p.type == 1 ? combineKernel<1> : combineKernel<2>;
+  // The launch's own result: CUDA's last error may hold the caller's (cuda_check.h: launchFailure).
+  void* args[] = {const_cast<CombineParams*>(&p)};
+  return int(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(threads), args, 0,
+                              static_cast<cudaStream_t>(stream)));
 }
 
 int preloadCombineKernels() { return preloadKernels(combineKernel<0>, combineKernel<1>, combineKernel<2>); }

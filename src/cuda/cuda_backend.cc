@@ -31,6 +31,7 @@
 #include "host_notices.h"
 #include "node_limit.h"
 #include "ll_engine.h"
+#include "own_work.h"
 
 namespace ep {
 namespace {
@@ -93,7 +94,7 @@ class CudaBackend : public Backend {
   const char* name() const override { return "cuda"; }
   size_t bufferBytes() const override { return buffer_bytes_ + (ll_ ? ll_->bytes() : 0); }
   epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) override;
-  epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t prepare(const char* fn, const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, bool ids_routed, epStream_t stream) override;
   epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
   void releaseHandle(epHandle* h) override;
@@ -109,26 +110,42 @@ class CudaBackend : public Backend {
   epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
                         epStream_t stream) override {
     DeviceGuard g(dev_);
-    EPCHECK(checkKernelErrors("epLowLatencyDispatch", reinterpret_cast<cudaStream_t>(stream)));
-    return ll_->dispatch(args, h, send_only, reinterpret_cast<cudaStream_t>(stream));
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    EPCHECK(checkKernelErrors("epLowLatencyDispatch", s));
+    EPCHECK(ll_->dispatch(args, h, send_only, s));
+    own_work_.mark(s);
+    return epSuccess;
   }
   epResult_t llCombine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only,
                        epStream_t stream) override {
     DeviceGuard g(dev_);
-    EPCHECK(checkKernelErrors("epLowLatencyCombine", reinterpret_cast<cudaStream_t>(stream)));
-    return ll_->combine(args, h, send_only, reinterpret_cast<cudaStream_t>(stream));
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    EPCHECK(checkKernelErrors("epLowLatencyCombine", s));
+    EPCHECK(ll_->combine(args, h, send_only, s));
+    own_work_.mark(s);
+    return epSuccess;
   }
   epResult_t llComplete(epHandle* h, epStream_t stream) override {
     DeviceGuard g(dev_);
-    EPCHECK(checkKernelErrors("epLowLatencyComplete", reinterpret_cast<cudaStream_t>(stream)));
-    return ll_->complete(h, reinterpret_cast<cudaStream_t>(stream));
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    EPCHECK(checkKernelErrors("epLowLatencyComplete", s));
+    EPCHECK(ll_->complete(h, s));
+    own_work_.mark(s);
+    return epSuccess;
   }
 
  private:
   epResult_t checkArch(const cudaDeviceProp& prop);
   void limitExpertCounters(const cudaDeviceProp& prop);
   epResult_t checkExpertCounters(const char* fn) const;
-  epResult_t checkKernelErrors(const char* fn, cudaStream_t stream);
+  // What the kernels and the watcher reported, in order (below); with
+  // argument_errors false only what ends the communicator (failed waits,
+  // ranks out of step, a peer that left), for a call that must go ahead
+  // whatever argument error is pending (a handle's first dispatch).
+  epResult_t checkKernelErrors(const char* fn, cudaStream_t stream, bool argument_errors = true);
+  // An argument error's claim word cleared for the next report: on the
+  // caller's stream, or beside it while that stream captures a graph.
+  epResult_t clearErrorClaim(int* claim, cudaStream_t stream);
   // A kernel's wait failed (timeout, exited peer, ranks out of step): the
   // communicator cannot go on (the argument errors it reports can).
   bool kernelFailedForGood() const { return notices_->kernelsReportedFailure() || notices_->outOfStep(); }
@@ -160,6 +177,7 @@ class CudaBackend : public Backend {
   HState* hs_host_ = nullptr;  // pinned, for the exact-sizing count wait
   std::unique_ptr<cuda::LLEngine> ll_;  // config.low_latency = 1
   std::unique_ptr<cuda::HostNotices> notices_;  // exited peers, calls out of step, abort
+  cuda::OwnWork own_work_;  // what the destroy waits for (own_work.h)
   std::mutex slots_mu_;
   std::vector<HandleSlot*> free_slots_;
   std::vector<HandleSlot*> all_slots_;
@@ -171,9 +189,13 @@ CudaBackend::~CudaBackend() {
   // ends their waits for a peer that left). Peers only write into this
   // buffer during operations this rank takes part in, so once they are done
   // nobody touches it any more. Then the peers may learn that this rank
-  // left: everything it sent has landed.
-  cudaDeviceSynchronize();
+  // left: everything it sent has landed. On a GPU that another rank of this
+  // process drives, only this rank's own calls are waited for (own_work.h).
+  own_work_.wait();
   if (notices_) notices_->announceClosed(kClosedDestroyed);
+  // What follows frees memory (cudaFree waits for the whole device): the
+  // kernels of a rank sharing the GPU that waited for this one end once its
+  // watcher read the announcement, within about 0.1 s.
   notices_.reset();  // the watcher stops before what it writes into goes
   ll_.reset();
   if (ipc_ != nullptr) {
@@ -234,6 +256,9 @@ epResult_t CudaBackend::checkArch(const cudaDeviceProp& prop) {
 }
 
 epResult_t CudaBackend::init() {
+  int64_t fail_step = 0;  // tests only: cuda_check.h, InitFaults
+  if (const char* v = paramEnv("TEST_CUDA_FAIL_STEP")) parseInt64(v, &fail_step);
+  const cuda::InitFaults faults{long(fail_step)};
   const Config& cfg = comm_->cfg;
   const int R = comm_->nranks, me = comm_->rank;
   if (R > kMaxRanks)
@@ -291,9 +316,13 @@ epResult_t CudaBackend::init() {
   // other, so all their blocks must be resident at once.
   const int sharing = cuda::ranksOnGpuOf(peers, me);
   if (sharing > 1) {
-    bool other_process = false;
-    for (int r = 0; r < R; r++)
-      other_process |= cuda::sameGpu(peers[r], peers[me]) && peers[r].pid != peers[me].pid;
+    bool other_process = false, this_process = false;
+    for (int r = 0; r < R; r++) {
+      if (r == me || !cuda::sameGpu(peers[r], peers[me])) continue;
+      other_process |= peers[r].pid != peers[me].pid;
+      this_process |= peers[r].pid == peers[me].pid;
+    }
+    if (this_process) own_work_.track();  // the destroy must not wait for that rank's kernels
     const char* conns = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     if (other_process)
       EP_WARN(kSubsysInit,
@@ -380,8 +409,8 @@ epResult_t CudaBackend::init() {
   const size_t local_bytes = route_off + cuda::routeScratchBytes(cfg.max_tokens_per_rank);
   void* mem = nullptr;
   CUDACHECK(cudaMalloc(&mem, local_bytes));
+  local_ = static_cast<cuda::DevLocal*>(mem);  // owned from here: the destructor frees it if a step below fails
   CUDACHECK(cudaMemset(mem, 0, local_bytes));
-  local_ = static_cast<cuda::DevLocal*>(mem);
   layout_scratch_ = reinterpret_cast<int*>(static_cast<char*>(mem) + 256);
   route_scratch_ = reinterpret_cast<uint64_t*>(static_cast<char*>(mem) + route_off);
   void* hp = nullptr;
@@ -472,8 +501,9 @@ epResult_t CudaBackend::watchOtherFamily() {
 epResult_t CudaBackend::allocSlot(HandleSlot** out) {
   auto* s = new HandleSlot();
   cuda::RelaxedCaptureScope relaxed;  // a dispatch under capture may get here (more handles alive than slots)
-  cudaError_t e = cudaMalloc(&s->mem, slot_bytes_);
-  if (e == cudaSuccess) e = cuda::zeroDeviceMemory(s->mem, slot_bytes_);  // expert_acc starts (and is left) zeroed
+  cudaError_t e = cuda::injectedInitFailure() ? cudaErrorMemoryAllocation : cudaMalloc(&s->mem, slot_bytes_);
+  if (e == cudaSuccess)  // expert_acc starts (and is left) zeroed
+    e = cuda::injectedInitFailure() ? cudaErrorMemoryAllocation : cuda::zeroDeviceMemory(s->mem, slot_bytes_);
   if (e != cudaSuccess) {
     cudaGetLastError();
     if (s->mem) cudaFree(s->mem);
@@ -552,7 +582,7 @@ static_assert(int(cuda::kHtRouting) == kCallRouting && int(cuda::kHtDispatch) ==
 // at its next call of either family, not only at its next low-latency one),
 // then a peer that left its communicator while no kernel waited for it, then
 // the argument errors of the low-latency kernels and of this family.
-epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
+epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream, bool argument_errors) {
   if (const char* out_of_step = notices_->outOfStep()) {
     comm_->broken.store(epInvalidUsage);
     return setError(comm_, epInvalidUsage, "%s: %s", fn, out_of_step);
@@ -567,8 +597,32 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream) {
                     "communicator",
                     fn, notices_->goneWhat(closed).c_str(), comm_->rank, dev_);
   }
-  if (ll_) EPCHECK(ll_->reportArgumentError(fn, stream));
+  if (!argument_errors) return epSuccess;
+  if (ll_ && ll_->argumentErrorPending()) {
+    const epResult_t reported = ll_->reportArgumentError(fn);  // read and cleared before the claim is
+    EPCHECK(clearErrorClaim(&ll_->deviceLocal()->err_claim, stream));
+    return reported;
+  }
   if (err_host_[cuda::kArgSlot].code != 0) return reportArgumentError(fn, stream);
+  return epSuccess;
+}
+
+// The claim is the first-writer-wins word of the argument slot: cleared
+// behind the report so that a later kernel can report. On the caller's
+// stream, in order after the kernels before it; but a stream that is
+// capturing a graph would take the clearing into the graph (the claim would
+// stay taken until the graph runs, hiding an eager call's report meanwhile,
+// and each replay would clear it again, wiping a report it did not read):
+// then it is cleared at once on a stream of its own.
+epResult_t CudaBackend::clearErrorClaim(int* claim, cudaStream_t stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDACHECK(cudaStreamIsCapturing(stream, &st));
+  if (st == cudaStreamCaptureStatusNone) {
+    CUDACHECK(cudaMemsetAsync(claim, 0, sizeof(int), stream));
+    return epSuccess;
+  }
+  cuda::RelaxedCaptureScope relaxed;
+  CUDACHECK(cuda::zeroDeviceMemory(claim, sizeof(int)));
   return epSuccess;
 }
 
@@ -615,7 +669,7 @@ epResult_t CudaBackend::reportArgumentError(const char* fn, cudaStream_t stream)
   const int code = e.code, what = e.what, peer = e.peer;
   const long long a = e.a, b = e.b;
   e.code = 0;
-  CUDACHECK(cudaMemsetAsync(&local_->err_claim, 0, sizeof(int), stream));
+  EPCHECK(clearErrorClaim(&local_->err_claim, stream));
   if (what == cuda::kWhatBadTopk) {
     return setError(comm_, epInvalidArgument,
                     "%s: an earlier call on this stream had topk_idx entry %lld (flat index) = %lld, not -1 "
@@ -665,23 +719,27 @@ epResult_t CudaBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
   p.scratch = layout_scratch_;
   p.local = local_;
   p.err = err_dev_;
-  CUDACHECK(cudaError_t(cuda::launchLayout(p, s)));
+  const cudaError_t pending = cudaPeekAtLastError();
+  if (const int err = cuda::launchLayout(p, s))
+    return cuda::launchFailure(comm_, "epLayout", "the layout kernel", pending, err);
+  own_work_.mark(s);
   return epSuccess;
 }
 
-epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
+epResult_t CudaBackend::prepare(const char* fn, const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  EPCHECK(checkKernelErrors("epDispatch", s));
-  EPCHECK(checkExpertCounters("epDispatch"));
+  EPCHECK(checkKernelErrors(fn, s));
+  EPCHECK(checkExpertCounters(fn));
   const bool sync = !(a.flags & EP_DISPATCH_NO_HOST_SYNC);
   if (sync) {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     CUDACHECK(cudaStreamIsCapturing(s, &st));
     if (st != cudaStreamCaptureStatusNone)
       return setError(comm_, epInvalidUsage,
-                      "epDispatch: the stream is being captured: exact output sizing needs a host wait; "
-                      "pass EP_DISPATCH_NO_HOST_SYNC with a recv_capacity");
+                      "%s: the stream is being captured: exact output sizing needs a host wait; "
+                      "pass EP_DISPATCH_NO_HOST_SYNC with a recv_capacity",
+                      fn);
   }
   HandleSlot* slot = nullptr;
   {
@@ -704,8 +762,11 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   p.num_topk = a.num_topk;
   p.max_nodes = cuda::nodeLimitToCheck(comm_);
   cuda::nodeRanks(comm_, p.node_ranks);
-  CUDACHECK(cudaError_t(cuda::launchRouting(p, s)));
+  const cudaError_t pending = cudaPeekAtLastError();
+  if (const int err = cuda::launchRouting(p, s))
+    return cuda::launchFailure(comm_, fn, "the routing kernel", pending, err);
   notices_->recordCall(kCallRouting, s);
+  own_work_.mark(s);
   h->routing = Routing();
   h->routing.nranks = comm_->nranks;
   h->routing.num_tokens = a.num_tokens;
@@ -715,7 +776,12 @@ epResult_t CudaBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream
   // Exact sizing: the documented device-to-host wait for the counts.
   CUDACHECK(cudaMemcpyAsync(hs_host_, slot->hv.hs, sizeof(HState), cudaMemcpyDeviceToHost, s));
   CUDACHECK(cudaStreamSynchronize(s));
-  if (kernelFailedForGood()) return checkKernelErrors("epDispatch", s);
+  if (kernelFailedForGood()) return checkKernelErrors(fn, s);
+  // epCommAbort from another thread ended the routing kernel's waits (they
+  // leave without a report): the counts are those of an unfinished routing.
+  if (comm_->abort_flag.load())
+    return setError(comm_, epAborted, "%s: the communicator was aborted while this rank waited for the dispatch "
+                    "counts", fn);
   std::vector<int> recv_count(hs_host_->recv_count, hs_host_->recv_count + comm_->nranks);
   buildRecvSide(recv_count, &h->routing);
   h->counts_known = true;
@@ -727,17 +793,27 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   // A handle's first dispatch is launched whatever argument error the kernels
   // reported meanwhile (its own routing kernel may have found a bad id just
-  // now): the peers' dispatches wait for its rows. Only a failed wait stops
-  // it (the communicator is broken). With exact sizing the dispatch reports
-  // an error already there after the rows moved (its own kernel's reports
-  // come at the next call, as always); in capacity mode the next call does.
+  // now): the peers' dispatches wait for its rows. What ends the
+  // communicator stops it as it stops any call: a failed wait, ranks out of
+  // step, and a peer that destroyed or aborted its communicator (whose
+  // buffers the kernel would write into after they were freed). With exact
+  // sizing the dispatch reports an argument error already there after the
+  // rows moved (its own kernel's reports come at the next call, as always);
+  // in capacity mode the next call does.
   const bool first = !h->dispatched;
   const bool report_after = first && h->counts_known && err_host_[cuda::kArgSlot].code != 0;
-  if (!first || kernelFailedForGood()) EPCHECK(checkKernelErrors("epDispatch", s));
+  EPCHECK(checkKernelErrors("epDispatch", s, !first));
+  if (comm_->abort_flag.load())  // an abort since prepare's wait: its kernels would leave at once
+    return setError(comm_, epAborted, "epDispatch: the communicator was aborted during the call");
   auto* slot = static_cast<HandleSlot*>(h->backend_state);
   if (slot == nullptr) return setError(comm_, epInternalError, "epDispatch: handle without routing state");
   const Config& cfg = comm_->cfg;
   const bool capacity_mode = (a.flags & EP_DISPATCH_NO_HOST_SYNC) != 0;
+  // Refused before anything is launched, so that the call can be made again.
+  if (!capacity_mode && a.num_recv && !h->counts_known)
+    return setError(comm_, epInvalidUsage,
+                    "epDispatch: num_recv is a host pointer but the handle's counts are on the device only "
+                    "(it came from a dispatch with EP_DISPATCH_NO_HOST_SYNC): pass the flag again");
   cuda::DispatchParams p{};
   p.cv = view();
   p.hv = slot->hv;
@@ -769,21 +845,18 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
   p.send_warps = send_warps_;
   p.recv_warps = recv_warps_;
   p.chunk_tokens = chunk_tokens_;
-  CUDACHECK(cudaError_t(cuda::launchDispatch(p, channels_, s)));
+  const cudaError_t pending = cudaPeekAtLastError();
+  if (const int err = cuda::launchDispatch(p, channels_, s))
+    return cuda::launchFailure(comm_, "epDispatch", "the dispatch kernel", pending, err);
   notices_->recordCall(kCallDispatch, s);
+  own_work_.mark(s);
   if (too_small)
     return setError(comm_, epInvalidArgument,
                     "epDispatch: recv_capacity = %lld is less than the %lld rows this rank receives (the "
                     "rows were sent so the other ranks complete; nothing was written)",
                     (long long)a.recv_capacity, (long long)h->routing.num_recv);
   if (report_after) EPCHECK(checkKernelErrors("epDispatch", s));
-  if (!capacity_mode && a.num_recv) {
-    if (!h->counts_known)
-      return setError(comm_, epInvalidUsage,
-                      "epDispatch: num_recv is a host pointer but the handle's counts are on the device only "
-                      "(it came from a dispatch with EP_DISPATCH_NO_HOST_SYNC): pass the flag again");
-    *a.num_recv = h->routing.num_recv;
-  }
+  if (!capacity_mode && a.num_recv) *a.num_recv = h->routing.num_recv;
   return epSuccess;
 }
 
@@ -808,8 +881,11 @@ epResult_t CudaBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
   p.type = cfg.combine_type == epBfloat16 ? 0 : cfg.combine_type == epFloat16 ? 1 : 2;
   p.push_warps = push_warps_;
   p.reduce_warps = reduce_warps_;
-  CUDACHECK(cudaError_t(cuda::launchCombine(p, channels_, s)));
+  const cudaError_t pending = cudaPeekAtLastError();
+  if (const int err = cuda::launchCombine(p, channels_, s))
+    return cuda::launchFailure(comm_, "epCombine", "the combine kernel", pending, err);
   notices_->recordCall(kCallCombine, s);
+  own_work_.mark(s);
   return epSuccess;
 }
 

@@ -1,7 +1,8 @@
 // CUDACHECK(call): in a member function of a class with `comm_` (the
 // communicator), returns epUnhandledCudaError with the call, CUDA's message
 // and the place when a CUDA runtime call fails, and clears CUDA's sticky
-// last error.
+// last error. During the CUDA backend's init a test may make the Nth such
+// call fail instead of making it (InitFaults below), to see each step unwind.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,16 +11,65 @@
 
 #define CUDACHECK(call)                                                                        \
   do {                                                                                         \
-    cudaError_t cuda_err_ = (call);                                                            \
+    const bool cuda_injected_ = ::ep::cuda::injectedInitFailure();                             \
+    const cudaError_t cuda_err_ = cuda_injected_ ? cudaErrorMemoryAllocation : (call);         \
     if (cuda_err_ != cudaSuccess) {                                                            \
       cudaGetLastError();                                                                      \
-      return ::ep::setError(comm_, epUnhandledCudaError, "%s failed: %s (%s:%d)", #call,       \
-                            cudaGetErrorString(cuda_err_), __FILE__, __LINE__);                \
+      return ::ep::setError(comm_, epUnhandledCudaError, "%s failed: %s%s (%s:%d)", #call,     \
+                            cudaGetErrorString(cuda_err_),                                     \
+                            cuda_injected_ ? " (injected: EP_TEST_CUDA_FAIL_STEP)" : "",       \
+                            __FILE__, __LINE__);                                               \
     }                                                                                          \
   } while (0)
 
 namespace ep {
 namespace cuda {
+
+// Fault injection for the tests of init's unwinding: EP_TEST_CUDA_FAIL_STEP=N
+// makes the Nth checked CUDA step of a CUDA backend's init (each CUDACHECK,
+// each allocation and zeroing of a handle slot) fail as if out of memory,
+// without making the call. Read at every init (one process can try each
+// step in turn) and counted per thread, since the ranks of epCommInitAll
+// start on threads of their own. Outside an init the count is 0 and nothing
+// fails.
+inline long& initFailCountdown() {
+  static thread_local long left = 0;
+  return left;
+}
+inline bool injectedInitFailure() {
+  long& left = initFailCountdown();
+  return left > 0 && --left == 0;
+}
+// Arms the count for the life of one init (step <= 0: never).
+class InitFaults {
+ public:
+  explicit InitFaults(long step) { initFailCountdown() = step > 0 ? step : 0; }
+  ~InitFaults() { initFailCountdown() = 0; }
+  InitFaults(const InitFaults&) = delete;
+  InitFaults& operator=(const InitFaults&) = delete;
+};
+
+// The result of one of our kernel launches, judged by the launch's own return
+// (cudaLaunchKernel / cudaLaunchKernelEx), never by CUDA's last error, which
+// may hold an error of the caller's earlier work: that one is the caller's to
+// read, and stays pending when our launch succeeds. `pending` is
+// cudaPeekAtLastError() taken just before the launch; a failed launch says
+// whether CUDA already held that error (the context failed before the call).
+inline epResult_t launchFailure(::epComm* comm, const char* fn, const char* kernel, cudaError_t pending, int err) {
+  const cudaError_t e = cudaError_t(err);
+  cudaGetLastError();
+  if (pending != cudaSuccess && e == pending)
+    return setError(comm, epUnhandledCudaError,
+                    "%s: launching %s failed: %s, an error CUDA already held before libmoeep launched anything "
+                    "(from the caller's earlier work or an earlier kernel on this device; a sticky error leaves "
+                    "the CUDA context unusable)",
+                    fn, kernel, cudaGetErrorString(e));
+  if (pending != cudaSuccess)
+    return setError(comm, epUnhandledCudaError,
+                    "%s: launching %s failed: %s (CUDA also held an error of the caller's earlier work: %s)", fn,
+                    kernel, cudaGetErrorString(e), cudaGetErrorString(pending));
+  return setError(comm, epUnhandledCudaError, "%s: launching %s failed: %s", fn, kernel, cudaGetErrorString(e));
+}
 
 // This thread's stream-capture mode set to relaxed for the scope's life. A
 // communicator's pools (handle state) may grow during a call that is being

@@ -340,8 +340,10 @@ int launchDispatch(const DispatchParams& p, int blocks, void* stream) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return int(e);
   }
-  kernel<<<blocks, threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
-  return int(cudaGetLastError());
+  // The launch's own result: CUDA's last error may hold the caller's (cuda_check.h: launchFailure).
+  void* args[] = {const_cast<DispatchParams*>(&p)};
+  return int(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(threads), args, smem,
+                              static_cast<cudaStream_t>(stream)));
 }
 
 int preloadDispatchKernels() { return preloadKernels(dispatchKernel<14>, dispatchKernel<8>); }

@@ -309,21 +309,25 @@ int launchLayout(const LayoutParams& p, void* stream) {
     cudaError_t e = cudaFuncSetAttribute(layoutKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return int(e);
   }
-  layoutKernel<<<blocks, 256, smem, static_cast<cudaStream_t>(stream)>>>(p);
-  return int(cudaGetLastError());
+  // The launch's own result: CUDA's last error may hold the caller's (cuda_check.h: launchFailure).
+  void* args[] = {const_cast<LayoutParams*>(&p)};
+  return int(cudaLaunchKernel(reinterpret_cast<const void*>(layoutKernel), dim3(blocks), dim3(256), args, smem,
+                              static_cast<cudaStream_t>(stream)));
 }
 
 int launchRouting(const RoutingParams& p, void* stream) {
   const int tiles = p.num_tokens > 0 ? (p.num_tokens + kRouteTile - 1) / kRouteTile : 1;
-  routingKernel<<<tiles, kRouteTile, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  return int(cudaGetLastError());
+  void* args[] = {const_cast<RoutingParams*>(&p)};
+  return int(cudaLaunchKernel(reinterpret_cast<const void*>(routingKernel), dim3(tiles), dim3(kRouteTile), args, 0,
+                              static_cast<cudaStream_t>(stream)));
 }
 
 int launchNodeLimit(const NodeLimitParams& p, void* stream) {
   int blocks = (p.num_tokens + 255) / 256;
   blocks = blocks < 1 ? 1 : blocks > 64 ? 64 : blocks;
-  nodeLimitKernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  return int(cudaGetLastError());
+  void* args[] = {const_cast<NodeLimitParams*>(&p)};
+  return int(cudaLaunchKernel(reinterpret_cast<const void*>(nodeLimitKernel), dim3(blocks), dim3(256), args, 0,
+                              static_cast<cudaStream_t>(stream)));
 }
 
 int preloadLayoutKernels() { return preloadKernels(layoutKernel, routingKernel, nodeLimitKernel); }

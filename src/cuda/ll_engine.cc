@@ -82,7 +82,7 @@ LLEngine::~LLEngine() {
   cudaSetDevice(dev_);
   cudaDeviceSynchronize();
   if (timing_) {
-    logTimes();
+    if (view_.timing) logTimes();  // set once init had zeroed it
     cudaFree(timing_);
   }
   if (ipc_ != nullptr) {
@@ -164,9 +164,9 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   if (param::CUDA_LL_TIMING() != 0) {
     void* tp = nullptr;
     CUDACHECK(cudaMalloc(&tp, sizeof(LLTiming)));
+    timing_ = static_cast<LLTiming*>(tp);  // owned from here: the destructor frees it if a step below fails
     CUDACHECK(cudaMemset(tp, 0xff, offsetof(LLTiming, end)));
     CUDACHECK(cudaMemset(static_cast<char*>(tp) + offsetof(LLTiming, end), 0, sizeof(LLTiming) - offsetof(LLTiming, end)));
-    timing_ = static_cast<LLTiming*>(tp);
     view_.timing = timing_;
   }
 
@@ -220,7 +220,8 @@ epResult_t LLEngine::addSlot() {
   cuda::RelaxedCaptureScope relaxed;
   LLHandleDev* s = nullptr;
   CUDACHECK(cudaMalloc(&s, slot_bytes_));
-  const cudaError_t zeroing_handle_slot = cuda::zeroDeviceMemory(s, slot_bytes_);
+  const cudaError_t zeroing_handle_slot =
+      cuda::injectedInitFailure() ? cudaErrorMemoryAllocation : cuda::zeroDeviceMemory(s, slot_bytes_);
   if (zeroing_handle_slot != cudaSuccess) cudaFree(s);
   CUDACHECK(zeroing_handle_slot);
   all_slots_.push_back(s);
@@ -259,18 +260,16 @@ const char* llWhatName(int what) {
   }
 }
 
-// An argument error the kernels left in err[kArgSlot] (reported at the next call).
-// The claim is cleared on the call's stream, ahead of its kernels: not on the
-// legacy default stream, which would wait for the caller's blocking streams
-// (and for a kernel of a rank sharing the GPU that waits for this one).
-epResult_t LLEngine::reportArgumentError(const char* fn, cudaStream_t stream) {
+// An argument error the kernels left in err[kArgSlot] (reported at the next
+// call). The caller clears the claim after this (CudaBackend::clearErrorClaim:
+// on the call's stream, ahead of its kernels, or beside a capturing stream).
+epResult_t LLEngine::reportArgumentError(const char* fn) {
   ErrorInfo& e = err_host_[kArgSlot];
   const int code = e.code;
   if (code == 0) return epSuccess;
   const int what = e.what, peer = e.peer;
   const long long a = e.a, b = e.b;
   e.code = 0;
-  cudaMemsetAsync(&local_->err_claim, 0, sizeof(int), stream);
   if (what == kLLWhatWire)
     return setError(comm_, epInvalidUsage,
                     "%s: an earlier low-latency dispatch: rank %d sent %s rows and this rank asked for %s: wire_type "
@@ -346,6 +345,7 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   h->backend_state = st.get();
   HandleState* raw = st.release();
   const LLLaunch l{sms_, slices_, pdl_, stream};
+  const cudaError_t pending = cudaPeekAtLastError();  // the caller's, if any (launchFailure)
   int err = 0;
   if (node_limit_.max_nodes > 0 && a.num_tokens > 0) {
     NodeLimitParams nl = node_limit_;
@@ -358,8 +358,7 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   if (err == 0) err = send_only ? launchLLDispatchSend(raw->dispatch, l) : launchLLDispatch(raw->dispatch, l);
   if (err != 0) {
     release(h);
-    return setError(comm_, epUnhandledCudaError, "epLowLatencyDispatch: kernel launch failed: %s",
-                    cudaGetErrorString(cudaError_t(err)));
+    return launchFailure(comm_, "epLowLatencyDispatch", "a low-latency dispatch kernel", pending, err);
   }
   notices_->recordCall(kCallLLDispatch, stream, llDispatchNote(small, p.flagged));
   if (send_only) h->pending = epHandle::Pending::kDispatch;
@@ -374,10 +373,9 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
   p.y = static_cast<const uint16_t*>(a.y);
   p.out = static_cast<uint16_t*>(a.out);
   const LLLaunch l{sms_, slices_, pdl_, stream};
+  const cudaError_t pending = cudaPeekAtLastError();
   const int err = send_only ? launchLLCombineSend(p, l) : launchLLCombine(p, l, st->dispatch.num_tokens);
-  if (err != 0)
-    return setError(comm_, epUnhandledCudaError, "epLowLatencyCombine: kernel launch failed: %s",
-                    cudaGetErrorString(cudaError_t(err)));
+  if (err != 0) return launchFailure(comm_, "epLowLatencyCombine", "a low-latency combine kernel", pending, err);
   notices_->recordCall(kCallLLCombine, stream);
   if (send_only) h->pending = epHandle::Pending::kCombine;
   return epSuccess;
@@ -387,11 +385,10 @@ epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
   auto* st = static_cast<HandleState*>(h->backend_state);
   int err = 0;
   const LLLaunch l{sms_, slices_, pdl_, stream};
+  const cudaError_t pending = cudaPeekAtLastError();
   if (h->pending == epHandle::Pending::kDispatch) err = launchLLDispatchRecv(st->dispatch, l);
   else err = launchLLCombineRecv(st->combine, l, st->dispatch.num_tokens);
-  if (err != 0)
-    return setError(comm_, epUnhandledCudaError, "epLowLatencyComplete: kernel launch failed: %s",
-                    cudaGetErrorString(cudaError_t(err)));
+  if (err != 0) return launchFailure(comm_, "epLowLatencyComplete", "a low-latency receive kernel", pending, err);
   h->pending = epHandle::Pending::kNone;
   return epSuccess;
 }

@@ -49,7 +49,10 @@ class LLEngine {
   // argument error (kArgSlot, reported once and cleared; epSuccess if none).
   bool waitFailed() const { return err_host_[kFailSlot].code != 0; }
   epResult_t reportFailedWait(const char* fn);
-  epResult_t reportArgumentError(const char* fn, cudaStream_t stream);
+  bool argumentErrorPending() const { return err_host_[kArgSlot].code != 0; }
+  // Reads and clears the argument slot; the caller then clears the claim
+  // word (LLLocal::err_claim), in order behind the report.
+  epResult_t reportArgumentError(const char* fn);
 
  private:
   struct HandleState;

@@ -98,7 +98,7 @@ class HostBackend : public Backend {
   bool hostMemory() const override { return true; }
   size_t bufferBytes() const override { return geo_.segmentBytes(); }
   epResult_t layout(const epLayoutArgs_t& args, epStream_t stream) override;
-  epResult_t prepare(const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t prepare(const char* fn, const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, bool ids_routed, epStream_t stream) override;
   epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
@@ -223,7 +223,7 @@ epResult_t HostBackend::layout(const epLayoutArgs_t& a, epStream_t) {
   return epSuccess;
 }
 
-epResult_t HostBackend::prepare(const epDispatchArgs_t& a, epHandle* h, epStream_t) {
+epResult_t HostBackend::prepare(const char*, const epDispatchArgs_t& a, epHandle* h, epStream_t) {
   Routing routing;
   buildSendSide(placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, &routing);
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Builds the GPU test programs (gpu_test, gpu_arch_test, gpu_mp_test, gpu_bench, gpu_ll_test,
-# fp8_soft_test, pdl_streams)
+# fp8_soft_test, pdl_streams, gpu_host_test, notice_probe)
 # against $BUILD/lib/libmoeep.so, as tests/gpu/run.sh runs them.
 #   tests/gpu/build.sh [--no-mp] [--no-ll]
 # Needs nvcc and the CUDA headers, not a GPU: the CPU-only test suite runs it
@@ -41,4 +41,7 @@ if [ "$ll" != 0 ]; then
   "$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_ll_test.cc -o "$BUILD/tests/gpu_ll_test" \
     -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$RPATH" || fail gpu_ll_test
 fi
+"$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -arch=sm_90 -Iinclude tests/gpu/gpu_host_test.cu tests/gpu/alloc_count.cc -o "$BUILD/tests/gpu_host_test" \
+  -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$RPATH" || fail gpu_host_test
+"$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 tests/gpu/notice_probe.cu -o "$BUILD/tests/notice_probe" || fail notice_probe
 exit 0
