@@ -193,9 +193,13 @@ CudaBackend::~CudaBackend() {
   // process drives, only this rank's own calls are waited for (own_work.h).
   own_work_.wait();
   if (notices_) notices_->announceClosed(kClosedDestroyed);
-  // What follows frees memory (cudaFree waits for the whole device): the
-  // kernels of a rank sharing the GPU that waited for this one end once its
-  // watcher read the announcement, within about 0.1 s.
+  // What follows frees memory, and a cudaFree waits for the whole device
+  // while holding up other threads' copies (tests/gpu/notice_probe.cu): the
+  // copy by which the watcher of a rank sharing this GPU in this process
+  // ends its kernels' waits for this one. So first the whole device, which
+  // lets those copies through: such a kernel ends within about 0.1 s of the
+  // announcement, and the frees below find nothing running.
+  if (own_work_.tracking()) cudaDeviceSynchronize();
   notices_.reset();  // the watcher stops before what it writes into goes
   ll_.reset();
   if (ipc_ != nullptr) {

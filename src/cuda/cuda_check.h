@@ -49,20 +49,43 @@ class InitFaults {
   InitFaults& operator=(const InitFaults&) = delete;
 };
 
+// Errors that a launch cannot cause itself (it fails synchronously only on
+// its configuration or resources): a kernel that ran before faulted, and the
+// CUDA context stays unusable.
+inline bool stickyKernelError(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // The result of one of our kernel launches, judged by the launch's own return
 // (cudaLaunchKernel / cudaLaunchKernelEx), never by CUDA's last error, which
-// may hold an error of the caller's earlier work: that one is the caller's to
-// read, and stays pending when our launch succeeds. `pending` is
-// cudaPeekAtLastError() taken just before the launch; a failed launch says
-// whether CUDA already held that error (the context failed before the call).
+// may hold an error of earlier work: not ours to take or report. `pending`
+// is cudaPeekAtLastError() taken just before the launch. A failed launch
+// says when the error came from before it: CUDA held it already, or it is a
+// fault of an earlier kernel (the caller's runtime keeps its own last error,
+// so a fault of the caller's kernel reaches this library's runtime only as
+// the failure of its next call).
 inline epResult_t launchFailure(::epComm* comm, const char* fn, const char* kernel, cudaError_t pending, int err) {
   const cudaError_t e = cudaError_t(err);
   cudaGetLastError();
-  if (pending != cudaSuccess && e == pending)
+  if ((pending != cudaSuccess && e == pending) || stickyKernelError(e))
     return setError(comm, epUnhandledCudaError,
                     "%s: launching %s failed: %s, an error CUDA already held before libmoeep launched anything "
-                    "(from the caller's earlier work or an earlier kernel on this device; a sticky error leaves "
-                    "the CUDA context unusable)",
+                    "(a fault of an earlier kernel on this device, the caller's or this library's: the CUDA "
+                    "context cannot be used any more)",
                     fn, kernel, cudaGetErrorString(e));
   if (pending != cudaSuccess)
     return setError(comm, epUnhandledCudaError,

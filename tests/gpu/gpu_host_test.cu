@@ -196,10 +196,12 @@ bool hostNumRecvRefusedFirst() {
 __global__ void emptyKernel() {}
 __global__ void writeTo(int* p) { *p = 1; }
 
-// 4a. An error of the caller's own earlier work left pending (an invalid
-// launch configuration): every call of a whole case succeeds beside it, its
+// 4a. An error of the caller's own earlier work left pending (a launch with
+// too many threads): every call of a whole case succeeds beside it, its
 // outputs equal the host backend's, and the error is still the caller's to
-// read afterwards.
+// read afterwards. (The library's CUDA runtime is its own, linked in, so an
+// error pending in the caller's runtime never reached it: this case passed
+// before the launches were judged by their own result too.)
 bool pendingCallerError() {
   Case c{"EP1 bf16 h512 k6 (a caller's error pending)", 1, 512, 6, 24, std::vector<int>(1, 200)};
   c.bias = true;
@@ -213,13 +215,13 @@ bool pendingCallerError() {
   makeInputs(c, 13, &ins);
   RankOut ref, got;
   hostRank(c, host, ins[0], 0, &ref);
-  emptyKernel<<<1, 4096>>>();  // more threads than a block may have: cudaErrorInvalidConfiguration, pending
+  emptyKernel<<<1, 4096>>>();  // more threads than a block may have: an error left pending
   const cudaError_t planted = cudaPeekAtLastError();
   gpuRank(c, gpu, ins[0], 0, false, &got);  // exits with the call's error if one fails
   const int before = g_failures;
   compareRank(c, c.name, 0, got, ref, false);
   const cudaError_t left = cudaGetLastError();
-  const bool ok = planted == cudaErrorInvalidConfiguration && g_failures == before && left == planted;
+  const bool ok = planted != cudaSuccess && g_failures == before && left == planted;
   report("pending_caller_error", ok,
          std::string("layout, dispatch, combine and a cached re-dispatch ran beside the caller's ") +
              cudaGetErrorName(planted) + (g_failures == before ? ", outputs equal the host's" : ", outputs DIFFER") +
@@ -306,10 +308,14 @@ bool initSteps(int R) {
   bool clean = true;
   for (; step < 1000; step++) {
     setenv("EP_TEST_CUDA_FAIL_STEP", std::to_string(step).c_str(), 1);
+    const long free_before = deviceFree();
     const epResult_t res = initOnce(R, -1, &grown, &hit, msg, sizeof(msg));
     if (res == epSuccess) break;
     failed++;
-    if (step <= 3 || grown != 0) printf("  step %d: %s (%s), %ld host blocks left\n", step, epGetErrorString(res), msg, grown);
+    const long step_lost = free_before - deviceFree();
+    if (step <= 3 || grown != 0 || step_lost > 0)
+      printf("  step %d: %s (%s), %ld host blocks left, device memory missing after it: %ld bytes\n", step,
+             epGetErrorString(res), msg, grown, step_lost);
     clean &= grown == 0;
   }
   unsetenv("EP_TEST_CUDA_FAIL_STEP");
@@ -336,6 +342,7 @@ bool initOutOfHostMemory() {
   bool clean = true;
   for (; n < 1000000; n++) {
     const epResult_t res = initOnce(1, n, &grown, &hit, msg, sizeof(msg));
+    if (n < 2) printf("  allocation %ld: %s (%s), reached: %d\n", n, epGetErrorString(res), msg, int(hit));
     if (!hit) break;  // init made fewer allocations than n
     failed++;
     if (res == epSuccess || grown != 0 || res != epOutOfMemory) {

@@ -6,6 +6,7 @@
 #   EP_GPU_BENCH=0   skip the benchmark
 #   EP_GPU_SANITIZER=0  skip the sanitizer runs
 #   EP_GPU_HOST_SANITIZER=0  skip the host code under ASan/UBSan (tests/gpu/host_sanitize.sh)
+#   EP_GPU_HOST_CASES=0  skip the host-code cases (tests/gpu/host_cases.sh, gpu_host_test)
 #   EP_GPU_LL=0      skip the low-latency test and its benchmark (gpu_ll_test)
 #   EP_GPU_RANKS="4 8"  the rank counts of gpu_test / gpu_ll_test --ranks (empty: none;
 #                    default "4 8", and "2 4 8" on one GPU)
@@ -121,6 +122,13 @@ for n in ${EP_GPU_RANKS-$default_ranks}; do
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --mixed --ranks $n (EP_CUDA_LL_FLAGGED_PEERS=0): FAILED"; status=1; }
   fi
 done
+# The backend's host code, a case per promise (tests/gpu/gpu_host_test.cu),
+# each in a process of its own; the init steps also under the leak check.
+if [ "${EP_GPU_HOST_CASES:-1}" != 0 ]; then
+  OUT="$LOGS" BUILD="$BUILD" CUDA_HOME="$CUDA_HOME" bash tests/gpu/host_cases.sh 2>&1 | tee "$LOGS/host_cases.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "host cases: FAILED"; status=1; }
+  timeout 60 "$BUILD/tests/notice_probe" 2>&1 | tee "$LOGS/notice_probe.log"
+fi
 # Cases drawn at random (tests/gpu/random_cases.h): 1-8 ranks sharing the
 # visible GPUs, any hidden size, top-k, expert count, batch per rank and
 # option, against the host backend. A new seed each day widens what the

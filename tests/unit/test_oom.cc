@@ -14,10 +14,15 @@
 namespace {
 // -1: never fail; n >= 0: allocations left before one throws std::bad_alloc.
 std::atomic<long> g_fail_after{-1};
+// Set: only this thread's allocations count (others, such as a bootstrap
+// root's thread still polling after an earlier case, neither fail nor
+// take the failure meant for the call under test).
+std::atomic<std::thread::id> g_fail_thread{};
 }  // namespace
 
 void* operator new(size_t n) {
-  long left = g_fail_after.load();
+  const std::thread::id only = g_fail_thread.load();
+  long left = only == std::thread::id() || only == std::this_thread::get_id() ? g_fail_after.load() : -1;
   while (left >= 0 && !g_fail_after.compare_exchange_weak(left, left - 1)) {
   }
   if (left == 0) throw std::bad_alloc();
@@ -159,9 +164,11 @@ void every_allocation_of_init_can_fail(void**) {
 
 void topology_report_out_of_memory_is_a_result(void**) {
   size_t bytes = 0;
+  g_fail_thread = std::this_thread::get_id();
   g_fail_after = 0;
   epResult_t res = epTopologyReport(nullptr, 2, 2, nullptr, &bytes);
   g_fail_after = -1;
+  g_fail_thread = std::thread::id();
   assert_int_equal(res, epOutOfMemory);
   assert_contains(epGetLastError(nullptr), "epTopologyReport: out of host memory");
 }
