@@ -220,11 +220,8 @@ epResult_t LLEngine::addSlot() {
   cuda::RelaxedCaptureScope relaxed;
   LLHandleDev* s = nullptr;
   CUDACHECK(cudaMalloc(&s, slot_bytes_));
-  const cudaError_t zeroing_handle_slot =
-      cuda::injectedInitFailure() ? cudaErrorMemoryAllocation : cuda::zeroDeviceMemory(s, slot_bytes_);
-  if (zeroing_handle_slot != cudaSuccess) cudaFree(s);
-  CUDACHECK(zeroing_handle_slot);
-  all_slots_.push_back(s);
+  all_slots_.push_back(s);  // owned from here: freed at destroy, also if its zeroing fails (then never used)
+  CUDACHECK(cuda::zeroDeviceMemory(s, slot_bytes_));
   free_slots_.push_back(s);
   return epSuccess;
 }
