@@ -633,7 +633,8 @@ epResult_t startRoot(const SocketAddress& bind_addr, uint64_t nonce, SocketAddre
       return setError(nullptr, epSystemError, "bootstrap: %s", error.c_str());
     advertised.setPort(bound.port());
   }
-  Root* root = new (std::nothrow) Root(std::move(listen_fd), nonce, advertised);
+  // Owned here until its thread has started (an allocation below may throw).
+  std::unique_ptr<Root> root(new (std::nothrow) Root(std::move(listen_fd), nonce, advertised));
   if (root == nullptr) return setError(nullptr, epOutOfMemory, "bootstrap: cannot allocate the root");
   // Return only once the root waits in poll(), holding no lock: a process may
   // fork its ranks right after epGetUniqueId, and a child forked while this
@@ -643,10 +644,11 @@ epResult_t startRoot(const SocketAddress& bind_addr, uint64_t nonce, SocketAddre
   auto ready = std::make_shared<std::atomic<int>>(0);
   root->ready = ready.get();
   RootSlot* slot = claimRootSlot(nonce);
+  Root* serving = root.get();
   try {
-    std::thread([root, ready, slot, nonce] { rootThreadMain(root, slot, nonce); }).detach();
+    std::thread([serving, ready, slot, nonce] { rootThreadMain(serving, slot, nonce); }).detach();
+    root.release();  // the thread deletes it
   } catch (const std::exception& e) {
-    delete root;
     return setError(nullptr, epSystemError, "bootstrap: cannot start the root thread: %s", e.what());
   }
   for (int i = 0; i < 5000 && ready->load(std::memory_order_acquire) == 0; i++)

@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstring>
 #include <mutex>
+#include <memory>
 #include <vector>
 
 #include "debug.h"
@@ -304,6 +305,8 @@ bool findInterfaceAddress(const char* spec, int family, SocketAddress* out, std:
     *error = std::string("getifaddrs failed: ") + strerror(errno);
     return false;
   }
+  // Freed on every way out: the strings below may throw std::bad_alloc.
+  const std::unique_ptr<ifaddrs, void (*)(ifaddrs*)> owned(list, freeifaddrs);
   // An explicit include list ("eth", "=lo") may name loopback on purpose, so all
   // its matches rank equally; the default and exclude lists take a real
   // interface over loopback. Within a rank, IPv4 goes first unless forced.
@@ -350,7 +353,6 @@ bool findInterfaceAddress(const char* spec, int family, SocketAddress* out, std:
              (family == AF_INET ? "IPv4 " : family == AF_INET6 ? "IPv6 " : "") +
              "interface matches EP_SOCKET_IFNAME=\"" + spec + "\" (interfaces up: " + names + ")";
   }
-  freeifaddrs(list);
   return found;
 }
 
