@@ -362,8 +362,11 @@ class Communicator:
             if w.shape != (T, K):
                 raise ValueError("topk_weights must be of shape [%d, %d], not %s" % (T, K, w.shape))
         if fp8:
-            sv = self._rows("x_scales", x_scales, "float32", optional=(T == 0), stream=stream_hint)
-            if sv is not None and sv.shape != (T, (self.hidden + 127) // 128):
+            # Any strides: scales may be column-major (as grouped GEMMs leave them).
+            sv = view(x_scales, "float32", stream_hint) if x_scales is not None else None
+            if sv is None and T > 0:
+                raise ValueError("x_scales is required for an FP8 dispatch")
+            if sv is not None and (sv.shape != (T, (self.hidden + 127) // 128) or any(s % 4 for s in sv.strides)):
                 raise ValueError("x_scales must be of shape [%d, %d], not %s" % (
                     T, (self.hidden + 127) // 128, sv.shape))
         elif x_scales is not None:
@@ -371,7 +374,6 @@ class Communicator:
         a = _capi.initialized(_capi.DispatchArgs)
         a.x, a.x_type, a.x_stride = _ptr(xv), DTYPES[self.dispatch_type][0], xv.strides[0] if T > 1 else 0
         if sv is not None:
-            # Any strides: scales may be column-major (as grouped GEMMs leave them).
             a.x_scales, a.scales_token_stride, a.scales_block_stride = _ptr(sv), sv.strides[0] // 4, sv.strides[1] // 4
         if idx is not None:
             a.topk_idx, a.topk_idx_type = _ptr(idx), DTYPES[idx.dtype][0]
@@ -455,7 +457,7 @@ class Communicator:
         a.flags = _capi.DISPATCH_NO_HOST_SYNC if no_host_sync else 0
         a.recv_x, a.recv_scales, a.recv_topk_idx, a.recv_topk_weights = _ptr(rx), _ptr(rs), _ptr(ri), _ptr(rw)
         a.recv_capacity, a.recv_tokens_per_expert = recv_capacity, _ptr(rt)
-        a.num_recv = _ptr(nr) if nr is not None else C.addressof(host_count)
+        a.num_recv = C.addressof(host_count) if host_count is not None else _ptr(nr)
         views = ins + [rx, rs, ri, rw, rt, nr]
         self._same_device(views)
         h = C.c_void_p(handle.ptr if handle is not None else None)
