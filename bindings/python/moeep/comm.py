@@ -410,6 +410,7 @@ class Communicator:
         received (a prepare() first, when needed). Returns a Dispatched tuple
         (handle, the outputs, num_recv: an int when the count is on the host)."""
         a, ins = self._dispatch_args(x, topk_idx, topk_weights, x_scales, expert_alignment, None)
+        self._same_device(ins)
         stream_ptr = self._stream(stream, ins)
         K = a.num_topk if topk_idx is not None else (handle.num_topk if handle is not None else 0)
         xv = ins[0]
@@ -476,6 +477,7 @@ class Communicator:
         recv_topk_weights [rows, K] the weights are summed back too, into
         out_topk_weights [T, K]. Returns a Combined tuple."""
         yv = self._rows("y", y, self.combine_type, self.hidden)
+        self._same_device([yv])
         T = handle.num_tokens
         if out is None:
             out = self._alloc(yv, (T, self.hidden), self.combine_type)
@@ -522,6 +524,7 @@ class Communicator:
             raise ValueError("topk_idx must be int64 or int32 of shape [%d, K]" % T)
         K = idx.shape[1]
         w = self._packed("topk_weights", topk_weights, "float32", T * K)
+        self._same_device([xv, idx, w])
         L, slots, nb = self.num_local_experts, self.size * self.max_tokens_per_rank, (self.hidden + 127) // 128
         fp8 = wire == "float8_e4m3"
         if recv_x is None:
@@ -555,6 +558,7 @@ class Communicator:
         BF16, weighted by the dispatch's topk_weights. Returns out."""
         L, slots = self.num_local_experts, self.size * self.max_tokens_per_rank
         yv = self._packed("y", y, "bfloat16", L * slots * self.hidden, False)
+        self._same_device([yv])
         if out is None:
             out = self._alloc(yv, (handle.num_tokens, self.hidden), "bfloat16")
         ov = self._packed("out", out, "bfloat16", handle.num_tokens * self.hidden, False)
