@@ -1,6 +1,6 @@
 """The C ABI of libmoeep as ctypes declarations (include/moeep.h, version 1 of
 every struct). Field names and order follow the header exactly; the layout is
-checked against the C compiler's by tests/ffi/layout_check.py.
+checked against the C compiler's by tests/ffi/python_layout_check.py.
 """
 import ctypes as C
 

@@ -5,7 +5,8 @@
 //! The header: MOEEP_INCLUDE_DIR, else the repository's include/.
 //!
 //! Every `typedef struct { ... } NAME;` of moeep.h is read (field names
-//! only), a C program printing sizeof and offsetof of each field is written,
+//! only), a C program printing each struct's size and each field's offset
+//! and size is written,
 //! compiled with $CC (else cc) and run; its table goes to
 //! $OUT_DIR/c_layout.rs, which tests/layout.rs compares with the Rust
 //! structs. So the comparison is always against the header being built
@@ -105,7 +106,10 @@ fn measure(structs: &[(String, Vec<String>)], include: &Path, out: &Path) -> Str
     for (name, fields) in structs {
         c += &format!("  printf(\"S {} %zu\\n\", sizeof({}));\n", name, name);
         for f in fields {
-            c += &format!("  printf(\"F {} %zu\\n\", offsetof({}, {}));\n", f, name, f);
+            c += &format!(
+                "  printf(\"F {} %zu %zu\\n\", offsetof({}, {}), sizeof((({} *)0)->{}));\n",
+                f, name, f, name, f
+            );
         }
     }
     c += "  return 0;\n}\n";
@@ -125,8 +129,8 @@ fn measure(structs: &[(String, Vec<String>)], include: &Path, out: &Path) -> Str
     assert!(status.success(), "{} failed on the generated {}", cc, src.display());
     let run = Command::new(&exe).output().expect("cannot run the layout program");
     assert!(run.status.success(), "the layout program failed");
-    let mut table = String::from("/// (struct, sizeof, [(field, offsetof)]) as the C compiler lays out moeep.h.\n");
-    table += "pub const C_LAYOUT: &[(&str, usize, &[(&str, usize)])] = &[\n";
+    let mut table = String::from("/// (struct, sizeof, [(field, offsetof, sizeof)]) as the C compiler lays out moeep.h.\n");
+    table += "pub const C_LAYOUT: &[(&str, usize, &[(&str, usize, usize)])] = &[\n";
     let mut open = false;
     for line in String::from_utf8(run.stdout).unwrap().lines() {
         let parts: Vec<&str> = line.split_whitespace().collect();
@@ -138,7 +142,7 @@ fn measure(structs: &[(String, Vec<String>)], include: &Path, out: &Path) -> Str
                 table += &format!("    (\"{}\", {}, &[", name, size);
                 open = true;
             }
-            ["F", field, offset] => table += &format!("(\"{}\", {}), ", field, offset),
+            ["F", field, offset, size] => table += &format!("(\"{}\", {}, {}), ", field, offset, size),
             _ => panic!("unexpected line from the layout program: {}", line),
         }
     }

@@ -1,6 +1,6 @@
 //! Every struct of moeep.h, as the C compiler lays it out (build.rs measured
 //! it), against the Rust declaration: the same size, the same fields in the
-//! same order at the same offsets. Offsets are taken with addr_of! on an
+//! same order at the same offsets, each of the C field's size. Offsets are taken with addr_of! on an
 //! uninitialised value (Rust 1.63 has no offset_of!).
 use moeep_sys::*;
 use std::mem::{size_of, MaybeUninit};
@@ -8,21 +8,27 @@ use std::ptr::addr_of;
 
 include!(concat!(env!("OUT_DIR"), "/c_layout.rs"));
 
-/// (name, size, [(field, offset)]) of a Rust struct; a field missing from it fails to compile.
+/// The size of what a raw pointer points to, without making a reference.
+fn pointee_size<T>(_: *const T) -> usize {
+    size_of::<T>()
+}
+
+/// (name, size, [(field, offset, size)]) of a Rust struct; a field missing from it fails to compile.
 macro_rules! rust_layout {
     ($ty:ident { $($field:ident),* $(,)? }) => {{
         let value = MaybeUninit::<$ty>::uninit();
         let base = value.as_ptr();
         // SAFETY: addr_of! takes field addresses without reading the uninitialised value.
-        let fields: Vec<(&'static str, usize)> = vec![$((
+        let fields: Vec<(&'static str, usize, usize)> = vec![$((
             stringify!($field),
             unsafe { addr_of!((*base).$field) as usize - base as usize },
+            pointee_size(unsafe { addr_of!((*base).$field) }),
         )),*];
         (stringify!($ty), size_of::<$ty>(), fields)
     }};
 }
 
-fn rust_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+fn rust_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize, usize)>)> {
     vec![
         rust_layout!(epUniqueId { internal }),
         rust_layout!(epConfig_t {
@@ -64,7 +70,7 @@ fn every_struct_matches_the_c_header() {
                 if size != c_size {
                     problems.push(format!("{}: size {} in Rust, {} in C", name, size, c_size));
                 }
-                let c: Vec<(&str, usize)> = c_fields.to_vec();
+                let c: Vec<(&str, usize, usize)> = c_fields.to_vec();
                 if fields != &c {
                     problems.push(format!("{}: fields {:?} in Rust, {:?} in C", name, fields, c));
                 }
