@@ -126,9 +126,13 @@ class Handle:
         self.close()
 
     def __del__(self):
-        if getattr(self, "_ptr", None) is not None and _capi._lib is not None:
-            _capi._lib.epHandleDestroy(self._ptr)
-            self._ptr = None
+        # Garbage collection: best effort (at interpreter exit the module may be gone).
+        try:
+            if self._ptr is not None and _capi._lib is not None:
+                _capi._lib.epHandleDestroy(self._ptr)
+                self._ptr = None
+        except Exception:  # noqa: BLE001 - nothing can be reported from a finalizer
+            pass
 
 
 class Communicator:
@@ -216,9 +220,12 @@ class Communicator:
         self.close()
 
     def __del__(self):
-        if getattr(self, "_ptr", None) is not None and _capi._lib is not None:
-            _capi._lib.epCommDestroy(self._ptr)
-            self._ptr = None
+        try:
+            if self._ptr is not None and _capi._lib is not None:
+                _capi._lib.epCommDestroy(self._ptr)
+                self._ptr = None
+        except Exception:  # noqa: BLE001 - as in Handle.__del__
+            pass
 
     # ---- queries --------------------------------------------------------------
     def _query_int(self, fn):

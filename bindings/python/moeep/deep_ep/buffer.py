@@ -137,8 +137,11 @@ class Buffer:
             c.close()
 
     def __del__(self):
-        if not getattr(self, "explicitly_destroy", True):
-            self._close()
+        try:
+            if not self.explicitly_destroy:
+                self._close()
+        except Exception:  # noqa: BLE001 - nothing can be reported from a finalizer
+            pass
 
     @staticmethod
     def is_sm90_compiled():
