@@ -1,84 +1,18 @@
-"""Communicators, unique ids and routing handles over the C ABI."""
+"""Communicators and routing handles over the C ABI: the collective calls."""
 import ctypes as C
 import os
 from collections import namedtuple
 
 from . import _capi
-from .arrays import DTYPES, canonical, current_stream, stream_handle, view
+from .arrays import DTYPES, current_stream, stream_handle, view
 from .errors import MoeepError, check
-
-_BACKENDS = {"auto": _capi.BACKEND_AUTO, "host": _capi.BACKEND_HOST, "cuda": _capi.BACKEND_CUDA}
-_WIRE_TYPES = ("bfloat16", "float16", "float32", "float8_e4m3")
+from .library import BACKENDS, WIRE_TYPES, UniqueId, ll_buffer_bytes, make_config, transports, version, wire_type
 
 Layout = namedtuple("Layout", "tokens_per_rank tokens_per_node tokens_per_expert is_token_in_rank")
 Dispatched = namedtuple("Dispatched", "handle recv_x recv_scales recv_topk_idx recv_topk_weights "
                                       "recv_tokens_per_expert num_recv")
 Combined = namedtuple("Combined", "out out_topk_weights")
 LowLatencyDispatched = namedtuple("LowLatencyDispatched", "handle recv_x recv_scales recv_count recv_src")
-
-
-class UniqueId:
-    """The 128 bytes every rank of a communicator must be given."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self, data):
-        data = bytes(data)
-        if len(data) != _capi.UNIQUE_ID_BYTES:
-            raise ValueError("a unique id is %d bytes, not %d" % (_capi.UNIQUE_ID_BYTES, len(data)))
-        self._data = data
-
-    @classmethod
-    def create(cls):
-        """epGetUniqueId: on the root rank, whose process then serves the
-        bootstrap of one communicator; with EP_COMM_ID set, on any rank."""
-        s = _capi.UniqueIdStruct()
-        check(_capi.lib().epGetUniqueId(C.byref(s)), None, "epGetUniqueId")
-        return cls(C.string_at(C.addressof(s), _capi.UNIQUE_ID_BYTES))
-
-    @classmethod
-    def fromhex(cls, text):
-        return cls(bytes.fromhex(text))
-
-    def hex(self):
-        return self._data.hex()
-
-    def __bytes__(self):
-        return self._data
-
-    def _struct(self):
-        s = _capi.UniqueIdStruct()
-        C.memmove(C.addressof(s), self._data, _capi.UNIQUE_ID_BYTES)
-        return s
-
-
-def make_config(num_experts, hidden, max_tokens_per_rank, max_topk, dispatch_type="bfloat16",
-                combine_type="bfloat16", backend="auto", device=-1, buffer_bytes_cap=0, timeout_ms=0,
-                num_sms=0, max_nodes_per_token=0, low_latency=False, **ib):
-    """An epConfig_t from keyword arguments (0 / -1 leave a field to its EP_*
-    variable or default, as in C); ib_* are the InfiniBand fields by name."""
-    cfg = _capi.initialized(_capi.Config)
-    cfg.num_experts, cfg.hidden = num_experts, hidden
-    cfg.max_tokens_per_rank, cfg.max_topk = max_tokens_per_rank, max_topk
-    cfg.dispatch_type = DTYPES[_wire(dispatch_type)][0]
-    cfg.combine_type = DTYPES[_wire(combine_type)][0]
-    if backend not in _BACKENDS:
-        raise ValueError("backend must be one of %s, not %r" % (", ".join(_BACKENDS), backend))
-    cfg.backend, cfg.device = _BACKENDS[backend], device
-    cfg.buffer_bytes_cap, cfg.timeout_ms, cfg.num_sms = buffer_bytes_cap, timeout_ms, num_sms
-    cfg.max_nodes_per_token, cfg.low_latency = max_nodes_per_token, int(bool(low_latency))
-    for name, value in ib.items():
-        if name not in _capi._IB_FIELDS:
-            raise TypeError("unknown config field %r" % name)
-        setattr(cfg, name, value)
-    return cfg
-
-
-def _wire(name):
-    name = canonical(name)
-    if name not in _WIRE_TYPES:
-        raise ValueError("%s is not a row type of the library (%s)" % (name, ", ".join(_WIRE_TYPES)))
-    return name
 
 
 def _ptr(v):
@@ -181,9 +115,9 @@ class Communicator:
         self.config = cfg
         self.hidden, self.num_experts = cfg.hidden, cfg.num_experts
         self.max_tokens_per_rank, self.max_topk = cfg.max_tokens_per_rank, cfg.max_topk
-        names = {DTYPES[n][0]: n for n in _WIRE_TYPES}
+        names = {DTYPES[n][0]: n for n in WIRE_TYPES}
         self.dispatch_type, self.combine_type = names[cfg.dispatch_type], names[cfg.combine_type]
-        self.backend = {v: k for k, v in _BACKENDS.items()}[cfg.backend]
+        self.backend = {v: k for k, v in BACKENDS.items()}[cfg.backend]
         self.rank, self.size = self._query_int("epCommRank"), self._query_int("epCommSize")
         first, count = C.c_int(), C.c_int()
         self._check(_capi.lib().epCommLocalExperts(ptr, C.byref(first), C.byref(count)), "epCommLocalExperts")
@@ -519,7 +453,7 @@ class Communicator:
         recv_count [local experts] int32, recv_src [local experts, R*M] int32.
         topk_weights are the weights ll_combine applies. send_only: finish
         with ll_complete(handle)."""
-        wire = _wire(wire)
+        wire = wire_type(wire)
         if wire not in ("float8_e4m3", "bfloat16"):
             raise ValueError("the low-latency wire is float8_e4m3 or bfloat16, not %s" % wire)
         xv = self._rows("x", x, "bfloat16", self.hidden)
@@ -591,32 +525,6 @@ def _prod(shape):
     for s in shape:
         n *= s
     return n
-
-
-def ll_buffer_bytes(nranks, **config):
-    """epLowLatencyBufferBytes: what a GPU communicator of nranks registers."""
-    cfg = make_config(**config)
-    n = C.c_size_t()
-    check(_capi.lib().epLowLatencyBufferBytes(C.byref(cfg), nranks, C.byref(n)), None, "epLowLatencyBufferBytes")
-    return n.value
-
-
-def version():
-    """epGetVersion of the loaded library: (major, minor, patch)."""
-    v = C.c_int()
-    check(_capi.lib().epGetVersion(C.byref(v)), None, "epGetVersion")
-    return v.value // 10000, v.value // 100 % 100, v.value % 100
-
-
-def transports():
-    """[(name, available, detail)] of this process (epGetTransport)."""
-    out, i = [], 0
-    while True:
-        name, detail, ok = C.c_char_p(), C.c_char_p(), C.c_int()
-        if _capi.lib().epGetTransport(i, C.byref(name), C.byref(ok), C.byref(detail)) != _capi.SUCCESS:
-            return out
-        out.append((name.value.decode(), bool(ok.value), (detail.value or b"").decode()))
-        i += 1
 
 
 __all__ = ["UniqueId", "Communicator", "Handle", "MoeepError", "make_config", "ll_buffer_bytes", "version",
