@@ -20,6 +20,20 @@ run() {  # run NAME CMD...: one test program, counted by its exit status
   fi
 }
 skip() { skipped=$((skipped + 1)); echo "=== $1: SKIPPED ($2)"; }
+run_or_skip() {  # like run; exit status 77 means SKIPPED, the output's last line saying why
+  local name=$1; shift
+  echo "=== $name: $*"
+  local start=$SECONDS log rc
+  log=$(mktemp)
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  case $rc in
+    0) passed=$((passed + 1)); echo "=== $name: PASSED ($((SECONDS - start)) s)" ;;
+    77) skip "$name" "$(tail -n 1 "$log")" ;;
+    *) failed=$((failed + 1)); failures+=("$name"); echo "=== $name: FAILED ($((SECONDS - start)) s)" ;;
+  esac
+  rm -f "$log"
+}
 
 # --- ABI: exported symbols, headers alone, abidiff against the baseline
 run abi-check env BUILD="$BUILD" bash scripts/abi-check.sh
@@ -40,6 +54,30 @@ run "sanitizers (ASan, UBSan, LSan; host code)" env BUILD="$BUILD" bash tests/sa
 run "install + pkg-config" bash tests/install_check.sh "$BUILD"
 # --- the C ABI from Python through ctypes alone: two ranks, dispatch + combine, an error
 run "python ctypes" timeout 120 python3 tests/ffi/ctypes_check.py "$BUILD/lib/libmoeep.so"
+# --- bindings and examples (bindings/, examples/): Debian's python3, rustc and cargo by path
+# The Python package installed offline into a venv, which the Python tests then use.
+PY="$BUILD/python-venv/bin/python"
+run "python moeep: offline install into a venv, libmoeep found through its prefix" \
+  bash bindings/python/tests/install_check.sh "$BUILD" "$BUILD/python-venv"
+run "python moeep: 2 host ranks as processes (NumPy), every output" timeout 300 \
+  "$PY" bindings/python/tests/test_host_ranks.py --ranks 2
+run "python moeep: 3 host ranks through EP_COMM_ID" timeout 300 \
+  "$PY" bindings/python/tests/test_host_ranks.py --ranks 3 --comm-id --cases 2 --seed 7
+run "python moeep: arrays (NumPy, DLPack, CUDA array interface)" timeout 120 "$PY" bindings/python/tests/test_arrays.py
+run "python moeep.deep_ep: DeepEP's surface, the argument table, refusals (no torch)" timeout 120 \
+  "$PY" bindings/python/tests/test_deep_ep_args.py bindings/python/README.md
+run_or_skip "python moeep.deep_ep on torch CPU tensors (host backend)" timeout 600 \
+  "$PY" bindings/python/tests/test_deep_ep_torch.py --ranks 2
+run_or_skip "torch beside moeep.deep_ep: the MoE layer of tests/gpu/torch_beside.py on CPU tensors (gloo)" \
+  timeout 600 "$PY" tests/gpu/torch_beside.py --cpu
+run "python ctypes declarations against moeep.h" /usr/bin/python3 tests/ffi/python_layout_check.py
+run "julia MoEEP.jl structs and ccalls against moeep.h (no Julia needed)" /usr/bin/python3 tests/ffi/julia_layout_check.py
+run_or_skip "rust: cargo test (moeep-sys layout against the header, moeep host ranks)" timeout 600 \
+  bash tests/bindings/run.sh "$BUILD" rust-test
+run "example C: two processes sharing a unique id" bash tests/bindings/run.sh "$BUILD" example-c
+run_or_skip "example MPI: mpirun -np 4, the id through MPI_Bcast" bash tests/bindings/run.sh "$BUILD" example-mpi
+run "example Python: 3 ranks as processes" bash tests/bindings/run.sh "$BUILD" example-python
+run_or_skip "example Rust: 3 ranks as processes" timeout 600 bash tests/bindings/run.sh "$BUILD" example-rust
 # --- the target tables' parser on a real run's logs (no GPU needed)
 run "issue tables from sample logs" bash tests/gpu/issue_tables_check.sh
 
