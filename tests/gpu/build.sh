@@ -42,6 +42,6 @@ if [ "$ll" != 0 ]; then
     -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$RPATH" || fail gpu_ll_test
 fi
 "$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -arch=sm_90 -Iinclude tests/gpu/gpu_host_test.cu tests/gpu/alloc_count.cc -o "$BUILD/tests/gpu_host_test" \
-  -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$RPATH" || fail gpu_host_test
+  -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$RPATH" -Xlinker --export-dynamic || fail gpu_host_test
 "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 tests/gpu/notice_probe.cu -o "$BUILD/tests/notice_probe" || fail notice_probe
 exit 0

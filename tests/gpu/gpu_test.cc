@@ -298,10 +298,17 @@ void runOutOfOrder(int max_ranks, int second) {
 void runTimeoutAfterBadId(int max_ranks) {
   Case c{"EP2 bf16 h256 k4 timeout after a bad id", 2, 256, 4, 16, std::vector<int>(2, 64)};
   constexpr int kTimeoutMs = 1000;
+  // Rank 1 frees nothing before rank 0 reported: on a shared GPU its cudaFree
+  // would wait for rank 0's kernel and hold up rank 0's calls meanwhile
+  // (docs/SEMANTICS.md, ranks sharing a GPU).
+  RankBarrier reported(2);
   afterDispatchOnRanks(
       c, max_ranks, 7, [](epConfig_t& cfg) { cfg.timeout_ms = kTimeoutMs; }, "rank 0 reports the timeout",
       [&](int r, epComm_t comm, RankSide& side, epDispatchArgs_t& a, epHandle_t) {
-        if (r != 0) return;  // rank 1 makes no call
+        if (r != 0) {  // rank 1 makes no call
+          reported.wait();
+          return;
+        }
         DevBufs& d = side.d;
         const int64_t bad = c.E + 3;
         CK(cudaMemcpy(static_cast<int64_t*>(d.topk) + 5, &bad, 8, cudaMemcpyHostToDevice));
@@ -320,6 +327,7 @@ void runTimeoutAfterBadId(int max_ranks) {
         printf("  %s %s: dispatch %s, next call %s (%s), the one after %s\n", ok ? "ok  " : "FAIL", c.name.c_str(),
                epGetErrorString(first), epGetErrorString(next), msg.c_str(), epGetErrorString(after));
         if (!ok) g_failures++;
+        reported.wait();
       });
 }
 
