@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -220,6 +221,10 @@ bool GuardedListener::readHello(Pending* p) {
       return false;
     }
     p->in.insert(p->in.end(), buf, buf + n);
+    if (!p->head_checked && !hs::helloStartMatches(p->in.data(), p->in.size())) {
+      drop(p, "not a moeep hello (it began " + hs::sampleOf(p->in.data(), p->in.size()) + ")", false);
+      return false;
+    }
     if (p->in.size() < p->want) continue;
     if (!p->head_checked) {
       hs::HelloHead head;
@@ -301,7 +306,10 @@ IoResult GuardedListener::acceptVerified(const Wait& wait, VerifiedPeer* out) {
     IoResult r;
     if (wait.aborted()) r.status = IoStatus::kAborted;
     else if (wait.expired()) r.status = IoStatus::kTimeout;
-    else if (!listen_fd_.valid()) r.status = IoStatus::kError, r.sys_errno = EBADF;
+    else if (!listen_fd_.valid()) {
+      r.status = IoStatus::kError;
+      r.sys_errno = EBADF;
+    }
     if (!r.ok()) return r;
     fds.clear();
     addPollFds(&fds);

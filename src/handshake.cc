@@ -39,14 +39,18 @@ void replyTag(const BootstrapKey& key, const uint8_t server_nonce[kNonceBytes], 
   mac.finish(tag);
 }
 
-// The first bytes a foreign peer sent, printable, for the message.
-std::string sample(const uint8_t* p, size_t len) {
+}  // namespace
+
+std::string sampleOf(const uint8_t* p, size_t len) {
   std::string s;
   for (size_t i = 0; i < len && i < 24; i++) s += (p[i] >= 0x20 && p[i] < 0x7f) ? char(p[i]) : '.';
   return "\"" + s + "\"";
 }
 
-}  // namespace
+bool helloStartMatches(const uint8_t* p, size_t len) {
+  const uint32_t magic = kHelloMagic;
+  return memcmp(p, &magic, len < sizeof(magic) ? len : sizeof(magic)) == 0;
+}
 
 const char* purposeName(uint16_t purpose) {
   switch (purpose) {
@@ -102,7 +106,7 @@ std::vector<uint8_t> sealReply(const BootstrapKey& key, const uint8_t server_non
 
 bool checkHelloHead(const HelloHead& head, uint16_t purpose, size_t max_payload, std::string* why) {
   if (head.magic != kHelloMagic) {
-    *why = "not a moeep hello (it began " + sample(reinterpret_cast<const uint8_t*>(&head), sizeof(head)) + ")";
+    *why = "not a moeep hello (it began " + sampleOf(reinterpret_cast<const uint8_t*>(&head), sizeof(head)) + ")";
     return false;
   }
   if (head.version != kVersion) {
@@ -210,7 +214,7 @@ ClientHandshake::State ClientHandshake::advance() {
         Challenge c;
         memcpy(&c, in_.data(), sizeof(c));
         if (c.magic != kChallengeMagic || c.version != kVersion)
-          return fail(Failure::kForeign, "it sent " + sample(in_.data(), in_.size()) + ", not a moeep challenge");
+          return fail(Failure::kForeign, "it sent " + sampleOf(in_.data(), in_.size()) + ", not a moeep challenge");
         if (c.purpose != purpose_)
           return fail(Failure::kForeign, std::string("it is a ") + purposeName(c.purpose) + " port, not a " +
                                              purposeName(purpose_) + " port");
@@ -245,7 +249,7 @@ ClientHandshake::State ClientHandshake::advance() {
         ReplyHead h;
         memcpy(&h, in_.data(), sizeof(h));
         if (h.magic != kReplyMagic)
-          return fail(Failure::kForeign, "it answered " + sample(in_.data(), in_.size()) + ", not a moeep reply");
+          return fail(Failure::kForeign, "it answered " + sampleOf(in_.data(), in_.size()) + ", not a moeep reply");
         if (h.payload_bytes > kMaxPayload)
           return fail(Failure::kBadReply, "a reply announcing " + std::to_string(h.payload_bytes) +
                                               " bytes, more than the " + std::to_string(kMaxPayload) +

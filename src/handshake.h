@@ -85,6 +85,12 @@ std::vector<uint8_t> sealReply(const BootstrapKey& key, const uint8_t server_non
 bool checkHelloHead(const HelloHead& head, uint16_t purpose, size_t max_payload, std::string* why);
 // True when head at least begins as a moeep hello does (its magic).
 bool looksLikeHello(const HelloHead& head);
+// False as soon as the first len bytes of a hello (len may be less than the
+// magic) cannot begin one: garbage is refused on its first bytes, without
+// waiting for a whole head that may never come.
+bool helloStartMatches(const uint8_t* p, size_t len);
+// The first bytes of what a peer sent, printable, for messages.
+std::string sampleOf(const uint8_t* p, size_t len);
 // Whole hello (head, payload, tag). Why a hello is refused, in the order
 // checked: it answers another challenge (a replay), its tag is not this
 // job's key's (a wrong secret), or it is this key's but of another job.

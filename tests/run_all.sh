@@ -32,6 +32,7 @@ for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] && run "unit $(basename "$t")" timeout 300 "$t"
 done
 run "bootstrap selftest" timeout 300 "$BUILD/tests/bootstrap_selftest"
+run "bootstrap guard (strangers on the listening sockets)" timeout 300 "$BUILD/tests/bootstrap_guard"
 
 # --- the host code under ASan, UBSan and LSan (a build of its own, CUDA=0)
 run "sanitizers (ASan, UBSan, LSan; host code)" env BUILD="$BUILD" bash tests/sanitize.sh
