@@ -315,7 +315,7 @@ int caseSlowDrip() {
   std::thread job([&] {
     auto codes = runForked({[&] { return realRank(id, 0, 2, 8000, 5000); },
                             [&] {
-                              usleep(2500 * 1000);
+                              usleep(3500 * 1000);
                               return realRank(id, 1, 2, 8000, 3000);
                             }});
     codes_rank0 = codes[0];
@@ -329,7 +329,8 @@ int caseSlowDrip() {
   close(fd);
   CHECK(codes_rank0 == 0 && codes_rank1 == 0, "a rank failed beside a slow stranger: exits %d %d", codes_rank0,
         codes_rank1);
-  CHECK(closed >= 0 && since_accept >= 1300 && since_accept < 4000,
+  // Before rank 1 comes (3.5 s), when the root closes whatever is left.
+  CHECK(closed >= 0 && since_accept >= 1300 && since_accept < 3000,
         "the slow stranger was closed %ld ms after its challenge (still open: %d)", since_accept, closed < 0);
   const std::string log = takeLogs(logs);
   CHECK(contains(log.c_str(), "no complete hello within 1500 ms (EP_BOOTSTRAP_HELLO_MS;"), "log:\n%s", log.c_str());
