@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -52,20 +54,36 @@ std::string rankList(const std::vector<int>& ranks) {
   return s;
 }
 
+// The root thread tells its starter that it runs (startRoot waits for it).
+struct Ready {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool ready = false;
+  void tell() {
+    std::lock_guard<std::mutex> lock(mu);
+    ready = true;
+    cv.notify_all();
+  }
+  bool waitFor(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, limit, [this] { return ready; });
+  }
+};
+
 class Root {
  public:
   Root(std::unique_ptr<GuardedListener> listener, SocketAddress addr)
       : listener_(std::move(listener)), addr_(addr) {}
 
-  // Set once the thread is in its wait loop (see startRoot).
-  std::atomic<int>* ready = nullptr;
+  // Told once the thread is in its wait loop (see startRoot).
+  std::shared_ptr<Ready> ready;
 
   void run() {
     // Clamped as the ranks' timeout is: milliseconds beyond ~2^43 overflow the clock's nanoseconds.
     const int64_t fallback_ms = clampMs(param::TIMEOUT_MS());
     fallback_deadline_ = fallback_ms > 0 ? Clock::now() + std::chrono::milliseconds(fallback_ms)
                                          : Clock::time_point::max();
-    if (ready != nullptr) ready->store(1, std::memory_order_release);
+    if (ready != nullptr) ready->tell();
     for (;;) {
       // The listener is closed before any rank hears the outcome: a rank may
       // retry with the same EP_COMM_ID at once, and its bind needs the port.
@@ -298,17 +316,18 @@ epResult_t startRoot(const SocketAddress& bind_addr, uint64_t nonce, const Boots
   // thread held a lock (an allocator's, a static's init guard) could hang.
   // The statics the thread reads are initialised here, by the caller.
   (void)param::TIMEOUT_MS();
-  auto ready = std::make_shared<std::atomic<int>>(0);
-  root->ready = ready.get();
+  auto ready = std::make_shared<Ready>();
+  root->ready = ready;
   RootSlot* slot = claimRootSlot(nonce);
   try {
-    std::thread([root, ready, slot, nonce] { rootThreadMain(root, slot, nonce); }).detach();
+    std::thread([root, slot, nonce] { rootThreadMain(root, slot, nonce); }).detach();
   } catch (const std::exception& e) {
     delete root;
     return setError(nullptr, epSystemError, "bootstrap: cannot start the root thread: %s", e.what());
   }
-  for (int i = 0; i < 5000 && ready->load(std::memory_order_acquire) == 0; i++)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Told, not polled for: rank 0 of an EP_COMM_ID job waits here in its init.
+  // A thread that does not run within the bound is not waited for further.
+  (void)ready->waitFor(std::chrono::milliseconds(5000));
   EP_INFO(kSubsysBootstrap, "bootstrap root listening on %s%s%s (%s)", advertised.toString().c_str(),
           ifname.empty() ? "" : " via ", ifname.c_str(),
           key.authenticated ? "ranks must prove they hold the job's secret"
