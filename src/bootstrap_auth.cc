@@ -18,7 +18,7 @@ namespace {
 
 constexpr char kFilePrefix[] = "file:";
 // A secret file is a few bytes; anything much larger was named by mistake.
-constexpr size_t kMaxSecretFileBytes = 64 * 1024;
+constexpr size_t kMaxSecretFileBytes = size_t(64) << 10;
 // Shorter secrets are easy to guess; warned about, not refused.
 constexpr size_t kShortSecretBytes = 16;
 

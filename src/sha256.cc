@@ -45,7 +45,7 @@ void Sha256::reset() {
 
 void Sha256::block(const uint8_t* p) {
   uint32_t w[64];
-  for (int t = 0; t < 16; t++) w[t] = loadBigEndian(p + 4 * t);
+  for (size_t t = 0; t < 16; t++) w[t] = loadBigEndian(p + 4 * t);
   for (int t = 16; t < 64; t++) {
     const uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
     const uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
@@ -101,13 +101,13 @@ void Sha256::finish(uint8_t out[kSha256Bytes]) {
   // Padding (5.1.1): a 1 bit, zeros up to 56 bytes into a block, then the
   // message length in bits as a 64-bit big-endian number.
   const uint64_t bits = total_bytes_ * 8;
-  const uint8_t one = 0x80, zero = 0;
-  update(&one, 1);
-  while (buffered_ != kSha256BlockBytes - 8) update(&zero, 1);
+  uint8_t pad[kSha256BlockBytes] = {0x80};
+  const size_t end = kSha256BlockBytes - 8;  // where the length goes in the last block
+  update(pad, buffered_ < end ? end - buffered_ : kSha256BlockBytes + end - buffered_);
   uint8_t length[8];
-  for (int i = 0; i < 8; i++) length[i] = uint8_t(bits >> (56 - 8 * i));
+  for (size_t i = 0; i < 8; i++) length[i] = uint8_t(bits >> (56 - 8 * i));
   update(length, 8);
-  for (int i = 0; i < 8; i++) storeBigEndian(state_[i], out + 4 * i);
+  for (size_t i = 0; i < 8; i++) storeBigEndian(state_[i], out + 4 * i);
   secureZero(buf_, sizeof(buf_));
 }
 

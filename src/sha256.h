@@ -24,8 +24,8 @@ class Sha256 {
  private:
   void block(const uint8_t* p);
 
-  uint32_t state_[8];
-  uint8_t buf_[kSha256BlockBytes];
+  uint32_t state_[8] = {};
+  uint8_t buf_[kSha256BlockBytes] = {};
   size_t buffered_ = 0;
   uint64_t total_bytes_ = 0;
 };
