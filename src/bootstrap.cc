@@ -434,11 +434,6 @@ ListenerOptions bootstrapListenerOptions(const Bootstrap* b, uint16_t purpose, c
   return options;
 }
 
-void bootstrapJobKey(const Bootstrap* b, BootstrapKey* key, uint64_t* job) {
-  *key = b->key;
-  *job = b->nonce;
-}
-
 epResult_t bootstrapInit(const epUniqueId& id, int rank, int nranks, int timeout_ms,
                          const std::atomic<int>* abort_flag, epComm* comm, Bootstrap** out,
                          const std::atomic<int>* init_abort) {

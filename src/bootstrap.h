@@ -51,9 +51,8 @@ bool bootstrapIdInfo(const epUniqueId& id, BootstrapKey* key, uint64_t* job, Soc
 // in: its key, nonce and the hello bound (EP_BOOTSTRAP_HELLO_MS). purpose
 // tells its connections from other listeners' (hs::Purpose: network
 // transports add their own value); name is for the log. The client side of
-// such a connection is an hs::ClientHandshake with bootstrapJobKey's key.
+// such a connection is an hs::ClientHandshake with the same key and job.
 ListenerOptions bootstrapListenerOptions(const Bootstrap* b, uint16_t purpose, const std::string& name);
-void bootstrapJobKey(const Bootstrap* b, BootstrapKey* key, uint64_t* job);
 
 // Testing: when set, called in a rank's process with its ring listener's
 // address as soon as it listens (before the root learns it), so that a test
