@@ -84,7 +84,9 @@ TOOL_COMMON := $(wildcard tools/common/*.cc)
 # initialisers, are in the program as they are in libmoeep.so.
 UNIT_SRCS := $(wildcard tests/unit/test_*.cc)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.cc=$(BUILD)/tests/%)
-$(BUILD)/tests/bootstrap_selftest: tests/unit/bootstrap_selftest.cc $(LIB_INTERNAL)
+# The bootstrap's own test programs (forked cases, no CMocka): the selftest,
+# and strangers on its listening sockets.
+$(BUILD)/tests/bootstrap_%: tests/unit/bootstrap_%.cc tests/unit/bootstrap_cases.h $(LIB_INTERNAL)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ \
 	  -Wl,--whole-archive $(LIB_INTERNAL) -Wl,--no-whole-archive $(LIBS) $(LDFLAGS)
@@ -100,7 +102,7 @@ all: lib tools tests
 
 lib: $(LIB_DEV) $(LIB_INTERNAL)
 tools: $(TOOLS)
-SELFTEST_BINS := $(BUILD)/tests/bootstrap_selftest
+SELFTEST_BINS := $(BUILD)/tests/bootstrap_selftest $(BUILD)/tests/bootstrap_guard
 # Transport modules the loader tests find through EP_TRANSPORT_PATH.
 TEST_MODULES := $(BUILD)/tests/modules/libmoeep-transport-fake.so \
                 $(BUILD)/tests/modules/libmoeep-transport-future.so \

@@ -135,7 +135,9 @@ EP_API const char *epGetLastError(epComm_t comm);
 
 /* Parameter `index` of the EP_* table (0, 1, ... until epInvalidArgument):
  * its name, default, current value from the environment (NULL: unset) and doc.
- * The strings live as long as the library. Any output may be NULL. */
+ * A secret (EP_COMM_SECRET) is not shown: its value reads "(set; not shown)",
+ * or the file:PATH that names it. The strings live as long as the library.
+ * Any output may be NULL. */
 EP_API epResult_t epGetParam(int index, const char **name, const char **default_value,
                              const char **value, const char **doc);
 /* Transport `index` of this process (built-in or module): its name, whether it
@@ -145,9 +147,12 @@ EP_API epResult_t epGetTransport(int index, const char **name, int *available, c
 /* ---- Communicator ---------------------------------------------------------- */
 /* Creates a unique id on the root; starts the bootstrap root in this process,
  * which serves one communicator and waits for its ranks for EP_TIMEOUT_MS
- * (default 60 s; config.timeout_ms is not known yet). With EP_COMM_ID the id
- * is derived from that string alone: two jobs must not share one EP_COMM_ID
- * at the same time. */
+ * (default 60 s; config.timeout_ms is not known yet). The id carries a secret
+ * drawn from the OS's random source, which every peer must prove it holds:
+ * share the id as you would a password. With EP_COMM_ID the id is derived
+ * from that string alone (two jobs must not share one EP_COMM_ID at the same
+ * time), and the secret from EP_COMM_SECRET; without that variable the
+ * EP_COMM_ID mode is unauthenticated (docs/SEMANTICS.md). */
 EP_API epResult_t epGetUniqueId(epUniqueId *unique_id);
 /* Collective over nranks processes or threads. Blocks until every rank arrived,
  * or returns epTimeout naming the ranks that did not within the timeout. */

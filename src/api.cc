@@ -482,7 +482,7 @@ EP_API epResult_t epGetParam(int index, const char** name, const char** default_
   }();
   if (name) *name = names[index].c_str();
   if (default_value) *default_value = p.default_value;
-  if (value) *value = paramEnv(p.name);
+  if (value) *value = paramShownValue(p);
   if (doc) *doc = p.doc;
   return epSuccess;
 } catch (...) {

@@ -1,11 +1,14 @@
 // Bootstrap: how ranks find each other without MPI.
 //
 // epGetUniqueId() starts a root listener (a thread of the calling process) and
-// returns its address plus a magic in the 128-byte unique id. Each rank connects
-// to the root and sends its own listening address; once all nranks arrived the
-// root tells every rank the address of its ring successor, and the ranks form a
-// TCP ring. Collectives (allgather, barrier) run over the ring; point-to-point
-// messages go over connections opened on demand.
+// returns its address, a job nonce and the job's secret key in the 128-byte
+// unique id. Each rank connects to the root, proves that it holds the key and
+// sends its own listening address; once all nranks arrived the root tells
+// every rank the address of its ring successor, and the ranks form a TCP ring
+// (each link opened with the same proof). Collectives (allgather, barrier) run
+// over the ring. Every listening socket is a GuardedListener
+// (guarded_listener.h): no stranger can stall or join (docs/SEMANTICS.md,
+// "Bootstrap security").
 //
 // Every wait honours the timeout and the abort flag: a rank that never arrives
 // gives epTimeout with a message naming it, within timeout_ms; setting *abort
@@ -15,7 +18,12 @@
 #include <atomic>
 #include <cstddef>
 
+#include <string>
+
+#include "bootstrap_auth.h"
+#include "guarded_listener.h"
 #include "moeep.h"
+#include "socket.h"
 
 struct epComm;
 
@@ -34,6 +42,22 @@ epResult_t bootstrapGetUniqueId(epUniqueId* id, bool honour_comm_id = true);
 
 // True when id looks like one made by bootstrapGetUniqueId (magic check).
 bool bootstrapIdValid(const epUniqueId& id);
+// What id carries: the job's key and nonce, the root's address (any output
+// may be NULL); false when id is not valid. For tests, which dial the root as
+// strangers do and craft hellos as a rank of that job would.
+bool bootstrapIdInfo(const epUniqueId& id, BootstrapKey* key, uint64_t* job, SocketAddress* root);
+
+// What a listening socket of this job needs so that only the job's ranks get
+// in: its key, nonce and the hello bound (EP_BOOTSTRAP_HELLO_MS). purpose
+// tells its connections from other listeners' (hs::Purpose: network
+// transports add their own value); name is for the log. The client side of
+// such a connection is an hs::ClientHandshake with the same key and job.
+ListenerOptions bootstrapListenerOptions(const Bootstrap* b, uint16_t purpose, const std::string& name);
+
+// Testing: when set, called in a rank's process with its ring listener's
+// address as soon as it listens (before the root learns it), so that a test
+// can dial it as a stranger would. The library never sets it.
+extern void (*g_ring_listening_hook)(int rank, const SocketAddress& addr);
 
 // Joins the ring as `rank` of `nranks`. comm is used only to record errors (may
 // be NULL). On epTimeout the message names the ranks that did not arrive.

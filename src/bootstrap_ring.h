@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "bootstrap_auth.h"
 #include "socket.h"
 
 struct epComm;
@@ -17,6 +18,8 @@ struct Bootstrap {
   int nranks = 1;
   int timeout_ms = 0;  // per operation, <= 0: none
   uint64_t nonce = 0;
+  // The job's key, for the listeners that transports open later (bootstrapListenerOptions).
+  BootstrapKey key;
   const std::atomic<int>* user_abort = nullptr;
   std::atomic<int> internal_abort{0};
   epComm* comm = nullptr;
@@ -26,6 +29,7 @@ struct Bootstrap {
   // An operation failed half way: the ring's byte streams are out of step.
   bool broken = false;
 
+  ~Bootstrap() { secureZero(key.bytes, sizeof(key.bytes)); }
   int next() const { return (rank + 1) % nranks; }
   int prev() const { return (rank - 1 + nranks) % nranks; }
   Wait opWait() const { return Wait::afterMs(timeout_ms, user_abort, &internal_abort); }

@@ -16,11 +16,13 @@ namespace {
 const ParamInfo kParams[] = {
 #define EP_PARAM_INT_INFO(NAME, DEFAULT, DOC) {#NAME, "INT", #DEFAULT, DOC},
 #define EP_PARAM_STR_INFO(NAME, DEFAULT, DOC) {#NAME, "STR", DEFAULT, DOC},
+#define EP_PARAM_SECRET_INFO(NAME, DEFAULT, DOC) {#NAME, "SECRET", DEFAULT, DOC},
 #define EP_PARAM(NAME, KIND, DEFAULT, DOC) EP_PARAM_##KIND##_INFO(NAME, DEFAULT, DOC)
 #include "params.def"
 #undef EP_PARAM
 #undef EP_PARAM_INT_INFO
 #undef EP_PARAM_STR_INFO
+#undef EP_PARAM_SECRET_INFO
 };
 constexpr int kNumParams = sizeof(kParams) / sizeof(kParams[0]);
 
@@ -50,6 +52,13 @@ const ParamInfo& paramInfo(int index) { return kParams[index]; }
 const char* paramEnv(const char* name) {
   const char* v = getenv(envName(name).c_str());
   return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+const char* paramShownValue(const ParamInfo& p) {
+  const char* value = paramEnv(p.name);
+  if (value == nullptr || strcmp(p.kind, "SECRET") != 0) return value;
+  // A file's name says where the secret is, not what it is.
+  return strncmp(value, "file:", 5) == 0 ? value : "(set; not shown)";
 }
 
 void paramWarnUnknown() {
@@ -101,11 +110,26 @@ namespace param {
     }();                                                                               \
     return value;                                                                      \
   }
+// A secret is never logged, not even at INFO: logs travel further than the
+// environment does. Only that it is set, and a file's name, are.
+#define EP_PARAM_SECRET_DEF(NAME, DEFAULT)                                             \
+  const char* NAME() {                                                                 \
+    static const char* value = [] {                                                    \
+      const char* text = paramEnv(#NAME);                                              \
+      if (text == nullptr) return (const char*)DEFAULT;                                \
+      EP_INFO(kSubsysParams, "EP_%s set by environment%s%s", #NAME,                    \
+              strncmp(text, "file:", 5) == 0 ? " to " : " (not shown)",                \
+              strncmp(text, "file:", 5) == 0 ? text : "");                             \
+      return (const char*)strdup(text);                                                \
+    }();                                                                               \
+    return value;                                                                      \
+  }
 #define EP_PARAM(NAME, KIND, DEFAULT, DOC) EP_PARAM_##KIND##_DEF(NAME, DEFAULT)
 #include "params.def"
 #undef EP_PARAM
 #undef EP_PARAM_INT_DEF
 #undef EP_PARAM_STR_DEF
+#undef EP_PARAM_SECRET_DEF
 }  // namespace param
 
 }  // namespace ep

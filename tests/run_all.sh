@@ -46,6 +46,7 @@ for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] && run "unit $(basename "$t")" timeout 300 "$t"
 done
 run "bootstrap selftest" timeout 300 "$BUILD/tests/bootstrap_selftest"
+run "bootstrap guard (strangers on the listening sockets)" timeout 300 "$BUILD/tests/bootstrap_guard"
 
 # --- the host code under ASan, UBSan and LSan (a build of its own, CUDA=0)
 run "sanitizers (ASan, UBSan, LSan; host code)" env BUILD="$BUILD" bash tests/sanitize.sh
@@ -147,6 +148,12 @@ run "moeep_info --plan from an XML topology" bash -c \
 run "moeep_info refuses --nodes without --plan, --topo-xml with --comm, --ranks without --comm" bash -c \
   "! $info --nodes 2 2>/dev/null && ! $info --comm --topo-xml $flat 2>/dev/null \
    && ! $info --ranks 2 >/dev/null 2>&1 && $info --ranks 2 2>&1 | grep -q -- '--ranks N goes with --comm'"
+# --- moeep_info: whether the bootstrap of the environment is authenticated; a secret is never printed
+run "moeep_info says whether the bootstrap is authenticated, and never prints EP_COMM_SECRET" bash -c \
+  "$info -v | grep -q 'bootstrap: authenticated: each unique id' &&
+   EP_COMM_ID=127.0.0.1:1 $info -v | grep -q 'bootstrap: UNAUTHENTICATED: EP_COMM_ID=127.0.0.1:1 without' &&
+   out=\$(EP_COMM_ID=127.0.0.1:1 EP_COMM_SECRET=moeep-test-secret-42 $info -v -p) &&
+   grep -q 'authenticated by EP_COMM_SECRET' <<<\"\$out\" && ! grep -q 'moeep-test-secret-42' <<<\"\$out\""
 
 # --- multi-process under Open MPI (id shared through a file, and through EP_COMM_ID)
 if command -v mpirun >/dev/null 2>&1; then

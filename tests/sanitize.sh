@@ -49,6 +49,7 @@ for t in "$SAN"/tests/test_*; do
   [ -x "$t" ] && check "$(basename "$t")" "$t"
 done
 check bootstrap_selftest "$SAN/tests/bootstrap_selftest"
+check bootstrap_guard "$SAN/tests/bootstrap_guard"
 check "mp_dispatch 3 ranks" "$SAN/tests/mp_dispatch" -n 3 --cases 6 --seed 3003
 check "mp_dispatch 3 threads" "$SAN/tests/mp_dispatch" -n 3 --threads --cases 4
 check "mp_lowlat 3 ranks" "$SAN/tests/mp_lowlat" -n 3 --cases 6 --seed 3004

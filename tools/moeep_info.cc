@@ -2,7 +2,7 @@
 // ucx_info.
 //
 //   moeep_info          version, library path, transports and every EP_* parameter
-//   moeep_info -v       version and library path only
+//   moeep_info -v       version, library path, whether the bootstrap is authenticated
 //   moeep_info -t       transports only
 //   moeep_info -p       parameters only, as NAME=value lines with their docs
 //   moeep_info -c       a quick self-test: a 2-rank in-process host communicator
@@ -14,6 +14,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -35,7 +36,8 @@ void usage(FILE* f) {
           "usage: moeep_info [-v] [-t] [-p] [-c] [-a] [-h] [--topo] [--topo-xml FILE]\n"
           "                  [--plan --ranks-per-node N --nodes M] [--comm [--ranks N]]\n"
           "  (no option)  everything but the self-test and the plans\n"
-          "  -v  version of the loaded library and of the header this tool was built with, and its path\n"
+          "  -v  version of the loaded library and of the header this tool was built with, its path, and\n"
+          "      whether the bootstrap of this environment is authenticated (EP_COMM_ID, EP_COMM_SECRET)\n"
           "  -t  transports: name, whether usable, where from or why not\n"
           "  -p  EP_* parameters: name, default, value in this environment, description\n"
           "  -c  self-test: 2 ranks as threads, one dispatch + combine on the host backend\n"
@@ -82,6 +84,42 @@ void printVersion() {
     const char* why = dlerror();
     printf("# library path: unknown (dladdr: %s)\n", why ? why : "no symbol information");
   }
+}
+
+// The environment's value of parameter `name` (EP_ prefix included) as
+// epGetParam shows it; NULL when unset.
+const char* paramValue(const char* name) {
+  for (int i = 0;; i++) {
+    const char *n = nullptr, *value = nullptr;
+    if (epGetParam(i, &n, nullptr, &value, nullptr) != epSuccess) return nullptr;
+    if (n != nullptr && strcmp(n, name) == 0) return value;
+  }
+}
+
+// Whether the bootstrap that this environment gives is authenticated
+// (docs/SEMANTICS.md, "Bootstrap security"). The library shows a secret only
+// as "(set; not shown)" or its file:PATH, which is all this needs.
+void printBootstrapSecurity() {
+  const char* comm_id = paramValue("EP_COMM_ID");
+  const char* secret = paramValue("EP_COMM_SECRET");
+  if (comm_id == nullptr) {
+    printf("# bootstrap: authenticated: each unique id from epGetUniqueId carries a secret from the OS's random "
+           "source (share the id as a password)\n");
+    return;
+  }
+  if (secret == nullptr) {
+    printf("# bootstrap: UNAUTHENTICATED: EP_COMM_ID=%s without EP_COMM_SECRET: anyone who reaches that address "
+           "or a rank's port can join or disturb the job\n",
+           comm_id);
+    return;
+  }
+  if (strncmp(secret, "file:", 5) == 0 && access(secret + 5, R_OK) != 0) {
+    printf("# bootstrap: EP_COMM_SECRET=%s cannot be read (%s): epGetUniqueId will fail\n", secret, strerror(errno));
+    return;
+  }
+  printf("# bootstrap: authenticated by EP_COMM_SECRET%s%s (EP_COMM_ID=%s): every rank must set the same secret\n",
+         strncmp(secret, "file:", 5) == 0 ? " from " : "", strncmp(secret, "file:", 5) == 0 ? secret + 5 : "",
+         comm_id);
 }
 
 void printTransports() {
@@ -462,7 +500,10 @@ int main(int argc, char** argv) {
   // No section chosen: everything except the self-test and the plans.
   if (!other_sections && !comm_plan) version = transports = params = topo = true;
 
-  if (version) printVersion();
+  if (version) {
+    printVersion();
+    printBootstrapSecurity();
+  }
   if (transports) printTransports();
   if (params) printParams();
   if (topo || plan) {

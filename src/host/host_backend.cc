@@ -171,8 +171,14 @@ epResult_t HostBackend::init() {
   geo_.record_bytes = std::max({dispatchRecord(cfg).total(), combineRecordBytes(cfg),
                                 host::llRecordBytes(cfg), size_t(16)});
   // A call sends a peer at most max_tokens_per_rank records: larger chunks
-  // would only cost memory (ranks x slots x chunk records per segment).
-  geo_.chunk_records = int(std::min<int64_t>(param::HOST_CHUNK_TOKENS(), std::max(1, cfg.max_tokens_per_rank)));
+  // would only cost memory (ranks x slots x chunk records per segment). Nor
+  // need a chunk exceed kMaxChunkBytes, which already moves at memory speed:
+  // with rows of the largest hidden size the segment grew to hundreds of MB
+  // per peer, which init reserves and zeroes (posix_fallocate) before any
+  // call, seconds of it on a loaded machine.
+  constexpr int64_t kMaxChunkBytes = int64_t(16) << 20;
+  geo_.chunk_records = int(std::min<int64_t>({param::HOST_CHUNK_TOKENS(), std::max(1, cfg.max_tokens_per_rank),
+                                              std::max<int64_t>(1, kMaxChunkBytes / int64_t(geo_.record_bytes))}));
   if (cfg.buffer_bytes_cap > 0) {
     while (geo_.chunk_records > 1 && geo_.segmentBytes() > cfg.buffer_bytes_cap)
       geo_.chunk_records /= 2;

@@ -214,6 +214,15 @@ epResult_t topoLoad(const char* xml_path, Topology* out) {
   // Bridges, PCI and OS devices are filtered out by default; the distance
   // classes need every bridge, so keep all I/O objects.
   hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_ALL);
+#if HWLOC_API_VERSION >= 0x00020100
+  // What the plan reads comes from the PCI tree and the OpenFabrics devices.
+  // The components that add GPU and display objects of their own are not
+  // loaded: they start the OpenCL, CUDA, NVML, ROCm or Level Zero runtimes,
+  // or dial ten X displays over Unix and TCP sockets with name lookups, all
+  // in the first init of a process, where any of them can stall it.
+  for (const char* unused : {"gl", "opencl", "cuda", "nvml", "rsmi", "levelzero"})
+    hwloc_topology_set_components(t, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, unused);
+#endif
   if (from_xml && hwloc_topology_set_xml(t, xml_path) != 0) {
     int err = errno;
     hwloc_topology_destroy(t);

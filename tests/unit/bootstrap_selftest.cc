@@ -1,10 +1,10 @@
-// Standalone self-test of the bootstrap (src/bootstrap.cc, src/socket.cc).
+// Standalone self-test of the bootstrap (src/bootstrap*.cc, src/socket.cc);
+// bootstrap_guard has the cases of strangers on its ports.
 //
 // Every case runs in its own forked process, so that each can set EP_*
 // variables before the library first reads (and caches) them; ranks are forked
-// children of the case process and talk over loopback. Build:
-//   g++ -std=c++17 -O2 -Iinclude -Isrc tests/unit/bootstrap_selftest.cc src/bootstrap.cc
-//       src/socket.cc src/debug.cc src/params.cc -lpthread -o /tmp/bs && /tmp/bs
+// children of the case process and talk over loopback. Built by the Makefile
+// (build/tests/bootstrap_selftest) against the library's internal archive.
 // Prints "N passed, M failed" and exits non-zero when a case failed. An
 // argument runs only the cases whose name contains it.
 #include <arpa/inet.h>
@@ -26,92 +26,11 @@
 #include <vector>
 
 #include "bootstrap.h"
+#include "bootstrap_cases.h"
 #include "debug.h"
 #include "socket.h"
 
-// Weak stand-ins for symbols that debug.cc needs from the rest of the library,
-// so the test links with or without comm.cc / the API file; real definitions win.
-namespace ep {
-__attribute__((weak)) void commStoreError(epComm*, const char*) {}
-}  // namespace ep
-extern "C" __attribute__((weak)) const char* epGetErrorString(epResult_t result) {
-  switch (result) {
-    case epSuccess: return "epSuccess";
-    case epTimeout: return "epTimeout";
-    case epAborted: return "epAborted";
-    case epInvalidArgument: return "epInvalidArgument";
-    case epInvalidUsage: return "epInvalidUsage";
-    case epRemoteError: return "epRemoteError";
-    case epSystemError: return "epSystemError";
-    default: return "epResult";
-  }
-}
-
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-long msSince(Clock::time_point t0) {
-  return long(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
-}
-
-// Failure report of the current process; a case or rank fails when it is non-empty.
-#define CHECK(cond, ...)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "    [pid %d] %s:%d: check failed: %s: ", getpid(), \
-              __FILE__, __LINE__, #cond);                                  \
-      fprintf(stderr, __VA_ARGS__);                                        \
-      fprintf(stderr, "\n");                                               \
-      return 1;                                                            \
-    }                                                                      \
-  } while (0)
-
-bool contains(const char* haystack, const char* needle) { return strstr(haystack, needle) != nullptr; }
-
-// Waits for pid up to limit_ms; kills it (only that pid) when it overstays. Returns its
-// exit code, or 100 + signal / 99 on a kill.
-int waitChild(pid_t pid, long limit_ms) {
-  auto t0 = Clock::now();
-  for (;;) {
-    int status = 0;
-    pid_t got = waitpid(pid, &status, WNOHANG);
-    if (got == pid) {
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) return 100 + WTERMSIG(status);
-      return 98;
-    }
-    if (got < 0) return 97;
-    if (msSince(t0) > limit_ms) {
-      fprintf(stderr, "    [pid %d] still running after %ld ms, killed\n", pid, limit_ms);
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return 99;
-    }
-    usleep(5000);
-  }
-}
-
-// Forks one child per body; returns their exit codes (0: the body returned 0).
-std::vector<int> runForked(const std::vector<std::function<int()>>& bodies, long limit_ms = 12000) {
-  std::vector<pid_t> pids;
-  for (const auto& body : bodies) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) _exit(body());  // no atexit handlers, no destructors of the parent's state
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t pid : pids) codes.push_back(pid > 0 ? waitChild(pid, limit_ms) : 96);
-  return codes;
-}
-
-bool allZero(const std::vector<int>& codes) {
-  for (int c : codes)
-    if (c != 0) return false;
-  return true;
-}
 
 // ---- Rank bodies -----------------------------------------------------------------
 
@@ -209,13 +128,6 @@ int caseParsing() {
 
 int caseHappy(int nranks) { return happyJob(nranks); }
 
-// A listening socket on a free port of the loopback `spec` ("127.0.0.1:0",
-// "[::1]:0"); false with *err set where there is none.
-bool listenOnFreePort(const char* spec, int family, ep::Fd* fd, ep::SocketAddress* bound, std::string* err) {
-  ep::SocketAddress a;
-  return ep::parseSocketAddress(spec, family, &a, err) && ep::listenSocket(a, fd, bound, err);
-}
-
 bool haveIpv6Loopback() {
   ep::SocketAddress bound;
   ep::Fd fd;
@@ -230,14 +142,6 @@ int caseIpv6() {
   }
   setenv("EP_SOCKET_FAMILY", "AF_INET6", 1);
   return happyJob(3);
-}
-
-// A loopback address whose port was free a moment ago (bound, then released).
-bool freeLoopbackAddress(ep::SocketAddress* addr, std::string* err) {
-  ep::Fd probe;
-  if (!listenOnFreePort("127.0.0.1:0", AF_INET, &probe, addr, err)) return false;
-  probe.reset();
-  return true;
 }
 
 int caseCommId() {
@@ -366,6 +270,8 @@ int caseInitAllIgnoresCommId() {
 
 // EP_COMM_ID names a port where another program answers: the rank says so
 // (it used to report the program's bytes as an internal error of the library).
+// The program speaks first, as a server that greets its clients does (the
+// root speaks first too: its challenge).
 int caseForeignRoot() {
   ep::SocketAddress bound;
   ep::Fd server;
@@ -377,13 +283,15 @@ int caseForeignRoot() {
     if (poll(&pfd, 1, 5000) != 1) return;
     int fd = accept(server.get(), nullptr, nullptr);
     if (fd < 0) return;
-    char hello[56];
-    ssize_t got = recv(fd, hello, sizeof(hello), MSG_WAITALL);
-    (void)got;
     std::string page = "HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\n\r\n";
     page.resize(1024, 'x');
     ssize_t sent = send(fd, page.data(), page.size(), MSG_NOSIGNAL);
     (void)sent;
+    // Whatever the rank says next is read (a close with unread data would reset the page away).
+    char sink[256];
+    pfd = {fd, POLLIN, 0};
+    while (poll(&pfd, 1, 3000) == 1 && recv(fd, sink, sizeof(sink), 0) > 0) {
+    }
     close(fd);
   });
   setenv("EP_COMM_ID", bound.toString().c_str(), 1);
@@ -395,7 +303,7 @@ int caseForeignRoot() {
   foreign.join();
   const char* msg = ep::threadLastError();
   CHECK(res == epRemoteError, "got %d (%s)", res, msg);
-  CHECK(contains(msg, "not a moeep bootstrap reply"), "message \"%s\"", msg);
+  CHECK(contains(msg, "not a moeep bootstrap reply") && contains(msg, "HTTP/1.0 400"), "message \"%s\"", msg);
   CHECK(msSince(t0) < 2500, "took %ld ms", msSince(t0));
   CHECK(b == nullptr, "no bootstrap on failure");
   return 0;
@@ -520,16 +428,6 @@ int caseForkedChildDropsRoot() {
   CHECK(contains(msg.c_str(), "could not reach the root") && contains(msg.c_str(), "the id may be spent"),
         "message \"%s\"", msg.c_str());
   return 0;
-}
-
-int countOpenFds() {
-  int n = 0;
-  if (DIR* dir = opendir("/proc/self/fd")) {
-    while (readdir(dir) != nullptr) n++;
-    closedir(dir);
-    n -= 3;  // ".", ".." and the directory's own descriptor
-  }
-  return n;
 }
 
 // 24 forked ranks join a root whose process may open only a few files more
@@ -764,7 +662,11 @@ int caseNoticeAfterPartialSend() {
         std::this_thread::sleep_for(std::chrono::milliseconds(400));
         ep::bootstrapAbort(b);
       });
-    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    // Rank 2 reads nothing until rank 0 has left (400 ms), but starts well
+    // within the second that rank 1 gives it to take the rest of the frame
+    // (kNoticeWaitMs): 900 ms leaves half a second either way for the ranks'
+    // inits to end at different times (at 1200 ms it failed now and then).
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(900));
     epResult_t res = ep::bootstrapAllGather(b, data.data(), bytes);
     std::string msg = ep::threadLastError();
     if (aborter.joinable()) aborter.join();

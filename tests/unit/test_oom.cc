@@ -2,6 +2,9 @@
 // a message instead of terminating the process, and a data call that failed
 // that way marks its communicator failed (its peers may be mid-exchange).
 // This program replaces operator new so that a chosen allocation throws.
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -9,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "bootstrap.h"
 #include "common.h"
 
 namespace {
@@ -56,17 +60,22 @@ epConfig_t config() { return eptest::hostConfig(kExperts, kHidden, kTokens, kTop
 
 epResult_t oneRankComm(epComm_t* comm) { return eptest::makeOneRankComm(comm, config()); }
 
-// The root's thread (started by epGetUniqueId, allocating as it polls every
-// 100 ms) runs out of memory before the rank dials it: the rank must not
-// retry the closed port until its timeout (5 s here) but say at once that the
-// root of this process failed. Runs first: no other root's thread may take
-// the failing allocation.
+// The root's thread (started by epGetUniqueId) runs out of memory before the
+// rank dials it, taking a stranger's connection: the rank must not retry the
+// closed port until its timeout (5 s here) but say at once that the root of
+// this process failed. Runs first: no other root's thread may take the
+// failing allocation.
 void a_failed_root_of_this_process_is_not_waited_for(void**) {
   epUniqueId id;
   assert_ok(epGetUniqueId(&id));
-  g_fail_after = 0;  // the root's next allocation throws
+  ep::SocketAddress root;
+  assert_true(ep::bootstrapIdInfo(id, nullptr, nullptr, &root));
+  g_fail_after = 0;  // the root's next allocation throws: the one that takes this connection
+  const int stranger = socket(root.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);  // system calls only: no allocation
+  assert_true(stranger >= 0 && connect(stranger, root.sa(), root.length()) == 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(350));
   g_fail_after = -1;
+  close(stranger);
   epConfig_t c = config();
   c.timeout_ms = 5000;
   epComm_t comm = nullptr;

@@ -95,7 +95,7 @@ void table_entries_have_doc_kind_and_default(void**) {
     if (strlen(p.doc) < 10) print_error("parameter %s has doc \"%s\"\n", p.name, p.doc);
     assert_true(strlen(p.doc) >= 10);
     assert_non_null(p.kind);
-    bool is_int = strcmp(p.kind, "INT") == 0, is_str = strcmp(p.kind, "STR") == 0;
+    bool is_int = strcmp(p.kind, "INT") == 0, is_str = strcmp(p.kind, "STR") == 0 || strcmp(p.kind, "SECRET") == 0;
     if (!is_int && !is_str) print_error("parameter %s has kind \"%s\"\n", p.name, p.kind);
     assert_true(is_int || is_str);
     assert_non_null(p.default_value);
@@ -319,6 +319,30 @@ void str_accessor_reads_once(void**) {
   assert_contains(readLog().c_str(), "EP_SHM_DIR set by environment to /tmp/moeep-test-dir");
 }
 
+// EP_COMM_SECRET: the accessor gives the secret, but neither the log nor
+// epGetParam shows it; a file's name may be shown.
+void secret_is_never_logged_or_shown(void**) {
+  int index = -1;
+  for (int i = 0; i < ep::paramCount(); i++)
+    if (strcmp(ep::paramInfo(i).name, "COMM_SECRET") == 0) index = i;
+  assert_true(index >= 0);
+  assert_string_equal(ep::paramInfo(index).kind, "SECRET");
+  setenv("EP_COMM_SECRET", "hunter2-do-not-print", 1);
+  assert_string_equal(ep::param::COMM_SECRET(), "hunter2-do-not-print");
+  const char* value = nullptr;
+  assert_ok(epGetParam(index, nullptr, nullptr, &value, nullptr));
+  assert_non_null(value);
+  assert_string_equal(value, "(set; not shown)");
+  setenv("EP_COMM_SECRET", "file:/etc/moeep/secret", 1);
+  assert_ok(epGetParam(index, nullptr, nullptr, &value, nullptr));
+  assert_string_equal(value, "file:/etc/moeep/secret");
+  unsetenv("EP_COMM_SECRET");
+  const std::string log = readLog();
+  assert_contains(log.c_str(), "EP_COMM_SECRET set by environment (not shown)");
+  if (log.find("hunter2") != std::string::npos) print_error("the secret is in the log:\n%s\n", log.c_str());
+  assert_true(log.find("hunter2") == std::string::npos);
+}
+
 void str_accessor_unset_gives_default(void**) {
   assert_null(getenv("EP_TRANSPORT_PATH"));
   assert_non_null(ep::param::TRANSPORT_PATH());
@@ -362,6 +386,7 @@ int main() {
       cmocka_unit_test(int_accessor_unset_gives_default),
       cmocka_unit_test(str_accessor_reads_once),
       cmocka_unit_test(str_accessor_unset_gives_default),
+      cmocka_unit_test(secret_is_never_logged_or_shown),
       cmocka_unit_test(unknown_variable_warned_once_known_ones_not),
   };
   return cmocka_run_group_tests_name("params", tests, groupSetup, groupTeardown);
