@@ -112,26 +112,26 @@ class CudaBackend : public Backend {
     DeviceGuard g(dev_);
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     EPCHECK(checkKernelErrors("epLowLatencyDispatch", s));
-    EPCHECK(ll_->dispatch(args, h, send_only, s));
-    own_work_.mark(s);
-    return epSuccess;
+    const epResult_t res = ll_->dispatch(args, h, send_only, s);
+    own_work_.mark(s);  // also after a failure: a kernel of the call may have been launched
+    return res;
   }
   epResult_t llCombine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only,
                        epStream_t stream) override {
     DeviceGuard g(dev_);
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     EPCHECK(checkKernelErrors("epLowLatencyCombine", s));
-    EPCHECK(ll_->combine(args, h, send_only, s));
-    own_work_.mark(s);
-    return epSuccess;
+    const epResult_t res = ll_->combine(args, h, send_only, s);
+    own_work_.mark(s);  // also after a failure: a kernel of the call may have been launched
+    return res;
   }
   epResult_t llComplete(epHandle* h, epStream_t stream) override {
     DeviceGuard g(dev_);
     cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     EPCHECK(checkKernelErrors("epLowLatencyComplete", s));
-    EPCHECK(ll_->complete(h, s));
-    own_work_.mark(s);
-    return epSuccess;
+    const epResult_t res = ll_->complete(h, s);
+    own_work_.mark(s);  // also after a failure: a kernel of the call may have been launched
+    return res;
   }
 
  private:
@@ -144,13 +144,21 @@ class CudaBackend : public Backend {
   // whatever argument error is pending (a handle's first dispatch).
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream, bool argument_errors = true);
   // An argument error's claim word cleared for the next report: on the
-  // caller's stream, or beside it while that stream captures a graph.
-  epResult_t clearErrorClaim(int* claim, cudaStream_t stream);
+  // caller's stream, or beside it while that stream captures a graph. A
+  // clearing that fails is logged and tried again at the next call (until
+  // then the kernels cannot report a new argument error).
+  void clearErrorClaim(int* claim, cudaStream_t stream);
+  std::vector<int*> claims_to_clear_;
   // A kernel's wait failed (timeout, exited peer, ranks out of step): the
   // communicator cannot go on (the argument errors it reports can).
   bool kernelFailedForGood() const { return notices_->kernelsReportedFailure() || notices_->outOfStep(); }
   epResult_t reportFailedWait(const char* fn);
   epResult_t reportArgumentError(const char* fn, cudaStream_t stream);
+  epResult_t refuseHostCount() const {
+    return setError(comm_, epInvalidUsage,
+                    "epDispatch: num_recv is a host pointer but the handle's counts are on the device only (it "
+                    "came from a dispatch with EP_DISPATCH_NO_HOST_SYNC): pass the flag again");
+  }
   epResult_t allocSlot(HandleSlot** out);
   epResult_t watchOtherFamily();
   CommView view() const;
@@ -211,6 +219,7 @@ CudaBackend::~CudaBackend() {
     cudaFree(s->mem);
     delete s;
   }
+  own_work_.release();
   if (local_) cudaFree(local_);
   if (err_host_) cudaFreeHost(err_host_);
   if (hs_host_) cudaFreeHost(hs_host_);
@@ -587,6 +596,11 @@ static_assert(int(cuda::kHtRouting) == kCallRouting && int(cuda::kHtDispatch) ==
 // then a peer that left its communicator while no kernel waited for it, then
 // the argument errors of the low-latency kernels and of this family.
 epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream, bool argument_errors) {
+  if (!claims_to_clear_.empty()) {  // a clearing that failed before (clearErrorClaim)
+    std::vector<int*> pending;
+    pending.swap(claims_to_clear_);
+    for (int* claim : pending) clearErrorClaim(claim, stream);
+  }
   if (const char* out_of_step = notices_->outOfStep()) {
     comm_->broken.store(epInvalidUsage);
     return setError(comm_, epInvalidUsage, "%s: %s", fn, out_of_step);
@@ -604,7 +618,7 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream, b
   if (!argument_errors) return epSuccess;
   if (ll_ && ll_->argumentErrorPending()) {
     const epResult_t reported = ll_->reportArgumentError(fn);  // read and cleared before the claim is
-    EPCHECK(clearErrorClaim(&ll_->deviceLocal()->err_claim, stream));
+    clearErrorClaim(&ll_->deviceLocal()->err_claim, stream);
     return reported;
   }
   if (err_host_[cuda::kArgSlot].code != 0) return reportArgumentError(fn, stream);
@@ -618,16 +632,21 @@ epResult_t CudaBackend::checkKernelErrors(const char* fn, cudaStream_t stream, b
 // stay taken until the graph runs, hiding an eager call's report meanwhile,
 // and each replay would clear it again, wiping a report it did not read):
 // then it is cleared at once on a stream of its own.
-epResult_t CudaBackend::clearErrorClaim(int* claim, cudaStream_t stream) {
+void CudaBackend::clearErrorClaim(int* claim, cudaStream_t stream) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  CUDACHECK(cudaStreamIsCapturing(stream, &st));
-  if (st == cudaStreamCaptureStatusNone) {
-    CUDACHECK(cudaMemsetAsync(claim, 0, sizeof(int), stream));
-    return epSuccess;
+  cudaError_t e = cudaStreamIsCapturing(stream, &st);
+  if (e == cudaSuccess && st == cudaStreamCaptureStatusNone) {
+    e = cudaMemsetAsync(claim, 0, sizeof(int), stream);
+  } else if (e == cudaSuccess) {
+    cuda::RelaxedCaptureScope relaxed;
+    e = cuda::zeroDeviceMemory(claim, sizeof(int));
   }
-  cuda::RelaxedCaptureScope relaxed;
-  CUDACHECK(cuda::zeroDeviceMemory(claim, sizeof(int)));
-  return epSuccess;
+  if (e == cudaSuccess) return;
+  cudaGetLastError();
+  EP_WARN(kSubsysCuda, "cannot clear the kernels' error claim (%s): tried again at the next call; until then a "
+          "new argument error found by a kernel is not reported", cudaGetErrorString(e));
+  if (std::find(claims_to_clear_.begin(), claims_to_clear_.end(), claim) == claims_to_clear_.end())
+    claims_to_clear_.push_back(claim);
 }
 
 // A wait of a high-throughput kernel failed (err[kFailSlot], never cleared).
@@ -673,7 +692,7 @@ epResult_t CudaBackend::reportArgumentError(const char* fn, cudaStream_t stream)
   const int code = e.code, what = e.what, peer = e.peer;
   const long long a = e.a, b = e.b;
   e.code = 0;
-  EPCHECK(clearErrorClaim(&local_->err_claim, stream));
+  clearErrorClaim(&local_->err_claim, stream);
   if (what == cuda::kWhatBadTopk) {
     return setError(comm_, epInvalidArgument,
                     "%s: an earlier call on this stream had topk_idx entry %lld (flat index) = %lld, not -1 "
@@ -813,11 +832,12 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
   if (slot == nullptr) return setError(comm_, epInternalError, "epDispatch: handle without routing state");
   const Config& cfg = comm_->cfg;
   const bool capacity_mode = (a.flags & EP_DISPATCH_NO_HOST_SYNC) != 0;
-  // Refused before anything is launched, so that the call can be made again.
-  if (!capacity_mode && a.num_recv && !h->counts_known)
-    return setError(comm_, epInvalidUsage,
-                    "epDispatch: num_recv is a host pointer but the handle's counts are on the device only "
-                    "(it came from a dispatch with EP_DISPATCH_NO_HOST_SYNC): pass the flag again");
+  // A host num_recv for counts that are on the device only: a cached
+  // re-dispatch is refused before anything is launched, so that it can be
+  // made again; a handle's first dispatch is launched all the same (the
+  // peers wait for its rows) and refused after.
+  const bool host_count_unknown = !capacity_mode && a.num_recv && !h->counts_known;
+  if (host_count_unknown && !first) return refuseHostCount();
   cuda::DispatchParams p{};
   p.cv = view();
   p.hv = slot->hv;
@@ -854,12 +874,14 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
     return cuda::launchFailure(comm_, "epDispatch", "the dispatch kernel", pending, err);
   notices_->recordCall(kCallDispatch, s);
   own_work_.mark(s);
+  h->dispatched = true;  // launched: a call made again is a re-dispatch, not a second first one
   if (too_small)
     return setError(comm_, epInvalidArgument,
                     "epDispatch: recv_capacity = %lld is less than the %lld rows this rank receives (the "
                     "rows were sent so the other ranks complete; nothing was written)",
                     (long long)a.recv_capacity, (long long)h->routing.num_recv);
   if (report_after) EPCHECK(checkKernelErrors("epDispatch", s));
+  if (host_count_unknown) return refuseHostCount();
   if (!capacity_mode && a.num_recv) *a.num_recv = h->routing.num_recv;
   return epSuccess;
 }

@@ -72,16 +72,16 @@ inline bool stickyKernelError(cudaError_t e) {
 
 // The result of one of our kernel launches, judged by the launch's own return
 // (cudaLaunchKernel / cudaLaunchKernelEx), never by CUDA's last error, which
-// may hold an error of earlier work: not ours to take or report. `pending`
-// is cudaPeekAtLastError() taken just before the launch. A failed launch
-// says when the error came from before it: CUDA held it already, or it is a
-// fault of an earlier kernel (the caller's runtime keeps its own last error,
-// so a fault of the caller's kernel reaches this library's runtime only as
-// the failure of its next call).
+// may hold an error that an earlier call of this library left on the
+// thread. (The library's CUDA runtime is its own, linked in: an error pending
+// in the caller's runtime never reaches it.) `pending` is
+// cudaPeekAtLastError() taken just before the launch. A fault of an earlier
+// kernel, the caller's or ours, reaches this runtime as the failure of its
+// next launch: the message says that the error was there before it.
 inline epResult_t launchFailure(::epComm* comm, const char* fn, const char* kernel, cudaError_t pending, int err) {
   const cudaError_t e = cudaError_t(err);
   cudaGetLastError();
-  if ((pending != cudaSuccess && e == pending) || stickyKernelError(e))
+  if (stickyKernelError(e))
     return setError(comm, epUnhandledCudaError,
                     "%s: launching %s failed: %s, an error CUDA already held before libmoeep launched anything "
                     "(a fault of an earlier kernel on this device, the caller's or this library's: the CUDA "
@@ -89,8 +89,9 @@ inline epResult_t launchFailure(::epComm* comm, const char* fn, const char* kern
                     fn, kernel, cudaGetErrorString(e));
   if (pending != cudaSuccess)
     return setError(comm, epUnhandledCudaError,
-                    "%s: launching %s failed: %s (CUDA also held an error of the caller's earlier work: %s)", fn,
-                    kernel, cudaGetErrorString(e), cudaGetErrorString(pending));
+                    "%s: launching %s failed: %s (an earlier CUDA call of this library on this thread had left "
+                    "%s pending)",
+                    fn, kernel, cudaGetErrorString(e), cudaGetErrorString(pending));
   return setError(comm, epUnhandledCudaError, "%s: launching %s failed: %s", fn, kernel, cudaGetErrorString(e));
 }
 

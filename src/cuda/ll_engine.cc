@@ -342,7 +342,7 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
   h->backend_state = st.get();
   HandleState* raw = st.release();
   const LLLaunch l{sms_, slices_, pdl_, stream};
-  const cudaError_t pending = cudaPeekAtLastError();  // the caller's, if any (launchFailure)
+  const cudaError_t pending = cudaPeekAtLastError();  // left by an earlier call of ours, if any (launchFailure)
   int err = 0;
   if (node_limit_.max_nodes > 0 && a.num_tokens > 0) {
     NodeLimitParams nl = node_limit_;

@@ -6,9 +6,15 @@
 namespace ep {
 namespace cuda {
 
-OwnWork::~OwnWork() {
+OwnWork::~OwnWork() { release(); }
+
+void OwnWork::release() {
+  std::lock_guard<std::mutex> lock(mu_);
   for (const StreamMark& m : eager_) cudaEventDestroy(m.done);
   for (cudaEvent_t e : captured_) cudaEventDestroy(e);
+  eager_.clear();
+  captured_.clear();
+  tracking_ = false;
 }
 
 cudaEvent_t OwnWork::newEvent() {

@@ -10,7 +10,9 @@
 //
 // Calls captured into a CUDA graph record an event of their own as an
 // external event node of the graph (cudaEventRecordExternal), so that each
-// replay marks it again. Everywhere else (a GPU this rank's process drives
+// replay marks it again. Such graphs therefore hold event-record nodes,
+// which CUDA does not allow inside conditional nodes or device-launched
+// graphs, and each capture keeps one event until the communicator goes. Everywhere else (a GPU this rank's process drives
 // with no other rank) nothing is recorded and the destroy waits for the
 // device, as before: no cost on the calls.
 #pragma once
@@ -39,6 +41,8 @@ class OwnWork {
   // Every marked call has finished (or, untracked or after a failed mark,
   // the whole device has). Returns CUDA's result.
   cudaError_t wait();
+  // The events destroyed (with the owner's device current); nothing is marked after.
+  void release();
 
  private:
   struct StreamMark {

@@ -1,6 +1,7 @@
 // The CUDA backend's host code, one case per promise of docs/SEMANTICS.md
-// that its host code must keep (each found broken once by reading the code,
-// each shown by its case failing before the mend). Ranks are threads of this
+// that its host code must keep (all but pending_caller_error were found
+// broken by reading the code and shown by their case failing before the
+// mend; that one guards a promise that held). Ranks are threads of this
 // process on GPU 0 (two ranks share it; set CUDA_DEVICE_MAX_CONNECTIONS=32),
 // so that a rank's freed buffers are really freed (across processes an IPC
 // mapping keeps them alive).

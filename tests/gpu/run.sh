@@ -128,6 +128,7 @@ if [ "${EP_GPU_HOST_CASES:-1}" != 0 ]; then
   OUT="$LOGS" BUILD="$BUILD" CUDA_HOME="$CUDA_HOME" bash tests/gpu/host_cases.sh 2>&1 | tee "$LOGS/host_cases.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "host cases: FAILED"; status=1; }
   timeout 60 "$BUILD/tests/notice_probe" 2>&1 | tee "$LOGS/notice_probe.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "notice_probe: FAILED (a copy did not get through a device-wide wait)"; status=1; }
 fi
 # Cases drawn at random (tests/gpu/random_cases.h): 1-8 ranks sharing the
 # visible GPUs, any hidden size, top-k, expert count, batch per rank and
