@@ -597,7 +597,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (256 % g_R != 0) {
-    fprintf(stderr, "ep_bench_gpu: the high-throughput table has 256 experts: EP%d does not divide them\n", g_R);
+    fprintf(stderr, "ep_bench_gpu: the high-throughput table has 256 experts: EP%d does not divide them\n",
+            g_R);
     return 2;
   }
   for (int sms : sms_list)
