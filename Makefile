@@ -157,9 +157,9 @@ $(LIB_INTERNAL): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/bin/ep_bench_gpu: tests/gpu/gpu_bench.cc tests/gpu/gpu_common.h $(LIB_DEV)
+$(BUILD)/bin/ep_bench_gpu: tools/gpu/ep_bench_gpu.cu $(wildcard tools/gpu/*.h) $(LIB_DEV)
 	@mkdir -p $(dir $@)
-	$(NVCC) -std=c++17 $(OPT) -x cu $(NVCC_GENCODE) -Iinclude $< -o $@ -L$(BUILD)/lib -lmoeep -ldl \
+	$(NVCC) -std=c++17 $(OPT) $(NVCC_GENCODE) -Iinclude $< -o $@ -L$(BUILD)/lib -lmoeep -ldl \
 	  -Xlinker -rpath -Xlinker '$$ORIGIN/../lib'
 
 $(BUILD)/bin/%: tools/%.cc $(TOOL_COMMON) $(wildcard tools/common/*.h) $(LIB_DEV)

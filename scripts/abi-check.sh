@@ -48,7 +48,7 @@ echo "abi-check: headers compile alone as C11 and C++17"
 if ! command -v abidw >/dev/null; then
   echo "abi-check: abidw not found (scripts/install-deps.sh installs abigail-tools)"; exit 1
 fi
-abidw --headers-dir include --drop-private-types --exported-interfaces-only --no-show-locs --no-corpus-path "$lib" > "$tmp/current.abi"
+abidw --headers-dir include --drop-private-types --exported-interfaces-only --no-show-locs --no-corpus-path --no-comp-dir-path "$lib" > "$tmp/current.abi"
 if [ "${1:-}" = "--update" ]; then
   mkdir -p abi; cp "$tmp/current.abi" "$baseline"; echo "abi-check: baseline $baseline updated"; exit $fail
 fi

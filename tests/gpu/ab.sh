@@ -15,12 +15,12 @@
 #                   libmoeep.so built elsewhere: PATH is its directory)
 #     --ll          low-latency kernel times and per-call figures
 #                   (gpu_ll_test --bench, EP_CUDA_LL_TIMING=1); the default
-#     --ht ARGS     the high-throughput benchmark (gpu_bench ARGS --no-nccl)
+#     --ht ARGS     the high-throughput benchmark (ep_bench_gpu ARGS --no-nccl)
 #     --rounds N    runs per revision (default 2)
 #     --check small the tests with --small (gpu_ll_test: a few shapes, EP1 and
 #                   EP2; gpu_test: EP1 only) instead of all their cases
 #     --check none  no test pass first: for a revision older than the tests,
-#                   whose new cases it fails (gpu_bench still checks the
+#                   whose new cases it fails (ep_bench_gpu still checks the
 #                   outputs of the cases it times; gpu_ll_test --bench does not)
 #     --budget S    start no run after S seconds from the start (what ran is
 #                   reported; a command limit then cuts nothing half-done)
@@ -122,13 +122,13 @@ done
 
 # The benchmarks, once, from the working tree.
 if [ $ll = 1 ]; then
-  "$NVCC" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_ll_test.cc -o build/tests/ab_ll_test \
+  "$NVCC" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude -Itools tests/gpu/gpu_ll_test.cc -o build/tests/ab_ll_test \
     -L"$WORK/${names[0]}/build/lib" -lmoeep || exit 1
 fi
 if [ -n "$ht" ]; then
-  "$NVCC" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_bench.cc -o build/tests/ab_bench \
+  "$NVCC" -std=c++17 -O2 -arch=sm_90 -Iinclude tools/gpu/ep_bench_gpu.cu -o build/tests/ab_bench \
     -L"$WORK/${names[0]}/build/lib" -lmoeep -ldl || exit 1
-  g++ -std=c++17 -O2 -Iinclude -isystem "$CUDA_HOME/include" tests/gpu/gpu_test.cc -o build/tests/ab_test \
+  g++ -std=c++17 -O2 -Iinclude -Itools -isystem "$CUDA_HOME/include" tests/gpu/gpu_test.cc -o build/tests/ab_test \
     -L"$WORK/${names[0]}/build/lib" -lmoeep -L"$CUDA_HOME/lib64" -lcudart -pthread || exit 1
 fi
 [ $build_only = 1 ] && { echo "ab.sh: built ${names[*]}"; exit 0; }

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "gpu_common.h"
+#include "gpu/gpu_common.h"
 
 #include "alloc_count.h"
 

@@ -35,7 +35,7 @@
 #include <string>
 
 #include "early_producer.cuh"
-#include "gpu_common.h"
+#include "gpu/gpu_common.h"
 #include "random_cases.h"
 
 namespace {

@@ -54,7 +54,7 @@
 #include <thread>
 
 #include "common/launch.h"
-#include "gpu_common.h"
+#include "gpu/gpu_common.h"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include <chrono>
 #include <string>
 
-#include "gpu_common.h"
+#include "gpu/gpu_common.h"
 #include "random_cases.h"
 
 namespace {

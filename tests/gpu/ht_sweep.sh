@@ -1,5 +1,5 @@
 #!/bin/bash
-# Sweep of high-throughput tuning settings on the GPU machine: runs gpu_bench
+# Sweep of high-throughput tuning settings on the GPU machine: runs ep_bench_gpu
 # (already built, see tests/gpu/build.sh) once per setting and round, the
 # settings interleaved (A B C A B C ...) so that drift of the machine shows as
 # spread within a setting, and prints one table: a row per setting, a column
@@ -9,10 +9,10 @@
 #     SETTING   environment assignments separated by '+', e.g.
 #               EP_CUDA_DISPATCH_WARPS=8,8+EP_CUDA_DISPATCH_CHUNK=8; "default"
 #               for none
-#     --bench   gpu_bench arguments (default "--sms 32 --tokens 4096 --types bf16")
+#     --bench   ep_bench_gpu arguments (default "--sms 32 --tokens 4096 --types bf16")
 #     --rounds  runs per setting (default 2)
 #     --budget  start no run after SECONDS from the start (0: no limit)
-# gpu_bench checks every case before timing it; a run whose checks fail is
+# ep_bench_gpu checks every case before timing it; a run whose checks fail is
 # reported and its figures are not used. Logs: $OUT or build/sweep-logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,7 +37,7 @@ done
 for n in "$rounds" "$budget"; do
   case "$n" in ''|*[!0-9]*) echo "ht_sweep.sh: --rounds and --budget take whole numbers, not $n" >&2; exit 2 ;; esac
 done
-[ -x "$BUILD/tests/gpu_bench" ] || { echo "ht_sweep.sh: $BUILD/tests/gpu_bench is missing (tests/gpu/build.sh)" >&2; exit 2; }
+[ -x "$BUILD/tests/ep_bench_gpu" ] || { echo "ht_sweep.sh: $BUILD/tests/ep_bench_gpu is missing (tests/gpu/build.sh)" >&2; exit 2; }
 mkdir -p "$LOGS"
 
 failed=0
@@ -51,7 +51,7 @@ for round in $(seq 1 "$rounds"); do
     [ "${settings[$i]}" = default ] || IFS='+' read -r -a set_env <<<"${settings[$i]}"
     log="$LOGS/sweep_${round}_$i.log"
     # shellcheck disable=SC2086  # bench holds several arguments
-    env "${set_env[@]}" timeout 300 "$BUILD/tests/gpu_bench" $bench --no-nccl >"$log" 2>&1
+    env "${set_env[@]}" timeout 300 "$BUILD/tests/ep_bench_gpu" $bench --no-nccl >"$log" 2>&1
     rc=$?
     if [ $rc -ne 0 ] || grep -q "CHECK FAILED" "$log"; then
       echo "ht_sweep.sh: ${settings[$i]} round $round: exit $rc (see $log)"
@@ -60,7 +60,7 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-# The table: gpu_bench's result lines are "<case> <us> us logical ...".
+# The table: ep_bench_gpu's result lines are "<case> <us> us logical ...".
 python3 - "$LOGS" "$rounds" "${settings[@]}" <<'EOF'
 import os, re, sys
 logs, rounds, settings = sys.argv[1], int(sys.argv[2]), sys.argv[3:]

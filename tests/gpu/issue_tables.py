@@ -3,21 +3,22 @@
 
     issue_tables.py LOGS RANKS MACHINE COMMIT
 
-LOGS/ht.log: gpu_bench's JSON lines ({"what": ..., "us": ...}).
+LOGS/ht.log: ep_bench_gpu's JSON lines ({"what": ..., "us": ...}).
 LOGS/ll.log: gpu_ll_test --bench's lines; LOGS/ll_kernels.log: the library's
 INFO lines of EP_CUDA_LL_TIMING (each communicator logs its kernel times when
 destroyed: one group per benchmark case, in the order the cases ran).
 Prints markdown: each figure, its target, met or not. Figures are medians
-(gpu_bench: 20 runs after an L2 flush; gpu_ll_test: the slower rank).
+(ep_bench_gpu: 20 runs after an L2 flush; gpu_ll_test: the slower rank).
 """
 import json
 import os
 import re
 import sys
 
-# (case, gpu_bench's name at an SM count S, target us at <= 32 SMs, DeepEP
-# V1 at 24 / 32 / 64 SMs on 2 x H200); the targets and DeepEP's figures are
-# the high-throughput issue's (EP2, best-tuned chunk sizes).
+# (case, ep_bench_gpu's name at an SM count S, target us at <= 32 SMs, DeepEP
+# V1 at 24 / 32 / 64 SMs on 2 x H200); the targets are the library's EP2
+# high-throughput targets, DeepEP V1's figures were measured on the same
+# 2 x H200 machine on 2026-11-30 (best-tuned chunk sizes; docs/PERFORMANCE.md).
 HT_ROWS = [
     ("dispatch BF16, 8192 tokens", "dispatch bf16 T=8192 sms={S} (cached)", 390, "659 / 507 / 410"),
     ("dispatch FP8, 8192 tokens", "dispatch fp8 T=8192 sms={S} (cached)", 210, "456 / 354 / 230"),

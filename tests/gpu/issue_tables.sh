@@ -1,7 +1,7 @@
 #!/bin/bash
 # The tables of the high-throughput and low-latency targets, measured in one
 # command on the GPUs of this machine (already built: tests/gpu/build.sh):
-#   - high throughput: gpu_bench at 24, 32 and 64 SMs, 4096 and 8192 tokens,
+#   - high throughput: ep_bench_gpu at 24, 32 and 64 SMs, 4096 and 8192 tokens,
 #     BF16 and FP8 (hidden 7168, top-8 of 256), with NCCL's all-to-all of the
 #     same bytes where two or more GPUs are visible;
 #   - low latency: gpu_ll_test --bench (128 tokens per rank, hidden 7168, top-8
@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-for p in gpu_bench gpu_ll_test; do
+for p in ep_bench_gpu gpu_ll_test; do
   [ -x "$BUILD/tests/$p" ] || { echo "issue_tables.sh: $BUILD/tests/$p is missing (tests/gpu/build.sh)" >&2; exit 2; }
 done
 mkdir -p "$LOGS"
@@ -49,7 +49,7 @@ if [ "$ht" = 1 ]; then
   fi
   ht_args=(--ranks "$ranks" --sms 24,32,64 --tokens 4096,8192 --types both)
   [ "$ranks" -gt 1 ] && [ "$ranks" -le "$gpus" ] || ht_args+=(--no-nccl)
-  timeout 540 "$BUILD/tests/gpu_bench" "${ht_args[@]}" >"$LOGS/ht.log" 2>&1 || { echo "gpu_bench: FAILED (see $LOGS/ht.log)"; status=1; }
+  timeout 540 "$BUILD/tests/ep_bench_gpu" "${ht_args[@]}" >"$LOGS/ht.log" 2>&1 || { echo "ep_bench_gpu: FAILED (see $LOGS/ht.log)"; status=1; }
 fi
 if [ "$ll" = 1 ]; then
   rm -f "$LOGS/ll_kernels.log"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# tests/gpu/issue_tables.py on logs of a real run (one H200, EP1: gpu_bench,
+# tests/gpu/issue_tables.py on logs of a real run (one H200, EP1: ep_bench_gpu,
 # gpu_ll_test --bench and the library's kernel-time lines, in
 # tests/data/issue_tables/): its tables must equal expected.md. Runs without
 # a GPU, so that the parser follows the benchmarks' output formats.

@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_check.h"
+#include "gpu/cuda_check.h"
 
 struct Peers {
   unsigned long long* ctr[2];  // counters [src] on each GPU

@@ -35,7 +35,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda_check.h"
+#include "gpu/cuda_check.h"
 
 enum LoadKind { kWeak, kWeakNoL1, kRelaxedGpu, kAcquireGpu, kAcquireSys, kKinds };
 const char* const kKindNames[kKinds] = {"weak", "weak, L1::no_allocate", "ld.relaxed.gpu", "ld.acquire.gpu",

@@ -24,7 +24,7 @@ shift || true
 [ -x "$NCU" ] || { echo "SKIPPED ll_profile: no ncu at $NCU"; exit 0; }
 [ -f build/lib/libmoeep.so ] || { echo "ll_profile: build the library first (make CUDA=1 lib)"; exit 2; }
 mkdir -p "$LOGS" build/tests
-"$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude tests/gpu/gpu_ll_test.cc \
+"$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -x cu -arch=sm_90 -Iinclude -Itools tests/gpu/gpu_ll_test.cc \
   -o build/tests/gpu_ll_test -Lbuild/lib -lmoeep -Xlinker -rpath -Xlinker "$PWD/build/lib" || exit 1
 report="$LOGS/$kernel"
 # Skip the warm-up launches; profile one of the timed ones.

@@ -11,7 +11,7 @@
 
 #include <cstdio>
 
-#include "cuda_check.h"
+#include "gpu/cuda_check.h"
 #include "early_producer.cuh"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <random>
 #include <string>
 
-#include "gpu_common.h"
+#include "gpu/gpu_common.h"
 
 namespace random_cases {
 

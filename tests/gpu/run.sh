@@ -17,7 +17,7 @@
 #   EP_GPU_RANDOM=N  cases drawn at random per test (gpu_test / gpu_ll_test --random;
 #                    default 150 / 300, 0 skips them); EP_GPU_RANDOM_SEED their seed
 #                    (default: the day's date, printed, so a failure can be drawn again)
-#   EP_GPU_BENCH_ARGS  arguments of gpu_bench (see its main)
+#   EP_GPU_BENCH_ARGS  arguments of ep_bench_gpu (tools/gpu/ep_bench_gpu.cu; see its main)
 #   EP_GPU_TEST_TIMEOUT, EP_GPU_LL_RANKS_TIMEOUT (gpu_ll_test --ranks, default 900),
 #   EP_GPU_SANITIZER_TIMEOUT, EP_GPU_BENCH_TIMEOUT: seconds
 set -uo pipefail
@@ -207,9 +207,9 @@ if [ "${EP_GPU_BENCH:-1}" != 0 ]; then
     # Kernel time (the kernels time themselves; the communicator logs medians at destroy).
     EP_CUDA_LL_TIMING=1 EP_DEBUG=INFO EP_DEBUG_SUBSYS=CUDA timeout 300 "$BUILD/tests/gpu_ll_test" --bench 2>&1 |
       grep "kernel time" | tee "$LOGS/gpu_ll_kernel_time.log"
-    "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 tests/gpu/ll_floor.cu -o "$BUILD/tests/ll_floor" &&
+    "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 -Itools tests/gpu/ll_floor.cu -o "$BUILD/tests/ll_floor" &&
       timeout 120 "$BUILD/tests/ll_floor" 2>&1 | tee "$LOGS/ll_floor.log"
-    "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 tests/gpu/ll_probe.cu -o "$BUILD/tests/ll_probe" &&
+    "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 -Itools tests/gpu/ll_probe.cu -o "$BUILD/tests/ll_probe" &&
       timeout 120 "$BUILD/tests/ll_probe" 2>&1 | tee "$LOGS/ll_probe.log"
   fi
   NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
@@ -219,7 +219,7 @@ if [ "${EP_GPU_BENCH:-1}" != 0 ]; then
   # arguments name the ranks.
   bench_args=${EP_GPU_BENCH_ARGS:-}
   [ "$ngpu" -lt 2 ] && [[ "$bench_args" != *--ranks* ]] && bench_args="--ranks 1 $bench_args"
-  timeout ${EP_GPU_BENCH_TIMEOUT:-400} "$BUILD/tests/gpu_bench" $bench_args 2>&1 | tee "$LOGS/gpu_bench.log"
+  timeout ${EP_GPU_BENCH_TIMEOUT:-400} "$BUILD/tests/ep_bench_gpu" $bench_args 2>&1 | tee "$LOGS/ep_bench_gpu.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 [ $status -eq 0 ] && echo "gpu-test: PASSED" || echo "gpu-test: FAILED"

@@ -13,10 +13,10 @@ trap 'rm -rf "$scratch"' EXIT
 
 if [ -x "$BUILD/bin/ep_bench_gpu" ]; then
   for s in "${spellings[@]}"; do
-    # gpu_bench's usage, not its "unknown argument": the option was taken off.
+    # ep_bench_gpu's usage, not its "unknown argument": the option was taken off.
     # shellcheck disable=SC2086
     out=$(timeout 60 "$BUILD/bin/ep_bench" $s --help 2>&1)
-    if [[ "$out" == "usage: gpu_bench"* ]]; then echo "ok: $s runs ep_bench_gpu"
+    if [[ "$out" == "usage: ep_bench_gpu"* ]]; then echo "ok: $s runs ep_bench_gpu"
     else echo "FAIL: $s: $(head -n 2 <<<"$out")"; fails=$((fails + 1)); fi
   done
 else

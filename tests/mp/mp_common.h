@@ -2,7 +2,7 @@
 // rank can regenerate for every other rank, an independent reference of what
 // dispatch and combine must produce, and a tiny pass/fail tally.
 //
-// The reference is written from SPEC.md alone (no library internals): a token
+// The reference is written from docs/SEMANTICS.md alone (no library internals): a token
 // goes once to each rank owning one of its experts; rows arrive by source rank
 // then source token; combine sums in float32 in ascending rank order, then bias.
 #pragma once

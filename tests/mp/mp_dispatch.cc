@@ -1,4 +1,4 @@
-// Multi-process dispatch / combine against the SPEC reference on random shapes.
+// Multi-process dispatch / combine against the reference of mp_common.h on random shapes.
 //
 //   mp_dispatch -n RANKS [--cases C] [--seed S]     forks RANKS processes, C shapes
 //   mpirun -n RANKS mp_dispatch --case I [--seed S]  one shape per launch under MPI

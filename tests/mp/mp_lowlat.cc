@@ -1,5 +1,5 @@
-// Low-latency dispatch / combine on the host backend against the SPEC
-// reference, on random shapes, whole and split into send / receive halves.
+// Low-latency dispatch / combine on the host backend against a reference
+// written from docs/SEMANTICS.md, on random shapes, whole and split into send / receive halves.
 //
 //   mp_lowlat -n RANKS [--cases C] [--seed S]
 #include <cmath>
@@ -168,7 +168,7 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally
   tally->check(layout_ok, "ll expert-major layout, counts and sources", rank);
   tally->check(values_ok, "ll received values and scales", rank);
 
-  // Combine: y[e][slot] from (rank, expert, source, token); expected sum per SPEC.
+  // Combine: y[e][slot] from (rank, expert, source, token); expected sum as docs/SEMANTICS.md states it.
   std::vector<uint16_t> y(size_t(L) * cap * H, 0);
   for (int e = 0; e < L; e++)
     for (int slot = 0; slot < recv_count[e]; slot++) {

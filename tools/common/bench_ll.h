@@ -26,7 +26,7 @@
 //     (token, destination rank other than its own) for dispatch, one float32
 //     partial row (hidden * 4) per (token, rank other than its home) for
 //     combine, both counted from the routing on the tokens' home rank (as
-//     tests/gpu/gpu_common.h counts them; the library's record headers are
+//     tools/gpu/gpu_common.h counts them; the library's record headers are
 //     left out).
 #pragma once
 

@@ -4,7 +4,7 @@
 // without MPI, so they build these from a small host-backend communicator of
 // their own (E = R experts, one per rank, K = 1):
 //   gather to rank 0: every rank dispatches one token to expert 0; rank 0
-//     receives the rows in source-rank order (SPEC: by source rank, then token);
+//     receives the rows in source-rank order (docs/SEMANTICS.md: by source rank, then token);
 //   broadcast from rank 0: rank 0 dispatches R tokens, token r to expert r;
 //   barrier: a dispatch prepare of zero tokens, whose count exchange cannot
 //     finish on any rank before every rank has entered it.

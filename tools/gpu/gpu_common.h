@@ -1,4 +1,5 @@
-// Helpers shared by the GPU tests and benchmark: random inputs, the host
+// Helpers shared by the GPU benchmark (tools/gpu/ep_bench_gpu.cu) and the GPU
+// tests (tests/gpu/, which include it as "gpu/gpu_common.h"): random inputs, the host
 // reference run, thread-per-rank execution; in namespace ht, the
 // high-throughput cases of gpu_test (ranks as threads) and gpu_mp_test (ranks
 // as processes), one rank's part per function; and in namespace ll, the

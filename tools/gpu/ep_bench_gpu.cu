@@ -1,6 +1,7 @@
-// GPU benchmark of the CUDA backend, EP N on the first N GPUs of one node
-// (N = the visible GPUs, at most 8, or --ranks N; ranks are threads of this
-// process). Built with nvcc -x cu by tests/gpu/run.sh. --ranks 1 runs EP1 on
+// ep_bench_gpu: GPU benchmark of the CUDA backend, EP N on the first N GPUs
+// of one node (N = the visible GPUs, at most 8, or --ranks N; ranks are
+// threads of this process). `ep_bench --backend cuda` runs it; built by the
+// Makefile (build/bin) and by tests/gpu/build.sh (build/tests). --ranks 1 runs EP1 on
 // one GPU: every row stays local, so the times are the kernels' own work
 // (no link ceiling, no NCCL; what tests/gpu/run.sh runs on one GPU). With
 // more ranks than GPUs, rank r runs on GPU r % GPUs and ranks share GPUs
@@ -20,7 +21,7 @@
 //                   every other at once; the better of 1 and 8 loads in
 //                   flight per thread)
 //   NCCL all-to-all of the same bytes (dlopen of $EP_BENCH_NCCL_LIB), if found.
-// --mode ll: the low-latency benchmark of gpu_ll_test --bench (gpu_common.h).
+// --mode ll: the low-latency benchmark of gpu_ll_test --bench (gpu_common.h, beside this file).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -511,8 +512,8 @@ void benchNccl(const Routing& rt, int T, size_t rowb, const char* what) {
 }  // namespace
 
 const char kUsage[] =
-    "usage: gpu_bench [--mode ht|ll] [--ranks N] [--quick] [--tokens N,..] [--sms A,B,..] [--types bf16|fp8|both]\n"
-    "                 [--no-nccl]\n"
+    "usage: ep_bench_gpu [--mode ht|ll] [--ranks N] [--quick] [--tokens N,..] [--sms A,B,..] [--types bf16|fp8|both]\n"
+    "                    [--no-nccl]\n"
     "  --mode ll   the low-latency table (128 tokens, split halves, 1 token) on all GPUs, at most 8\n"
     "  --ranks N   EP N on GPUs 0..N-1 (1..8; default: every visible GPU, at most 8; 1: one GPU, every\n"
     "              row local: the kernels' own work without a link, no link ceiling, no NCCL; more than\n"
@@ -548,7 +549,7 @@ int main(int argc, char** argv) {
     else if (arg == "--types" && has_value) {
       std::string t = argv[++i];
       if (t != "bf16" && t != "fp8" && t != "both") {
-        fprintf(stderr, "gpu_bench: --types %s: bf16, fp8 or both\n%s", t.c_str(), kUsage);
+        fprintf(stderr, "ep_bench_gpu: --types %s: bf16, fp8 or both\n%s", t.c_str(), kUsage);
         return 2;
       }
       types = t == "bf16" ? std::vector<epDataType_t>{epBfloat16}
@@ -557,7 +558,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--mode" && has_value) {
       std::string m = argv[++i];
       if (m != "ht" && m != "ll") {
-        fprintf(stderr, "gpu_bench: --mode %s: ht or ll\n%s", m.c_str(), kUsage);
+        fprintf(stderr, "ep_bench_gpu: --mode %s: ht or ll\n%s", m.c_str(), kUsage);
         return 2;
       }
       low_latency = m == "ll";
@@ -566,23 +567,23 @@ int main(int argc, char** argv) {
       fputs(kUsage, stdout);
       return 0;
     } else {
-      fprintf(stderr, "gpu_bench: unknown or incomplete argument %s\n%s", arg.c_str(), kUsage);
+      fprintf(stderr, "ep_bench_gpu: unknown or incomplete argument %s\n%s", arg.c_str(), kUsage);
       return 2;
     }
   }
   for (int t : tokens)
     if (t < 1) {
-      fprintf(stderr, "gpu_bench: --tokens values must be at least 1\n");
+      fprintf(stderr, "ep_bench_gpu: --tokens values must be at least 1\n");
       return 2;
     }
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < (ranks ? 1 : 2)) {
-    printf("SKIPPED gpu_bench: needs 2 GPUs (or --ranks N), %d visible\n", ndev);
+    printf("SKIPPED ep_bench_gpu: needs 2 GPUs (or --ranks N), %d visible\n", ndev);
     return 0;
   }
   g_R = ranks ? ranks : std::min(ndev, kMaxR);
   if (g_R < 1 || g_R > kMaxR) {
-    fprintf(stderr, "gpu_bench: --ranks %d: 1..%d\n", ranks, kMaxR);
+    fprintf(stderr, "ep_bench_gpu: --ranks %d: 1..%d\n", ranks, kMaxR);
     return 2;
   }
   gpuCount() = std::min(ndev, g_R);
@@ -596,12 +597,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (256 % g_R != 0) {
-    fprintf(stderr, "gpu_bench: the high-throughput table has 256 experts: EP%d does not divide them\n", g_R);
+    fprintf(stderr, "ep_bench_gpu: the high-throughput table has 256 experts: EP%d does not divide them\n",
+            g_R);
     return 2;
   }
   for (int sms : sms_list)
     if (sms < 1 || sms > 64) {
-      printf("gpu_bench: --sms values must be in [1, 64]\n");
+      printf("ep_bench_gpu: --sms values must be in [1, 64]\n");
       return 2;
     }
   for (int r = 0; r < g_R; r++) {
@@ -639,6 +641,6 @@ int main(int argc, char** argv) {
   printf("\n%-44s %9s %8s %8s %6s\n", "summary", "us", "logical", "nvlink", "ratio");
   for (const Result& r : g_results)
     printf("%-44s %9.1f %8.1f %8.1f %5.0f%%\n", r.what.c_str(), r.us, r.logical, r.physical, 100 * r.ratio);
-  if (g_bad) printf("gpu_bench: %d CHECKS FAILED\n", g_bad);
+  if (g_bad) printf("ep_bench_gpu: %d CHECKS FAILED\n", g_bad);
   return g_bad ? 1 : 0;
 }
