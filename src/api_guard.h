@@ -32,16 +32,6 @@ epResult_t checkTopkValues(epComm* comm, const char* fn, const void* topk_idx, e
 // receive half) it still owes is marked lost (api_ll.cc). Other handles: nothing.
 void llForgetHandle(epComm* comm, const epHandle* h);
 
-// An enum field of a caller's struct, as the int it holds: a value outside
-// the enum must not be loaded as the enum type (undefined behaviour).
-template <typename E>
-int rawEnum(const E& field) {
-  static_assert(sizeof(E) == sizeof(int), "the C ABI's enums are ints");
-  int v;
-  memcpy(&v, &field, sizeof(v));
-  return v;
-}
-
 // A caller's epDataType_t field (by reference: not loaded as the enum before
 // it is known to be one): epInvalidArgument naming it unless it is a value of
 // the enum. The checks after it compare it with the types they accept.
