@@ -72,13 +72,13 @@ void packRow(const Config& c, const epLowLatencyDispatchArgs_t& a, bool fp8, int
   }
   float* scales = reinterpret_cast<float*>(out + H);
   const bool pow2 = (a.flags & EP_LL_ROUND_SCALE_POW2) != 0;
-  for (int b = 0; b * 128 < H; b++) {
-    const int end = std::min(H, (b + 1) * 128);
+  for (int b = 0; b < fp8ScaleBlocks(H); b++) {
+    const int begin = b * kFp8BlockElems, end = std::min(H, begin + kFp8BlockElems);
     float amax = 0.0f;
-    for (int j = b * 128; j < end; j++) amax = std::fmax(amax, std::fabs(bf16ToFloat(row[j])));
+    for (int j = begin; j < end; j++) amax = std::fmax(amax, std::fabs(bf16ToFloat(row[j])));
     const float scale = fp8BlockScale(amax, pow2);
     const float inverse = 1.0f / scale;
-    for (int j = b * 128; j < end; j++) out[j] = floatToE4M3(bf16ToFloat(row[j]) * inverse);
+    for (int j = begin; j < end; j++) out[j] = floatToE4M3(bf16ToFloat(row[j]) * inverse);
     scales[b] = scale;
   }
 }
