@@ -7,8 +7,6 @@
 // threads, would share its exchange state, so the second is refused.
 #pragma once
 
-#include <cstring>
-
 #include "comm.h"
 #include "debug.h"
 

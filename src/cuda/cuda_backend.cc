@@ -200,7 +200,7 @@ void CudaBackend::limitExpertCounters(const cudaDeviceProp& prop) {
            "config.num_experts = %d: the CUDA backend's layout and dispatch count experts in shared memory, "
            "%zu bytes per block, and GPU %d (%s) allows %zu: at most %zu experts with %d ranks (the "
            "low-latency calls and the host backend have no such limit)",
-           cfg.num_experts, need, dev_, prop.name, limit, limit / sizeof(int) - 2 * comm_.nranks(), comm_.nranks());
+           cfg.num_experts, need, dev_, prop.name, limit, limit / sizeof(int) - size_t(2) * comm_.nranks(), comm_.nranks());
   counters_too_small_ = msg;
 }
 
@@ -371,7 +371,7 @@ epResult_t CudaBackend::allocateRankState(InitContext&) {
   const Config& cfg = comm_.config();
   const int R = comm_.nranks();
   auto st = std::make_unique<RankState>();
-  const size_t scratch_ints = size_t(cfg.num_experts + R + comm_.nodes().num_nodes);
+  const size_t scratch_ints = size_t(cfg.num_experts) + size_t(R) + size_t(comm_.nodes().num_nodes);
   static_assert(sizeof(DevLocal) <= 256, "DevLocal outgrew its slot");
   const size_t route_off = roundUp(256 + scratch_ints * sizeof(int), 256);
   const size_t local_bytes = route_off + routeScratchBytes(cfg.max_tokens_per_rank);

@@ -72,7 +72,7 @@ epResult_t HandleSlots::allocate(HandleSlot** out) {
   s->hv.hs = reinterpret_cast<HState*>(base);
   s->hv.tok_pos = reinterpret_cast<int*>(base + tok_pos_off_);
   s->hv.chan_start = reinterpret_cast<int*>(base + chan_off_);
-  s->hv.chan_count = s->hv.chan_start + R * channels_;
+  s->hv.chan_count = s->hv.chan_start + size_t(R) * size_t(channels_);
   s->hv.expert_acc = reinterpret_cast<int*>(base + expert_off_);
   s->hv.expert_saved = s->hv.expert_acc + EL;
   s->hv.rows_without_ids = s->hv.expert_saved + EL;
