@@ -55,14 +55,6 @@ constexpr size_t kLayoutV1 = offsetof(epLayoutArgs_t, is_token_in_rank) + sizeof
 constexpr size_t kDispatchV1 = offsetof(epDispatchArgs_t, num_recv) + sizeof(void*);
 constexpr size_t kCombineV1 = offsetof(epCombineArgs_t, out_topk_weights) + sizeof(void*);
 
-Placement placementOf(const epComm* comm) {
-  Placement p;
-  p.num_experts = comm->cfg.num_experts;
-  p.nranks = comm->nranks;
-  p.experts_per_rank = comm->num_local_experts;
-  return p;
-}
-
 epResult_t checkTopk(epComm* comm, const char* fn, const void* topk_idx, epDataType_t type,
                      int num_tokens, int num_topk) {
   if (num_topk < 1 || num_topk > comm->cfg.max_topk)
@@ -167,7 +159,7 @@ epResult_t ep::checkTopkValues(epComm* comm, const char* fn, const void* topk_id
                     comm->cfg.num_experts);
   if (comm->cfg.max_nodes_per_token > 0) {
     int worst_token = -1;
-    int worst = maxNodesPerToken(placementOf(comm), topk_idx, type, num_tokens, num_topk,
+    int worst = maxNodesPerToken(comm->placement, topk_idx, type, num_tokens, num_topk,
                                  comm->nodes.node_of_rank.data(), comm->nodes.num_nodes, &worst_token);
     if (worst > comm->cfg.max_nodes_per_token)
       return setError(comm, epInvalidArgument,

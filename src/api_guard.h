@@ -7,8 +7,6 @@
 // threads, would share its exchange state, so the second is refused.
 #pragma once
 
-#include <cstring>
-
 #include "comm.h"
 #include "debug.h"
 
@@ -31,16 +29,6 @@ epResult_t checkTopkValues(epComm* comm, const char* fn, const void* topk_idx, e
 // A low-latency handle being destroyed: the buffer set of a combine (or a
 // receive half) it still owes is marked lost (api_ll.cc). Other handles: nothing.
 void llForgetHandle(epComm* comm, const epHandle* h);
-
-// An enum field of a caller's struct, as the int it holds: a value outside
-// the enum must not be loaded as the enum type (undefined behaviour).
-template <typename E>
-int rawEnum(const E& field) {
-  static_assert(sizeof(E) == sizeof(int), "the C ABI's enums are ints");
-  int v;
-  memcpy(&v, &field, sizeof(v));
-  return v;
-}
 
 // A caller's epDataType_t field (by reference: not loaded as the enum before
 // it is known to be one): epInvalidArgument naming it unless it is a value of

@@ -1,12 +1,16 @@
 // A backend carries out the operations of a communicator on one kind of
 // memory: host (src/host) or CUDA (src/cuda). The public entry points in
 // api.cc validate every argument before a backend sees it, so backends may
-// assume well-formed input.
+// assume well-formed input. A backend sees its communicator through
+// BackendComm (backend_comm.h), never epComm itself.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
-#include "comm.h"
+#include "backend_comm.h"
+#include "handle.h"
+#include "moeep.h"
 
 namespace ep {
 
@@ -55,9 +59,9 @@ class Backend {
 
 // Creates the host backend of comm: registers its buffer with the shm
 // transport and maps every peer's (collective: needs the bootstrap).
-epResult_t createHostBackend(epComm* comm, std::unique_ptr<Backend>* out);
+epResult_t createHostBackend(const BackendComm& comm, std::unique_ptr<Backend>* out);
 // Creates the CUDA backend, or epNotSupported when the build or machine has none.
-epResult_t createCudaBackend(epComm* comm, std::unique_ptr<Backend>* out);
+epResult_t createCudaBackend(const BackendComm& comm, std::unique_ptr<Backend>* out);
 // True when this build has CUDA support and a device is visible.
 bool cudaBackendAvailable();
 // The CUDA device a rank with config.device = requested drives (-1: the

@@ -8,7 +8,7 @@ bool cudaBackendAvailable() { return false; }
 
 bool cudaDeviceIdentity(int, int*, char*, size_t) { return false; }
 
-epResult_t createCudaBackend(epComm* comm, std::unique_ptr<Backend>*) {
+epResult_t createCudaBackend(const BackendComm& comm, std::unique_ptr<Backend>*) {
   return setError(comm, epNotSupported, "this libmoeep was built without CUDA (make CUDA=0)");
 }
 

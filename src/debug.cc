@@ -3,13 +3,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
 
-#include "comm.h"
 #include "params.h"
 
 namespace ep {
@@ -23,6 +23,7 @@ struct LogState {
   char host[64] = "";
 };
 
+std::atomic<CommErrorStore> comm_error_store{nullptr};
 thread_local int tls_device = -1;
 thread_local char tls_last_error[1024] = "";
 
@@ -125,7 +126,8 @@ epResult_t vsetError(epComm* comm, epResult_t res, const char* fmt, va_list ap) 
   char msg[1024];
   vsnprintf(msg, sizeof(msg), fmt, ap);
   snprintf(tls_last_error, sizeof(tls_last_error), "%s", msg);
-  if (comm != nullptr) commStoreError(comm, msg);
+  const CommErrorStore store = comm_error_store.load(std::memory_order_acquire);
+  if (comm != nullptr && store != nullptr) store(comm, msg);
   logMessage(kLogWarn, kSubsysAll, "", 0, "%s: %s", epGetErrorString(res), msg);
   return res;
 }
@@ -137,6 +139,8 @@ epResult_t setError(epComm* comm, epResult_t res, const char* fmt, ...) {
   va_end(ap);
   return res;
 }
+
+void setCommErrorStore(CommErrorStore store) { comm_error_store.store(store, std::memory_order_release); }
 
 void clearThreadError() { tls_last_error[0] = '\0'; }
 const char* threadLastError() { return tls_last_error; }

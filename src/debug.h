@@ -35,6 +35,12 @@ bool logEnabled(LogLevel level, unsigned subsys);
 // The device shown in the log prefix of this thread (-1: none).
 void logSetDevice(int device);
 
+// Where setError keeps the message of a failed call on a communicator: set
+// once by the communicator's own code (comm.cc), so that logging, at the
+// bottom of the layers, needs nothing of the layers above it.
+using CommErrorStore = void (*)(struct epComm* comm, const char* msg);
+void setCommErrorStore(CommErrorStore store);
+
 // Records the message of a failed call (printf style). comm may be NULL.
 // Also logged at WARN. Returns res so that `return setError(...)` reads well.
 epResult_t setError(struct epComm* comm, epResult_t res, const char* fmt, ...)

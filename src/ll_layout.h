@@ -21,28 +21,28 @@
 
 #include <cstddef>
 
+#include "sizes.h"
+
 namespace ep {
 
-inline size_t llAlign(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-inline size_t llRecordHeaderBytes(int max_topk) { return llAlign(16 + size_t(max_topk) * 12, 16); }
+inline size_t llRecordHeaderBytes(int max_topk) { return roundUp(16 + size_t(max_topk) * 12, 16); }
 
 inline size_t llDispatchRecordBytes(int hidden, int max_topk) {
-  const size_t scales = size_t((hidden + 127) / 128) * 4;
-  return llAlign(llRecordHeaderBytes(max_topk) + size_t(hidden) * 2 + scales, 16);
+  const size_t scales = size_t(fp8ScaleBlocks(hidden)) * 4;
+  return roundUp(llRecordHeaderBytes(max_topk) + size_t(hidden) * 2 + scales, 16);
 }
 
-inline size_t llCombineRowBytes(int hidden) { return llAlign(size_t(hidden) * 4, 16); }
+inline size_t llCombineRowBytes(int hidden) { return roundUp(size_t(hidden) * 4, 16); }
 
 constexpr size_t kLLCtrlBytes = 4096;  // the signal words, before the two sets
 
 // Offsets inside one set.
 inline size_t llCombineOffset(int nranks, int max_tokens, int hidden, int max_topk) {
-  return llAlign(size_t(nranks) * size_t(max_tokens) * llDispatchRecordBytes(hidden, max_topk), 4096);
+  return roundUp(size_t(nranks) * size_t(max_tokens) * llDispatchRecordBytes(hidden, max_topk), 4096);
 }
 inline size_t llCountsOffset(int nranks, int max_tokens, int hidden, int max_topk) {
   return llCombineOffset(nranks, max_tokens, hidden, max_topk) +
-         llAlign(size_t(nranks) * size_t(max_tokens) * llCombineRowBytes(hidden), 4096);
+         roundUp(size_t(nranks) * size_t(max_tokens) * llCombineRowBytes(hidden), 4096);
 }
 
 // Tokens a call may send as flagged records (the CUDA backend sends calls of
@@ -63,18 +63,18 @@ inline int llFlagTokensFit(int nranks, int max_topk) {
 // A flagged record: the header words (K, then max_topk ids, then max_topk
 // weights), the row in 8-byte pieces (room for BF16), the FP8 scales; every
 // 4-byte value in an 8-byte word.
-inline size_t llFlagHeaderBytes(int max_topk) { return llAlign(8 * (1 + 2 * size_t(max_topk)), 16); }
+inline size_t llFlagHeaderBytes(int max_topk) { return roundUp(8 * (1 + 2 * size_t(max_topk)), 16); }
 inline size_t llFlagRecordBytes(int hidden, int max_topk) {
-  return llFlagHeaderBytes(max_topk) + size_t(hidden) * 2 * 2 + llAlign(size_t((hidden + 127) / 128) * 8, 16);
+  return llFlagHeaderBytes(max_topk) + size_t(hidden) * 2 * 2 + roundUp(size_t(fp8ScaleBlocks(hidden)) * 8, 16);
 }
 
 inline size_t llFlagOffset(int nranks, int max_tokens, int hidden, int max_topk, int num_experts) {
-  return llCountsOffset(nranks, max_tokens, hidden, max_topk) + llAlign(size_t(num_experts) * 4, 4096);
+  return llCountsOffset(nranks, max_tokens, hidden, max_topk) + roundUp(size_t(num_experts) * 4, 4096);
 }
 
 inline size_t llSetBytes(int nranks, int max_tokens, int hidden, int max_topk, int num_experts) {
   return llFlagOffset(nranks, max_tokens, hidden, max_topk, num_experts) +
-         llAlign(size_t(nranks) * kLLFlagTokens * llFlagRecordBytes(hidden, max_topk), 4096);
+         roundUp(size_t(nranks) * kLLFlagTokens * llFlagRecordBytes(hidden, max_topk), 4096);
 }
 
 inline size_t llBufferBytes(int nranks, int max_tokens, int hidden, int max_topk, int num_experts) {

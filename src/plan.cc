@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "checks.h"
-#include "comm.h"
+#include "node_map.h"
 #include "params.h"
 
 namespace ep {
@@ -111,14 +111,14 @@ epResult_t ibTrafficResolve(const epConfig_t& c, IbTraffic* out, epComm* comm) {
   return epSuccess;
 }
 
-epResult_t ibTrafficAgree(int r, const IbTraffic& theirs, const IbTraffic& mine, epComm* comm) {
+epResult_t ibTrafficAgree(int r, const IbTraffic& theirs, int me, const IbTraffic& mine, epComm* comm) {
   IbTraffic a = theirs, b = mine;
   const std::array<IbField, 9> fa = ibFields(nullptr, a), fb = ibFields(nullptr, b);
   for (size_t i = 0; i < fa.size(); i++)
     if (fa[i].agreed && *fa[i].out != *fb[i].out)
       return setError(comm, epInvalidArgument,
                       "config differs across ranks: rank %d has %s = %d, rank %d has %d (config.%s or EP_%s)", r,
-                      fa[i].field, *fa[i].out, comm ? comm->rank : -1, *fb[i].out, fa[i].field, fa[i].param);
+                      fa[i].field, *fa[i].out, me, *fb[i].out, fa[i].field, fa[i].param);
   return epSuccess;
 }
 
@@ -203,21 +203,6 @@ epResult_t buildPlan(const PlanInput& in, Plan* out) {
     }
   }
   *out = std::move(p);
-  return epSuccess;
-}
-
-epResult_t planBuildForComm(epComm* comm) {
-  std::shared_ptr<const Topology> topo;
-  if (topoLocal(&topo) != epSuccess) return setError(comm, epInvalidArgument, "%s", threadLastError());
-  PlanInput in;
-  in.nodes = &comm->nodes;
-  in.rank = comm->rank;
-  in.topo = topo.get();
-  in.ib = comm->cfg.ib;
-  for (const epPeerInfo_v1_t& peer : comm->peers)
-    in.bus_id.emplace_back(peer.bus_id, strnlen(peer.bus_id, sizeof(peer.bus_id)));
-  EPCHECK(buildPlan(in, &comm->plan));
-  EP_INFO(kSubsysTopo, "plan %s", planSummary(comm->plan).c_str());
   return epSuccess;
 }
 

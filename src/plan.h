@@ -47,8 +47,8 @@ struct IbTraffic {
 // fault. Writes *out only on success.
 epResult_t ibTrafficResolve(const epConfig_t& c, IbTraffic* out, struct epComm* comm);
 // epInvalidArgument naming the first setting that rank r resolved otherwise
-// than this rank, where the ranks must agree (every one but the GID index).
-epResult_t ibTrafficAgree(int r, const IbTraffic& theirs, const IbTraffic& mine, struct epComm* comm);
+// than this rank (me), where the ranks must agree (every one but the GID index).
+epResult_t ibTrafficAgree(int r, const IbTraffic& theirs, int me, const IbTraffic& mine, struct epComm* comm);
 
 // ---- The plan ----------------------------------------------------------------
 
@@ -107,10 +107,6 @@ struct PlanInput {
   IbTraffic ib;
 };
 epResult_t buildPlan(const PlanInput& in, Plan* out);
-
-// Builds comm->plan from its node map, peers and config, with the topology of
-// this process (topoLocal); logs a summary at INFO (subsystem TOPO).
-epResult_t planBuildForComm(struct epComm* comm);
 
 // A plan for every rank of nodes of the given sizes on machines like topo, as
 // if local rank i drove GPU i of topo (a dry run for moeep_info and tests).

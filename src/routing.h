@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "moeep.h"
+#include "sizes.h"
 
 namespace ep {
 
@@ -69,7 +70,7 @@ void localizeTopk(const Placement& pl, int rank, const void* topk_idx, epDataTyp
 
 // Rounds up each count to alignment (alignment <= 1: unchanged).
 inline int alignUp(int count, int alignment) {
-  return alignment > 1 ? (count + alignment - 1) / alignment * alignment : count;
+  return alignment > 1 ? int(roundUp(size_t(count), size_t(alignment))) : count;
 }
 
 }  // namespace ep

@@ -40,6 +40,8 @@ run abi-check env BUILD="$BUILD" bash scripts/abi-check.sh
 
 # --- every CUDA kernel loaded at init (sources only: ranks sharing a GPU need it)
 run "cuda kernels preloaded" python3 tests/check_preload.py
+# --- no #include points from a lower layer to a higher one (docs/ARCHITECTURE.md, Layers)
+run "include layers" python3 scripts/check_layers.py
 
 # --- unit suites (CMocka) and the bootstrap selftest
 for t in "$BUILD"/tests/test_*; do

@@ -1,5 +1,5 @@
-// CUDACHECK(call): in a member function of a class with `comm_` (the
-// communicator), returns epUnhandledCudaError with the call, CUDA's message
+// CUDACHECK(call): in a member function of a class with `comm_` (its
+// BackendComm), returns epUnhandledCudaError with the call, CUDA's message
 // and the place when a CUDA runtime call fails, and clears CUDA's sticky
 // last error. During the CUDA backend's init a test may make the Nth such
 // call fail instead of making it (InitFaults below), to see each step unwind.
@@ -7,6 +7,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
+
+#include "../backend_comm.h"
 #include "../checks.h"
 
 #define CUDACHECK(call)                                                                        \
@@ -17,8 +20,7 @@
       cudaGetLastError();                                                                      \
       return ::ep::setError(comm_, epUnhandledCudaError, "%s failed: %s%s (%s:%d)", #call,     \
                             cudaGetErrorString(cuda_err_),                                     \
-                            cuda_injected_ ? " (injected: EP_TEST_CUDA_FAIL_STEP)" : "",       \
-                            __FILE__, __LINE__);                                               \
+                            cuda_injected_ ? ::ep::cuda::injectedNote() : "", __FILE__, __LINE__); \
     }                                                                                          \
   } while (0)
 
@@ -49,6 +51,22 @@ class InitFaults {
   InitFaults& operator=(const InitFaults&) = delete;
 };
 
+// The step of init that runs on this thread (CudaBackend::init names each),
+// so that an injected failure says which step it failed.
+inline const char*& initStepName() {
+  static thread_local const char* name = nullptr;
+  return name;
+}
+// What the message of an injected failure adds: " (injected:
+// EP_TEST_CUDA_FAIL_STEP, init step NAME)".
+inline const char* injectedNote() {
+  static thread_local char note[160];
+  const char* step = initStepName();
+  snprintf(note, sizeof(note), " (injected: EP_TEST_CUDA_FAIL_STEP%s%s)", step ? ", init step " : "",
+           step ? step : "");
+  return note;
+}
+
 // Errors that a launch cannot cause itself (it fails synchronously only on
 // its configuration or resources): a kernel that ran before faulted, and the
 // CUDA context stays unusable.
@@ -78,7 +96,7 @@ inline bool stickyKernelError(cudaError_t e) {
 // cudaPeekAtLastError() taken just before the launch. A fault of an earlier
 // kernel, the caller's or ours, reaches this runtime as the failure of its
 // next launch: the message says that the error was there before it.
-inline epResult_t launchFailure(::epComm* comm, const char* fn, const char* kernel, cudaError_t pending, int err) {
+inline epResult_t launchFailure(const BackendComm& comm, const char* fn, const char* kernel, cudaError_t pending, int err) {
   const cudaError_t e = cudaError_t(err);
   cudaGetLastError();
   if (stickyKernelError(e))

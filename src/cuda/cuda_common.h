@@ -1,4 +1,4 @@
-// Shared between the CUDA backend's host code (cuda_backend.cc, g++) and its
+// Shared between the CUDA backend's host code (cuda_*.cc, g++) and its
 // kernels (*.cu, nvcc): the layout of the communication buffer, the per-handle
 // device state, the kernel parameter blocks and the launch functions.
 //

@@ -3,9 +3,9 @@
 #include <chrono>
 #include <cstdio>
 
-#include "../bootstrap.h"
-#include "../debug.h"
 #include "../checks.h"
+#include "../debug.h"
+#include "../transport.h"
 #include "cuda_check.h"
 
 namespace ep {
@@ -19,9 +19,7 @@ HostNotices::~HostNotices() {
   stop_cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
   calls_.reset();
-  for (void* c : log_conns_)
-    if (c) shm_->table->close(shm_->ctx, c);
-  if (log_mem_) shm_->table->dereg_mem(shm_->ctx, log_mem_);
+  logs_.reset();
   if (stream_) cudaStreamDestroy(stream_);
   if (one_) cudaFreeHost(one_);
 }
@@ -41,43 +39,34 @@ epResult_t HostNotices::init() {
 // by the kernels where they look, else at the timeout. Every rank takes part
 // in the exchange either way.
 epResult_t HostNotices::shareCallLog() {
-  const int R = comm_->nranks, me = comm_->rank;
+  const int R = comm_.nranks(), me = comm_.rank();
   if (R < 2) return epSuccess;
-  struct Offer {
-    uint8_t ok;
-    char handle[EP_TRANSPORT_HANDLE_BYTES];
-  };
-  std::vector<Offer> offers(static_cast<size_t>(R));  // value-initialised: zeroed
   std::string why;
-  shm_ = transportFind("shm", &why);
-  void* own = nullptr;
-  if (shm_ == nullptr)
+  const TransportEntry* shm = transportFind("shm", &why);
+  logs_ = std::make_unique<PeerBuffers>(shm, me, R);
+  LocalMemory log;
+  log.bytes = callLogBytes();
+  log.kind = EP_TRANSPORT_MEM_HOST;
+  if (shm == nullptr)
     EP_INFO(kSubsysCuda, "calls out of order are not compared on the host: %s", why.c_str());
-  else if (shm_->table->reg_mem(shm_->ctx, callLogBytes(), EP_TRANSPORT_MEM_HOST, &own, offers[size_t(me)].handle,
-                                &log_mem_) != epSuccess)
+  else if (logs_->registerLocal(log) != epSuccess)
     EP_INFO(kSubsysCuda, "calls out of order are not compared on the host: no shared memory for the call log");
-  else
-    offers[size_t(me)].ok = 1;
-  if (offers[size_t(me)].ok) callLogFormat(own);
-  EPCHECK(bootstrapAllGather(comm_->bootstrap, offers.data(), sizeof(Offer)));
-  if (offers[size_t(me)].ok) {
-    calls_ = std::make_unique<CallLog>(own, me, R);
-    log_conns_.assign(size_t(R), nullptr);
+  if (logs_->registered()) callLogFormat(logs_->localPtr());
+  EPCHECK(logs_->exchange(comm_.bootstrap()));
+  if (logs_->registered()) {
+    calls_ = std::make_unique<CallLog>(logs_->localPtr(), me, R);
     for (int r = 0; r < R; r++) {
-      if (r == me || !offers[size_t(r)].ok) continue;
+      if (r == me || !logs_->offered(r)) continue;
       int ok = 0;
-      void* ptr = nullptr;
-      shm_->table->can_connect(shm_->ctx, &comm_->peers[size_t(me)], &comm_->peers[size_t(r)], &ok);
-      if (ok && shm_->table->connect(shm_->ctx, &comm_->peers[size_t(r)], offers[size_t(r)].handle, &ptr,
-                                     &log_conns_[size_t(r)]) == epSuccess)
-        calls_->setPeer(r, ptr);
+      logs_->canConnect(comm_.peers()[size_t(me)], comm_.peers()[size_t(r)], &ok);
+      if (ok && logs_->connect(r, comm_.peers()[size_t(r)]) == epSuccess)
+        calls_->setPeer(r, logs_->peerPtr(r));
       else
         EP_INFO(kSubsysCuda, "rank %d's call log cannot be mapped: calls out of order with it are not compared "
                 "on the host", r);
     }
   }
-  EPCHECK(bootstrapBarrier(comm_->bootstrap));  // every log mapped: the names can go
-  if (log_mem_) shm_->table->connected(shm_->ctx, log_mem_);
+  EPCHECK(logs_->finish(comm_.bootstrap()));  // every log mapped: the names can go
   return epSuccess;
 }
 
@@ -113,15 +102,15 @@ const char* HostNotices::outOfStep() const {
 
 // Peers in another process (one in this process cannot exit alone).
 bool HostNotices::watched(int r) const {
-  const int me = comm_->rank;
-  return r != me && comm_->peers[r].pid != comm_->peers[me].pid;
+  const int me = comm_.rank();
+  return r != me && comm_.peers()[r].pid != comm_.peers()[me].pid;
 }
 
 void HostNotices::watch() {
   bool any = false;
-  for (int r = 0; r < comm_->nranks; r++) {
-    any |= watched(r) && comm_->pid_visible[r];
-    if (watched(r) && !comm_->pid_visible[r])
+  for (int r = 0; r < comm_.nranks(); r++) {
+    any |= watched(r) && comm_.pidVisible(r);
+    if (watched(r) && !comm_.pidVisible(r))
       EP_INFO(kSubsysCuda, "rank %d runs in another pid namespace: its exit is noticed at the timeout", r);
   }
   if (any || (calls_ && calls_->comparesAny())) watcher_ = std::thread([this] { run(); });
@@ -133,7 +122,7 @@ enum GoneWhy : uint8_t { kNotGone = 0, kGoneExited, kGoneDestroyed, kGoneAborted
 
 void HostNotices::run() {
   cudaSetDevice(dev_);
-  const int R = comm_->nranks;
+  const int R = comm_.nranks();
   std::vector<bool> marked(size_t(R), false);
   int looks_pending = 0;
   bool settled = !calls_;
@@ -141,17 +130,17 @@ void HostNotices::run() {
   std::unique_lock<std::mutex> lock(stop_mu_);
   while (!stop_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
     for (int r = 0; r < R && r < kMaxRanks; r++) {
-      if (r == comm_->rank || marked[r]) continue;
+      if (r == comm_.rank() || marked[r]) continue;
       const CloseKind closed = calls_ != nullptr ? calls_->peerClosed(r) : kOpen;
       GoneWhy why = kNotGone;
-      if (watched(r) && peerExited(comm_, r)) why = kGoneExited;
+      if (watched(r) && comm_.peerExited(r)) why = kGoneExited;
       else if (closed != kOpen) why = closed == kClosedAborted ? kGoneAborted : kGoneDestroyed;
       if (why == kNotGone) continue;
       marked[r] = true;
       gone_why_[r].store(why, std::memory_order_release);
       if (why == kGoneExited) {
         EP_WARN(kSubsysCuda, "rank %d (pid %d) exited: this rank's waits for it end with epRemoteError", r,
-                comm_->peers[r].pid);
+                comm_.peers()[r].pid);
       } else {
         // At the end of a job every rank sees its peers leave: not a warning.
         EP_INFO(kSubsysCuda, "%s: this rank's waits for it end with epRemoteError, its further collective calls "
@@ -176,10 +165,10 @@ std::string HostNotices::progressNote(int r) const {
 }
 
 namespace {
-std::string goneText(const epComm* comm, int r, int why) {
+std::string goneText(const BackendComm& comm, int r, int why) {
   char what[96];
   switch (why) {
-    case kGoneExited: snprintf(what, sizeof(what), "rank %d (pid %d) exited", r, comm->peers[size_t(r)].pid); break;
+    case kGoneExited: snprintf(what, sizeof(what), "rank %d (pid %d) exited", r, comm.peers()[size_t(r)].pid); break;
     case kGoneDestroyed: snprintf(what, sizeof(what), "rank %d destroyed its communicator", r); break;
     case kGoneAborted: snprintf(what, sizeof(what), "rank %d aborted its communicator", r); break;
     default: return "";
@@ -189,14 +178,14 @@ std::string goneText(const epComm* comm, int r, int why) {
 }  // namespace
 
 std::string HostNotices::goneWhat(int r) const {
-  if (r < 0 || r >= comm_->nranks || r >= kMaxRanks) return "";
+  if (r < 0 || r >= comm_.nranks() || r >= kMaxRanks) return "";
   return goneText(comm_, r, gone_why_[r].load(std::memory_order_acquire));
 }
 
 std::string HostNotices::describeGone(int r) const {
   std::string what = goneWhat(r);
   if (!what.empty()) return what;
-  if (r >= 0 && r < comm_->nranks && peerExited(comm_, r)) return goneText(comm_, r, kGoneExited);
+  if (r >= 0 && r < comm_.nranks() && comm_.peerExited(r)) return goneText(comm_, r, kGoneExited);
   return "rank " + std::to_string(r) + " left";
 }
 
@@ -220,7 +209,7 @@ bool HostNotices::lookAtCalls(int* looks_pending, CallMismatch* seen) {
   snprintf(what, sizeof(what),
            "rank %d's collective call %llu on this communicator is %s while rank %d's is %s: ranks must issue the "
            "same collective calls in the same order; the communicator cannot be used any more",
-           seen->peer, (unsigned long long)seen->call + 1, callKindName(seen->theirs), comm_->rank,
+           seen->peer, (unsigned long long)seen->call + 1, callKindName(seen->theirs), comm_.rank(),
            callKindName(seen->mine));
   out_of_step_what_ = what;
   out_of_step_.store(true, std::memory_order_release);

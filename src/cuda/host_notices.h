@@ -37,9 +37,9 @@
 #include <thread>
 #include <vector>
 
+#include "../backend_comm.h"
 #include "../call_log.h"
-#include "../comm.h"
-#include "../transport.h"
+#include "../peer_buffers.h"
 #include "cuda_common.h"
 
 namespace ep {
@@ -47,7 +47,7 @@ namespace cuda {
 
 class HostNotices {
  public:
-  explicit HostNotices(epComm* comm, int device) : comm_(comm), dev_(device) {}
+  HostNotices(const BackendComm& comm, int device) : comm_(comm), dev_(device) {}
   ~HostNotices();
   // Collective (bootstrap): also maps the peers' call logs.
   epResult_t init();
@@ -115,16 +115,14 @@ class HostNotices {
   void markGone(int rank);
   void write(void* dst, size_t bytes);
 
-  epComm* comm_;
+  BackendComm comm_;
   int dev_;
   cudaStream_t stream_ = nullptr;
   int* one_ = nullptr;  // pinned source of the copies: 1 (int) / 1 (byte)
   std::vector<Target> targets_;
   // The call logs: this rank's, registered with the shm transport, and the
   // peers' as mapped here.
-  const TransportEntry* shm_ = nullptr;
-  void* log_mem_ = nullptr;
-  std::vector<void*> log_conns_;
+  std::unique_ptr<PeerBuffers> logs_;
   std::unique_ptr<CallLog> calls_;
   bool told_plain_ = false;  // llSendsFlagged's INFO line was logged
   // Why the watcher marked each rank gone (a GoneWhy, host_notices.cc), set

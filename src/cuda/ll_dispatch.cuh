@@ -185,7 +185,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   // the owned experts' recv_count is written after the copy.
   const int32_t* counts = llCounts(v, v.rank, set);
   const int cap = R * M;
-  const int nb = (H + 127) / 128;
+  const int nb = fp8ScaleBlocks(H);
   const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
   const int pieces = int(row_bytes / 16);
   int lo, hi;

@@ -184,7 +184,7 @@ __device__ __forceinline__ void recvFlaggedSlice(const LLDispatchParams& p, uint
   const int set = int(pair & 1u);
   const uint32_t tag = uint32_t(pair + 1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int words = 1 + 2 * v.max_topk, N = src_base[R], cap = R * M, nb = (H + 127) / 128;
+  const int words = 1 + 2 * v.max_topk, N = src_base[R], cap = R * M, nb = fp8ScaleBlocks(H);
   const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
   const LLSliceShare sl = llSliceShare(N, int(row_bytes / 16), blockIdx.x, G, kRecvSliceStep, kRecvSliceAlign);
   const bool mine = sl.hi > sl.lo;
@@ -351,7 +351,7 @@ __device__ __noinline__ void dispatchRecvFlaggedPhase(const LLDispatchParams& p,
       if (q < R && !(flagged >> q & 1u)) own_plain += counts[q * L + own_le];
   }
   if (threadIdx.x < 32) fh.hits[threadIdx.x] = 0;
-  const int cap = R * M, nb = (H + 127) / 128;
+  const int cap = R * M, nb = fp8ScaleBlocks(H);
   LLSliceShare sl{0, 0, 0, pieces};
   if ((flagged & all) == all) sl = llSliceShare(N, pieces, blockIdx.x, G, kRecvSliceStep, kRecvSliceAlign);
   else llShare(N, blockIdx.x, G, sl.lo, sl.hi);

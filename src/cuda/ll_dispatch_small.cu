@@ -257,7 +257,7 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
   }
   const int N = src_base[R];
   const size_t row_bytes = p.fp8 ? size_t(H) : size_t(H) * 2;
-  const int pieces = int(row_bytes / 16), nb = (H + 127) / 128, cap = R * M;
+  const int pieces = int(row_bytes / 16), nb = fp8ScaleBlocks(H), cap = R * M;
   const LLSlices cut = llSlicesOf(N, pieces, G, kRecvSliceStep, kRecvSliceAlign);
   if (cut.S < 2 || cut.chunk > kThreads || R * L > kStagedBases) {
     dispatchRecvPhase<kSources != kSourcesPlain, false>(p, pair, kind);

@@ -9,9 +9,11 @@
 
 #include "../bootstrap.h"
 #include "../checks.h"
-#include "../ll_layout.h"
+#include "../data_types.h"
 #include "../debug.h"
+#include "../ll_layout.h"
 #include "../params.h"
+#include "../sizes.h"
 #include "cuda_check.h"
 #include "node_limit.h"
 
@@ -47,7 +49,7 @@ void LLEngine::logTimes() {
     double sum = 0;
     for (double x : us) sum += x;
     EP_INFO(kSubsysCuda, "rank %d low-latency kernel time, %s: median %.2f us, mean %.2f us, p99 %.2f us over %zu calls",
-            comm_->rank, names[k], at(us, 0.5), sum / us.size(), at(us, 0.99), us.size());
+            comm_.rank(), names[k], at(us, 0.5), sum / us.size(), at(us, 0.99), us.size());
     // The spread, and each buffer set alone: two modes of a kernel's time
     // show here (the median alone hides which calls are slow).
     std::string sets;
@@ -58,7 +60,7 @@ void LLEngine::logTimes() {
       snprintf(buf, sizeof(buf), ", set %d median %.2f", b, at(by_set[b], 0.5));
       sets += buf;
     }
-    EP_INFO(kSubsysCuda, "rank %d low-latency kernel time, %s: p10 %.2f p25 %.2f p75 %.2f p90 %.2f us%s", comm_->rank,
+    EP_INFO(kSubsysCuda, "rank %d low-latency kernel time, %s: p10 %.2f p25 %.2f p75 %.2f p90 %.2f us%s", comm_.rank(),
             names[k], at(us, 0.1), at(us, 0.25), at(us, 0.75), at(us, 0.9), sets.c_str());
     // Phase marks: median time from the kernel's start to the latest block passing each mark.
     std::string marks;
@@ -74,7 +76,7 @@ void LLEngine::logTimes() {
       marks += buf;
     }
     if (!marks.empty())
-      EP_INFO(kSubsysCuda, "rank %d low-latency phase marks (us after start), %s:%s", comm_->rank, names[k], marks.c_str());
+      EP_INFO(kSubsysCuda, "rank %d low-latency phase marks (us after start), %s:%s", comm_.rank(), names[k], marks.c_str());
   }
 }
 
@@ -85,20 +87,15 @@ LLEngine::~LLEngine() {
     if (view_.timing) logTimes();  // set once init had zeroed it
     cudaFree(timing_);
   }
-  if (ipc_ != nullptr) {
-    for (void* c : conns_)
-      if (c) ipc_->table->close(ipc_->ctx, c);
-    if (own_mem_) ipc_->table->dereg_mem(ipc_->ctx, own_mem_);
-  }
+  buffers_.reset();  // the peers' buffers unmapped, then this rank's freed
   for (LLHandleDev* s : all_slots_) cudaFree(s);
   if (err_host_) cudaFreeHost(err_host_);
   cudaGetLastError();
 }
 
 epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInfo_v1_t>& peers) {
-  const Config& c = comm_->cfg;
-  const int R = comm_->nranks, me = comm_->rank;
-  ipc_ = ipc;
+  const Config& c = comm_.config();
+  const int R = comm_.nranks(), me = comm_.rank();
   // The kernels index output rows (local expert x R x M + slot, at most
   // num_experts x M) and a call's combine pieces (T x H / 8) in 32-bit ints.
   const long long rows = (long long)c.num_experts * c.max_tokens_per_rank;
@@ -111,32 +108,31 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   // buffer_bytes_cap was checked against both buffers by the caller (CudaBackend::init).
   bytes_ = llBufferBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
   static_assert(sizeof(LLCtrl) <= kLLCtrlBytes, "LL control area");
-  std::vector<char> handles(size_t(R) * EP_TRANSPORT_HANDLE_BYTES, 0);
-  void* own = nullptr;
-  epResult_t res = ipc_->table->reg_mem(ipc_->ctx, bytes_, EP_TRANSPORT_MEM_DEVICE, &own,
-                                        &handles[size_t(me) * EP_TRANSPORT_HANDLE_BYTES], &own_mem_);
+  buffers_ = std::make_unique<PeerBuffers>(ipc, me, R);
+  LocalMemory own;
+  own.bytes = bytes_;
+  own.kind = EP_TRANSPORT_MEM_DEVICE;
+  epResult_t res = buffers_->registerLocal(own);
   if (res != epSuccess)
     return setError(comm_, res, "cannot allocate the %zu-byte low-latency buffer on device %d", bytes_, dev_);
   // Stale tags must not look like pair tags: zero before anyone writes.
-  CUDACHECK(cudaMemset(own, 0, bytes_));
+  CUDACHECK(cudaMemset(buffers_->localPtr(), 0, bytes_));
   CUDACHECK(cudaDeviceSynchronize());
-  EPCHECK(bootstrapAllGather(comm_->bootstrap, handles.data(), EP_TRANSPORT_HANDLE_BYTES));
-  conns_.assign(R, nullptr);
-  view_.bufs[me] = static_cast<char*>(own);
+  EPCHECK(buffers_->exchange(comm_.bootstrap()));
+  view_.bufs[me] = static_cast<char*>(buffers_->localPtr());
   for (int r = 0; r < R; r++) {
     if (r == me) continue;
-    void* p = nullptr;
-    res = ipc_->table->connect(ipc_->ctx, &peers[r], &handles[size_t(r) * EP_TRANSPORT_HANDLE_BYTES], &p, &conns_[r]);
+    res = buffers_->connect(r, peers[r]);
     if (res != epSuccess) return setError(comm_, res, "cannot map rank %d's low-latency buffer", r);
-    view_.bufs[r] = static_cast<char*>(p);
+    view_.bufs[r] = static_cast<char*>(buffers_->peerPtr(r));
   }
   view_.rank = me;
   view_.nranks = R;
   view_.max_tokens = c.max_tokens_per_rank;
   view_.hidden = c.hidden;
   view_.max_topk = c.max_topk;
-  view_.local_experts = comm_->num_local_experts;
-  view_.first_expert = comm_->first_expert;
+  view_.local_experts = comm_.localExperts();
+  view_.first_expert = comm_.firstExpert();
   view_.num_experts = c.num_experts;
   view_.set_bytes = llSetBytes(R, c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts);
   view_.rec_bytes = llDispatchRecordBytes(c.hidden, c.max_topk);
@@ -180,7 +176,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   };
   std::vector<Agreed> agreed(R, Agreed{0, 0});
   agreed[me] = Agreed{sms_, flag_tokens_};
-  EPCHECK(bootstrapAllGather(comm_->bootstrap, agreed.data(), sizeof(Agreed)));
+  EPCHECK(bootstrapAllGather(comm_.bootstrap(), agreed.data(), sizeof(Agreed)));
   flag_cap_ = 0;
   for (const Agreed& a : agreed) {
     sms_ = std::min(sms_, a.sms);
@@ -199,16 +195,15 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   node_limit_.max_nodes = nodeLimitToCheck(comm_);
   nodeRanks(comm_, node_limit_.node_ranks);
   node_limit_.num_experts = c.num_experts;
-  node_limit_.experts_per_rank = comm_->num_local_experts;
+  node_limit_.experts_per_rank = comm_.localExperts();
   node_limit_.err_claim = &local_->err_claim;
   node_limit_.err = view_.err;
   node_limit_.what = kLLWhatNodeLimit;
 
-  slot_bytes_ = llAlign(offsetof(LLHandleDev, mask) + 2 * size_t(c.max_tokens_per_rank) + 1, 256);
+  slot_bytes_ = roundUp(offsetof(LLHandleDev, mask) + 2 * size_t(c.max_tokens_per_rank) + 1, 256);
   for (int i = 0; i < 8; i++) EPCHECK(addSlot());  // more when more handles are alive (acquireSlot)
   CUDACHECK(cudaDeviceSynchronize());
-  EPCHECK(bootstrapBarrier(comm_->bootstrap));
-  ipc_->table->connected(ipc_->ctx, own_mem_);
+  EPCHECK(buffers_->finish(comm_.bootstrap()));
   EP_INFO(kSubsysInit, "low-latency buffers: %zu bytes per rank", bytes_);
   return epSuccess;
 }
@@ -277,7 +272,7 @@ epResult_t LLEngine::reportArgumentError(const char* fn) {
     return setError(comm_, epInvalidArgument,
                     "%s: token %lld of an earlier low-latency dispatch selects experts on %lld nodes, more than "
                     "config.max_nodes_per_token = %d (its rows were sent as if no bound were declared)",
-                    fn, a, b, comm_->cfg.max_nodes_per_token);
+                    fn, a, b, comm_.config().max_nodes_per_token);
   if (what == kLLWhatBadTopk)
     return setError(comm_, epInvalidArgument, "%s: an earlier low-latency dispatch had topk_idx of token %lld = %lld: %s",
                     fn, a, b, llWhatName(what));
@@ -293,26 +288,26 @@ epResult_t LLEngine::reportFailedWait(const char* fn) {
   // A wait for a peer marked gone that the watcher did not mark (its process
   // lives, its communicator too): the peer, in a high-throughput call, found
   // this rank in a low-latency one (device.cuh: tellLowLatencyPeers).
-  const bool out_of_step = code == epRemoteError && peer >= 0 && peer < comm_->nranks &&
-                           notices_->goneWhat(peer).empty() && !peerExited(comm_, peer);
-  comm_->broken.store(out_of_step ? int(epInvalidUsage) : code);
+  const bool out_of_step = code == epRemoteError && peer >= 0 && peer < comm_.nranks() &&
+                           notices_->goneWhat(peer).empty() && !comm_.peerExited(peer);
+  comm_.markFailed(out_of_step ? epInvalidUsage : epResult_t(code));
   if (out_of_step)
     return setError(comm_, epInvalidUsage,
                     "%s: rank %d is in a high-throughput call while an earlier low-latency call of rank %d waited "
                     "for it (%s; that rank found it so): ranks must issue the same collective calls in the same "
                     "order; the communicator cannot be used any more",
-                    fn, peer, comm_->rank, llWhatName(what));
+                    fn, peer, comm_.rank(), llWhatName(what));
   if (code == epRemoteError)
     return setError(comm_, epRemoteError,
                     "%s: %s while an earlier low-latency call of rank %d waited for it (%s); the communicator cannot "
                     "be used any more",
-                    fn, notices_->describeGone(peer).c_str(), comm_->rank, llWhatName(what));
+                    fn, notices_->describeGone(peer).c_str(), comm_.rank(), llWhatName(what));
   const std::string progress = code == epTimeout ? notices_->progressNote(peer) : std::string();
   return setError(comm_, epResult_t(code),
                   "%s: an earlier low-latency call failed: %s (rank %d, tag %lld, saw %lld) within %d ms: that rank "
                   "stopped, or is in another call (calls out of order, or a high-throughput call against this "
                   "low-latency one)%s; the communicator cannot be used any more",
-                  fn, llWhatName(what), peer, a, b, comm_->cfg.timeout_ms, progress.c_str());
+                  fn, llWhatName(what), peer, a, b, comm_.config().timeout_ms, progress.c_str());
 }
 
 epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only, cudaStream_t stream) {

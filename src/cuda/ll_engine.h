@@ -10,7 +10,9 @@
 #include <mutex>
 #include <vector>
 
-#include "../comm.h"
+#include "../backend_comm.h"
+#include "../handle.h"
+#include "../peer_buffers.h"
 #include "../transport.h"
 #include "host_notices.h"
 #include "ll_common.h"
@@ -20,7 +22,7 @@ namespace cuda {
 
 class LLEngine {
  public:
-  LLEngine(epComm* comm, int device, int sms) : comm_(comm), dev_(device), sms_(sms) {}
+  LLEngine(const BackendComm& comm, int device, int sms) : comm_(comm), dev_(device), sms_(sms) {}
   ~LLEngine();
   // Collective: registers this rank's LL buffer and maps every peer's.
   // peers carry each rank's cuda_device and bus_id.
@@ -60,7 +62,7 @@ class LLEngine {
   epResult_t addSlot();  // callers hold slots_mu_ (or are init)
   epResult_t acquireSlot(LLHandleDev** out);
 
-  epComm* comm_;
+  BackendComm comm_;
   int dev_;
   int sms_;
   int slices_ = -1;  // EP_CUDA_LL_SLICES, read once at init
@@ -73,9 +75,7 @@ class LLEngine {
   NodeLimitParams node_limit_{};
   size_t bytes_ = 0;
   LLView view_{};
-  const TransportEntry* ipc_ = nullptr;
-  void* own_mem_ = nullptr;
-  std::vector<void*> conns_;
+  std::unique_ptr<PeerBuffers> buffers_;  // this rank's LL buffer, registered with cuda_ipc, and the peers' mapped
   LLLocal* local_ = nullptr;
   ErrorInfo* err_host_ = nullptr;  // [kErrorSlots], host-mapped
   HostNotices* notices_ = nullptr;

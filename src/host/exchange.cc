@@ -29,19 +29,19 @@ const char* kindName(uint32_t kind) {
 }
 }  // namespace
 
-Exchanger::Exchanger(epComm* comm, std::vector<void*> segments, const RingGeometry& geometry)
+Exchanger::Exchanger(const BackendComm& comm, std::vector<void*> segments, const RingGeometry& geometry)
     : comm_(comm), segments_(std::move(segments)), geo_(geometry),
       scratch_(size_t(geometry.chunk_records) * geometry.record_bytes) {}
 
 bool Exchanger::peerClosed(int rank) const {
-  const int me = comm_->rank;
+  const int me = comm_.rank();
   return loadAcquire(&geo_.ctrl(segments_[me], rank)->source_closed) != 0 ||
          loadAcquire(&geo_.ctrl(segments_[rank], me)->owner_closed) != 0;
 }
 
 void Exchanger::announceClose() {
-  const int me = comm_->rank;
-  for (int r = 0; r < comm_->nranks; r++) {
+  const int me = comm_.rank();
+  for (int r = 0; r < comm_.nranks(); r++) {
     if (r == me) continue;
     storeRelease(&geo_.ctrl(segments_[r], me)->source_closed, 1);  // the ring this rank writes, in r's segment
     storeRelease(&geo_.ctrl(segments_[me], r)->owner_closed, 1);   // the ring r writes, in this rank's
@@ -52,17 +52,17 @@ void Exchanger::announceClose() {
 // destroyed or aborted its communicator, most likely after an error of its
 // own, so an exited rank, if any, is named too.
 epResult_t Exchanger::failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq) {
-  comm_->broken.store(epRemoteError);
+  comm_.markFailed(epRemoteError);
   const unsigned long long seq = call_seq;
   if (!closed)
     return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what, seq, gone,
-                    comm_->peers[gone].pid);
-  for (int r = 0; r < comm_->nranks; r++)
-    if (r != comm_->rank && peerExited(comm_, r))
+                    comm_.peers()[gone].pid);
+  for (int r = 0; r < comm_.nranks(); r++)
+    if (r != comm_.rank() && comm_.peerExited(r))
       return setError(comm_, epRemoteError,
                       "%s (call %llu): rank %d left the call (destroyed or aborted its communicator); "
                       "rank %d (pid %d) exited",
-                      what, seq, gone, r, comm_->peers[r].pid);
+                      what, seq, gone, r, comm_.peers()[r].pid);
   return setError(comm_, epRemoteError,
                   "%s (call %llu): rank %d left the call (destroyed or aborted its communicator)", what, seq, gone);
 }
@@ -74,35 +74,40 @@ epResult_t Exchanger::failTimeout(const std::vector<StreamSpec>& sends,
   // Where the peer is: the latest call it entered, as it wrote beside its
   // ring's head in this rank's segment.
   auto whereIs = [&](int r) {
-    const uint64_t theirs = loadAcquire(&geo_.ctrl(segments_[comm_->rank], r)->source_call);
+    const uint64_t theirs = loadAcquire(&geo_.ctrl(segments_[comm_.rank()], r)->source_call);
     std::string at = " (its latest call on this communicator is " + std::to_string(theirs);
     return at + (theirs < call_seq ? ": it has not made this one)" : theirs == call_seq ? ", this one)" : ")");
   };
   std::string who;
-  if (recv_cursor < comm_->nranks && recv_cursor != comm_->rank &&
+  if (recv_cursor < comm_.nranks() && recv_cursor != comm_.rank() &&
       received[recv_cursor] < recvs[recv_cursor].records)
     who = "rank " + std::to_string(recv_cursor) + " has not sent its data" + whereIs(recv_cursor);
-  for (int d = 0; d < comm_->nranks; d++) {
-    if (d == comm_->rank || sent[d] >= sends[d].records) continue;
+  for (int d = 0; d < comm_.nranks(); d++) {
+    if (d == comm_.rank() || sent[d] >= sends[d].records) continue;
     if (!who.empty()) who += "; ";
     who += "rank " + std::to_string(d) + " has not taken this rank's data" + whereIs(d);
   }
-  comm_->broken.store(epTimeout);
+  comm_.markFailed(epTimeout);
   return setError(comm_, epTimeout, "%s (call %llu): %s within %d ms", what,
                   (unsigned long long)call_seq, who.empty() ? "no progress" : who.c_str(),
-                  comm_->cfg.timeout_ms);
+                  comm_.config().timeout_ms);
 }
 
-epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
-                          std::vector<StreamSpec>& recvs, const char* what) {
-  const int R = comm_->nranks, me = comm_->rank, per_chunk = geo_.chunk_records;
+epResult_t Exchanger::run(ChunkKind kind, std::vector<StreamSpec>& sends, std::vector<StreamSpec>& recvs,
+                          const char* what) {
+  return runCall(kind, ++calls_, sends, recvs, what);
+}
+
+epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
+                              std::vector<StreamSpec>& recvs, const char* what) {
+  const int R = comm_.nranks(), me = comm_.rank(), per_chunk = geo_.chunk_records;
   std::vector<int> sent(R, 0), received(R, 0);
   void* my_segment = segments_[me];
   for (int d = 0; d < R; d++)  // where this rank is, for a peer's timeout report (failTimeout)
     if (d != me) storeRelease(&geo_.ctrl(segments_[d], me)->source_call, call_seq);
   int recv_cursor = 0;
   auto last_progress = Clock::now();
-  const auto timeout = std::chrono::milliseconds(comm_->cfg.timeout_ms);
+  const auto timeout = std::chrono::milliseconds(comm_.config().timeout_ms);
   unsigned idle_rounds = 0;
   // A peer found exited is only declared gone after one more pass finds
   // nothing new: it may have published its last chunks just before exiting,
@@ -161,7 +166,7 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
       const ChunkHeader* slot = geo_.slot(my_segment, s, tail);
       if (slot->call_seq != call_seq || slot->kind != kind || slot->first != uint32_t(received[s]) ||
           slot->count == 0 || int(slot->count) > recvs[s].records - received[s]) {
-        comm_->broken.store(epInvalidUsage);
+        comm_.markFailed(epInvalidUsage);
         return setError(comm_, epInvalidUsage,
                         "%s (call %llu): rank %d sent %s data of its call %llu: ranks must issue "
                         "the same collective calls in the same order",
@@ -182,7 +187,7 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
     }
     // Idle: give the core away (ranks often outnumber cores), watch for abort,
     // dead peers and the timeout.
-    if (comm_->abort_flag.load(std::memory_order_relaxed))
+    if (comm_.aborted())
       return setError(comm_, epAborted, "%s: communicator aborted", what);
     idle_rounds++;
     if (idle_rounds < 64) {
@@ -197,7 +202,7 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
       int gone = -1;
       bool closed = false;
       for (int r = 0; r < R && gone < 0; r++)
-        if (waitingOn(r) && peerExited(comm_, r)) gone = r;  // it will never make progress again
+        if (waitingOn(r) && comm_.peerExited(r)) gone = r;  // it will never make progress again
       for (int r = 0; r < R && gone < 0; r++)
         if (waitingOn(r) && peerClosed(r)) gone = r, closed = true;
       if (gone >= 0 && exited_suspect != gone) {  // look at the rings once more first
@@ -213,8 +218,8 @@ epResult_t Exchanger::run(ChunkKind kind, uint64_t call_seq, std::vector<StreamS
   return epSuccess;
 }
 
-epResult_t Exchanger::exchangeCounts(ChunkKind kind, uint64_t call_seq, Routing* routing, const char* what) {
-  const int R = comm_->nranks;
+epResult_t Exchanger::exchangeCounts(ChunkKind kind, Routing* routing, const char* what) {
+  const int R = comm_.nranks();
   std::vector<int> recv_count(R, 0);
   std::vector<StreamSpec> sends(R), recvs(R);
   for (int r = 0; r < R; r++) {  // one 8-byte record to every rank, one from every rank
@@ -230,7 +235,7 @@ epResult_t Exchanger::exchangeCounts(ChunkKind kind, uint64_t call_seq, Routing*
       recv_count[r] = int(n);
     };
   }
-  epResult_t res = run(kind, call_seq, sends, recvs, what);
+  epResult_t res = run(kind, sends, recvs, what);
   if (res == epSuccess) buildRecvSide(recv_count, routing);
   return res;
 }

@@ -7,7 +7,8 @@
 #include <functional>
 #include <vector>
 
-#include "../comm.h"
+#include "../backend_comm.h"
+#include "../routing.h"
 #include "ring.h"
 
 namespace ep {
@@ -24,28 +25,32 @@ struct StreamSpec {
 class Exchanger {
  public:
   // segments[r] is rank r's segment as mapped in this process (own one included).
-  Exchanger(epComm* comm, std::vector<void*> segments, const RingGeometry& geometry);
-  // Runs one step. Receives are consumed in ascending source rank order (this
-  // rank's own stream at its place), which is what makes combine deterministic.
-  // `what` names the step in error messages ("dispatch counts").
-  epResult_t run(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
-                 std::vector<StreamSpec>& recvs, const char* what);
-  // The count exchange of a dispatch: tells every rank how many tokens this
-  // one sends it (r's send side), and fills r's receive side from what every
-  // rank says it sends here.
-  epResult_t exchangeCounts(ChunkKind kind, uint64_t call_seq, Routing* r, const char* what);
+  Exchanger(const BackendComm& comm, std::vector<void*> segments, const RingGeometry& geometry);
+  // Runs one step, the next collective call of this rank (each step is one;
+  // the chunks carry its number, so that ranks out of step are found).
+  // Receives are consumed in ascending source rank order (this rank's own
+  // stream at its place), which is what makes combine deterministic. `what`
+  // names the step in error messages ("dispatch counts").
+  epResult_t run(ChunkKind kind, std::vector<StreamSpec>& sends, std::vector<StreamSpec>& recvs, const char* what);
+  // The count exchange of a dispatch (a step of its own): tells every rank
+  // how many tokens this one sends it (r's send side), and fills r's receive
+  // side from what every rank says it sends here.
+  epResult_t exchangeCounts(ChunkKind kind, Routing* r, const char* what);
   // Marks this rank's rings closed, in its own segment and in its peers'
   // (the communicator is going away): peers waiting on it stop waiting.
   void announceClose();
 
  private:
+  epResult_t runCall(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
+                     std::vector<StreamSpec>& recvs, const char* what);
   bool peerClosed(int rank) const;
   epResult_t failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq);
   epResult_t failTimeout(const std::vector<StreamSpec>& sends, const std::vector<StreamSpec>& recvs,
                          const std::vector<int>& sent, int recv_cursor, const std::vector<int>& received,
                          const char* what, uint64_t call_seq);
 
-  epComm* comm_;
+  BackendComm comm_;
+  uint64_t calls_ = 0;  // collective calls this rank made (the number of the latest)
   std::vector<void*> segments_;
   RingGeometry geo_;
   std::vector<uint8_t> scratch_;  // one chunk of records for this rank's stream to itself

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "../backend.h"
-#include "../bootstrap.h"
 #include "../checks.h"
+#include "../data_types.h"
 #include "../params.h"
+#include "../peer_buffers.h"
+#include "../sizes.h"
 #include "../transport.h"
 #include "convert.h"
 #include "exchange.h"
@@ -24,8 +26,6 @@ using host::Exchanger;
 using host::RingGeometry;
 using host::StreamSpec;
 
-size_t roundUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
 // Bytes of one dispatched token on the wire: row, scales, local expert ids,
 // weights, and a word that says whether the sender carried ids and weights
 // (a cached re-dispatch may not).
@@ -38,7 +38,7 @@ struct DispatchRecord {
 DispatchRecord dispatchRecord(const Config& c) {
   DispatchRecord r;
   r.row_bytes = size_t(c.hidden) * dataTypeSize(c.dispatch_type);
-  r.scale_bytes = c.dispatch_type == epFloat8E4M3 ? size_t((c.hidden + 127) / 128) * 4 : 0;
+  r.scale_bytes = c.dispatch_type == epFloat8E4M3 ? size_t(fp8ScaleBlocks(c.hidden)) * 4 : 0;
   r.idx_bytes = size_t(c.max_topk) * 8;
   r.weight_bytes = size_t(c.max_topk) * 4;
   return r;
@@ -90,7 +90,7 @@ __attribute__((optimize("O3"))) void storeRowFromFloat(const float* values, epDa
 
 class HostBackend : public Backend {
  public:
-  explicit HostBackend(epComm* comm) : comm_(comm) {}
+  explicit HostBackend(const BackendComm& comm) : comm_(comm) {}
   ~HostBackend() override;
   epResult_t init();
 
@@ -115,43 +115,30 @@ class HostBackend : public Backend {
   }
 
  private:
-  Placement placement() const {
-    Placement p;
-    p.num_experts = comm_->cfg.num_experts;
-    p.nranks = comm_->nranks;
-    p.experts_per_rank = comm_->num_local_experts;
-    return p;
-  }
-
-  epComm* comm_;
+  BackendComm comm_;
   RingGeometry geo_;
-  const TransportEntry* shm_ = nullptr;
-  void* own_mem_ = nullptr;
-  std::vector<void*> segments_;  // [R] mapped segments, own included
-  std::vector<void*> conns_;     // [R] transport connections (nullptr for self)
+  std::unique_ptr<PeerBuffers> segments_;  // this rank's segment, registered with shm, and the peers' mapped
   std::unique_ptr<Exchanger> exchanger_;
   std::vector<float> acc_, acc_w_;  // combine's sums, reused between calls
 };
 
 HostBackend::~HostBackend() {
   if (exchanger_) exchanger_->announceClose();
-  exchanger_.reset();
-  if (shm_ == nullptr) return;
-  for (void* c : conns_)
-    if (c) shm_->table->close(shm_->ctx, c);
-  if (own_mem_) shm_->table->dereg_mem(shm_->ctx, own_mem_);
+  exchanger_.reset();  // it writes into the segments: gone before they are
+  segments_.reset();
 }
 
 epResult_t HostBackend::init() {
-  const Config& cfg = comm_->cfg;
-  const int R = comm_->nranks;
+  const Config& cfg = comm_.config();
+  const int R = comm_.nranks(), me = comm_.rank();
   std::string why;
-  shm_ = transportFind("shm", &why);
-  if (shm_ == nullptr)
+  const TransportEntry* shm = transportFind("shm", &why);
+  if (shm == nullptr)
     return setError(comm_, epNotSupported, "host backend needs the shm transport: %s", why.c_str());
+  segments_ = std::make_unique<PeerBuffers>(shm, me, R);
   for (int r = 0; r < R; r++) {
     int ok = 0;
-    shm_->table->can_connect(shm_->ctx, &comm_->peers[comm_->rank], &comm_->peers[r], &ok);
+    segments_->canConnect(comm_.peers()[me], comm_.peers()[r], &ok);
     if (!ok)
       return setError(comm_, epNotSupported,
                       "host backend: rank %d is on another machine and this build has no network "
@@ -194,65 +181,61 @@ epResult_t HostBackend::init() {
   EP_INFO(kSubsysInit, "host backend: %d rings of %d slots x %d records x %zu bytes = %zu bytes", R,
           geo_.slots, geo_.chunk_records, geo_.record_bytes, geo_.segmentBytes());
 
-  // Register this rank's segment and exchange handles.
-  std::vector<char> handles(size_t(R) * EP_TRANSPORT_HANDLE_BYTES, 0);
-  void* own_ptr = nullptr;
+  // Register this rank's segment, exchange handles, map every peer's.
+  LocalMemory segment;
+  segment.bytes = geo_.segmentBytes();
+  segment.kind = EP_TRANSPORT_MEM_HOST;
   transportClearWarning();
-  epResult_t res = shm_->table->reg_mem(shm_->ctx, geo_.segmentBytes(), EP_TRANSPORT_MEM_HOST,
-                                        &own_ptr, &handles[size_t(comm_->rank) * EP_TRANSPORT_HANDLE_BYTES],
-                                        &own_mem_);
+  epResult_t res = segments_->registerLocal(segment);
   if (res != epSuccess)
     return setError(comm_, res, "host backend: cannot allocate a %zu-byte shared segment (EP_SHM_DIR=%s): %s",
                     geo_.segmentBytes(), param::SHM_DIR(),
                     transportLastWarning().empty() ? "no reason given" : transportLastWarning().c_str());
-  EPCHECK(bootstrapAllGather(comm_->bootstrap, handles.data(), EP_TRANSPORT_HANDLE_BYTES));
-  segments_.assign(R, nullptr);
-  conns_.assign(R, nullptr);
-  segments_[comm_->rank] = own_ptr;
+  EPCHECK(segments_->exchange(comm_.bootstrap()));
   for (int r = 0; r < R; r++) {
-    if (r == comm_->rank) continue;
-    res = shm_->table->connect(shm_->ctx, &comm_->peers[r], &handles[size_t(r) * EP_TRANSPORT_HANDLE_BYTES],
-                               &segments_[r], &conns_[r]);
+    if (r == me) continue;
+    res = segments_->connect(r, comm_.peers()[r]);
     if (res != epSuccess) return setError(comm_, res, "host backend: cannot map rank %d's segment", r);
   }
   // Every peer mapped every segment: the names can go.
-  EPCHECK(bootstrapBarrier(comm_->bootstrap));
-  shm_->table->connected(shm_->ctx, own_mem_);
-  exchanger_ = std::make_unique<Exchanger>(comm_, segments_, geo_);
+  EPCHECK(segments_->finish(comm_.bootstrap()));
+  std::vector<void*> mapped(R, nullptr);
+  for (int r = 0; r < R; r++) mapped[size_t(r)] = segments_->peerPtr(r);
+  exchanger_ = std::make_unique<Exchanger>(comm_, std::move(mapped), geo_);
   return epSuccess;
 }
 
 epResult_t HostBackend::layout(const epLayoutArgs_t& a, epStream_t) {
-  computeLayout(placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk,
-                comm_->nodes.node_of_rank.data(), comm_->nodes.num_nodes, a.tokens_per_rank,
+  computeLayout(comm_.placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk,
+                comm_.nodes().node_of_rank.data(), comm_.nodes().num_nodes, a.tokens_per_rank,
                 a.tokens_per_node, a.tokens_per_expert, a.is_token_in_rank);
   return epSuccess;
 }
 
 epResult_t HostBackend::prepare(const char*, const epDispatchArgs_t& a, epHandle* h, epStream_t) {
   Routing routing;
-  buildSendSide(placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, &routing);
+  buildSendSide(comm_.placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, &routing);
 
-  EPCHECK(exchanger_->exchangeCounts(host::kChunkCounts, ++comm_->call_seq, &routing, "dispatch counts"));
+  EPCHECK(exchanger_->exchangeCounts(host::kChunkCounts, &routing, "dispatch counts"));
   h->routing = std::move(routing);
   h->counts_known = true;
   return epSuccess;
 }
 
 epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool, epStream_t) {
-  const Config& cfg = comm_->cfg;
-  const int R = comm_->nranks, K = a.num_topk;
+  const Config& cfg = comm_.config();
+  const int R = comm_.nranks(), K = a.num_topk;
   const Routing& rt = h->routing;
   const DispatchRecord rec = dispatchRecord(cfg);
   const size_t elem = dataTypeSize(cfg.dispatch_type);
   const size_t row_bytes = size_t(cfg.hidden) * elem;
   const size_t x_stride = a.x_stride ? a.x_stride : row_bytes;
-  const int nblocks = (cfg.hidden + 127) / 128;
+  const int nblocks = fp8ScaleBlocks(cfg.hidden);
   const bool fp8 = cfg.dispatch_type == epFloat8E4M3;
   const size_t s_tok = a.scales_token_stride ? a.scales_token_stride : size_t(nblocks);
   const size_t s_blk = a.scales_block_stride ? a.scales_block_stride : 1;
   const bool with_topk = a.topk_idx != nullptr;
-  const Placement pl = placement();
+  const Placement& pl = comm_.placement();
   const bool fits = rt.num_recv <= a.recv_capacity;
 
   std::vector<StreamSpec> sends(R), recvs(R);
@@ -282,7 +265,7 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool, e
       }
     };
   }
-  std::vector<int> per_expert(comm_->num_local_experts, 0);
+  std::vector<int> per_expert(comm_.localExperts(), 0);
   bool all_had_topk = true;
   int wider_from = -1, wider_k = 0;  // a source that passed more top-k columns than this rank
   for (int s = 0; s < R; s++) {
@@ -319,7 +302,7 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool, e
       }
     };
   }
-  EPCHECK(exchanger_->run(host::kChunkDispatch, ++comm_->call_seq, sends, recvs, "dispatch"));
+  EPCHECK(exchanger_->run(host::kChunkDispatch, sends, recvs, "dispatch"));
   if (wider_from >= 0)
     return setError(comm_, epInvalidUsage,
                     "epDispatch: rank %d passed num_topk = %d, more than this rank's %d (the columns of "
@@ -338,7 +321,7 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool, e
   if (all_had_topk) h->routing.recv_per_expert = per_expert;
   if (a.recv_tokens_per_expert) {
     const std::vector<int>& counts = h->routing.recv_per_expert;
-    for (int e = 0; e < comm_->num_local_experts; e++)
+    for (int e = 0; e < comm_.localExperts(); e++)
       a.recv_tokens_per_expert[e] = e < int(counts.size()) ? alignUp(counts[e], a.expert_alignment) : 0;
   }
   if (a.num_recv) *a.num_recv = rt.num_recv;
@@ -346,8 +329,8 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool, e
 }
 
 epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_t) {
-  const Config& cfg = comm_->cfg;
-  const int R = comm_->nranks, H = cfg.hidden;
+  const Config& cfg = comm_.config();
+  const int R = comm_.nranks(), H = cfg.hidden;
   const Routing& rt = h->routing;
   const epDataType_t type = cfg.combine_type;
   const size_t row_bytes = size_t(H) * dataTypeSize(type);
@@ -393,7 +376,7 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
       }
     };
   }
-  EPCHECK(exchanger_->run(host::kChunkCombine, ++comm_->call_seq, sends, recvs, "combine"));
+  EPCHECK(exchanger_->run(host::kChunkCombine, sends, recvs, "combine"));
   for (int t = 0; t < T; t++) {
     float* sum = &acc[size_t(t) * H];
     if (a.bias) addRowAsFloat(static_cast<const char*>(a.bias) + size_t(t) * row_bytes, type, H, sum);
@@ -412,7 +395,7 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
 
 }  // namespace
 
-epResult_t createHostBackend(epComm* comm, std::unique_ptr<Backend>* out) {
+epResult_t createHostBackend(const BackendComm& comm, std::unique_ptr<Backend>* out) {
   auto backend = std::make_unique<HostBackend>(comm);
   EPCHECK(backend->init());
   *out = std::move(backend);

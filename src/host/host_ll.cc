@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../data_types.h"
+#include "../sizes.h"
 #include "convert.h"
 #include "fp8.h"
 
@@ -13,8 +15,6 @@ namespace ep {
 namespace host {
 
 namespace {
-
-size_t roundUp16(size_t v) { return (v + 15) / 16 * 16; }
 
 // Wire record of one token to one rank: its row on the wire (an FP8 row is
 // followed by its scales), its index on the source, the wire type, and
@@ -28,13 +28,13 @@ struct LLDispatchRecord {
   size_t wireOffset() const { return tokenOffset() + 4; }
   size_t idsOffset() const { return tokenOffset() + 8; }
   size_t weightsOffset() const { return idsOffset() + size_t(max_topk) * 4; }
-  size_t total() const { return roundUp16(weightsOffset() + size_t(max_topk) * 4); }
+  size_t total() const { return roundUp(weightsOffset() + size_t(max_topk) * 4, 16); }
 };
 
 LLDispatchRecord llRecord(const Config& c) {
   LLDispatchRecord r;
   r.row_bytes = size_t(c.hidden) * 2;                       // BF16, the larger row
-  r.scale_bytes = size_t((c.hidden + 127) / 128) * 4;       // room for FP8 scales past an FP8 row
+  r.scale_bytes = size_t(fp8ScaleBlocks(c.hidden)) * 4;     // room for FP8 scales past an FP8 row
   r.max_topk = c.max_topk;
   return r;
 }
@@ -72,23 +72,23 @@ void packRow(const Config& c, const epLowLatencyDispatchArgs_t& a, bool fp8, int
   }
   float* scales = reinterpret_cast<float*>(out + H);
   const bool pow2 = (a.flags & EP_LL_ROUND_SCALE_POW2) != 0;
-  for (int b = 0; b * 128 < H; b++) {
-    const int end = std::min(H, (b + 1) * 128);
+  for (int b = 0; b < fp8ScaleBlocks(H); b++) {
+    const int begin = b * kFp8BlockElems, end = std::min(H, begin + kFp8BlockElems);
     float amax = 0.0f;
-    for (int j = b * 128; j < end; j++) amax = std::fmax(amax, std::fabs(bf16ToFloat(row[j])));
+    for (int j = begin; j < end; j++) amax = std::fmax(amax, std::fabs(bf16ToFloat(row[j])));
     const float scale = fp8BlockScale(amax, pow2);
     const float inverse = 1.0f / scale;
-    for (int j = b * 128; j < end; j++) out[j] = floatToE4M3(bf16ToFloat(row[j]) * inverse);
+    for (int j = begin; j < end; j++) out[j] = floatToE4M3(bf16ToFloat(row[j]) * inverse);
     scales[b] = scale;
   }
 }
 
 // Expands the arrived records into the expert-major outputs.
-void expandDispatch(epComm* comm, LLState* st) {
-  const Config& c = comm->cfg;
+void expandDispatch(const BackendComm& comm, LLState* st) {
+  const Config& c = comm.config();
   const epLowLatencyDispatchArgs_t& a = st->dispatch_args;
-  const int L = comm->num_local_experts, R = comm->nranks, M = c.max_tokens_per_rank, H = c.hidden;
-  const int nblocks = (H + 127) / 128;
+  const int L = comm.localExperts(), R = comm.nranks(), M = c.max_tokens_per_rank, H = c.hidden;
+  const int nblocks = fp8ScaleBlocks(H);
   const size_t cap = size_t(R) * M;
   const bool fp8 = a.wire_type == epFloat8E4M3;
   const size_t row_bytes = fp8 ? size_t(H) : size_t(H) * 2;
@@ -123,8 +123,8 @@ void expandDispatch(epComm* comm, LLState* st) {
   st->dispatch_records.shrink_to_fit();
 }
 
-void finishCombine(epComm* comm, LLState* st) {
-  const int H = comm->cfg.hidden;
+void finishCombine(const BackendComm& comm, LLState* st) {
+  const int H = comm.config().hidden;
   uint16_t* out = static_cast<uint16_t*>(st->combine_args.out);
   for (size_t i = 0; i < size_t(st->num_tokens) * H; i++) out[i] = floatToBf16(st->partial_sum[i]);
   st->partial_sum.clear();
@@ -135,21 +135,18 @@ void finishCombine(epComm* comm, LLState* st) {
 size_t llRecordBytes(const Config& cfg) {
   if (!cfg.low_latency) return 0;
   const size_t dispatch = llRecord(cfg).total();
-  const size_t combine = roundUp16(size_t(cfg.hidden) * 4);
+  const size_t combine = roundUp(size_t(cfg.hidden) * 4, 16);
   return std::max(dispatch, combine);
 }
 
-epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArgs_t& a, epHandle* h,
+epResult_t llDispatch(const BackendComm& comm, Exchanger& ex, const epLowLatencyDispatchArgs_t& a, epHandle* h,
                       bool send_only) {
-  const Config& c = comm->cfg;
-  const int R = comm->nranks, K = a.num_topk, L = comm->num_local_experts;
+  const Config& c = comm.config();
+  const int R = comm.nranks(), K = a.num_topk, L = comm.localExperts();
   const bool fp8 = a.wire_type == epFloat8E4M3;
   const LLDispatchRecord rec = llRecord(c);
   const int KM = c.max_topk;
-  Placement pl;
-  pl.num_experts = c.num_experts;
-  pl.nranks = R;
-  pl.experts_per_rank = L;
+  const Placement& pl = comm.placement();
 
   auto st = std::make_unique<LLState>();
   st->num_tokens = a.num_tokens;
@@ -159,7 +156,7 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
 
   // Counts first (each rank learns how many tokens each source sends), then
   // the tokens, each once per destination rank.
-  EPCHECK(ex.exchangeCounts(kChunkLLCounts, ++comm->call_seq, &st->routing, "low-latency dispatch counts"));
+  EPCHECK(ex.exchangeCounts(kChunkLLCounts, &st->routing, "low-latency dispatch counts"));
 
   // Each token is quantised once, whatever the number of destinations.
   std::vector<uint8_t> wire(size_t(a.num_tokens) * rec.tokenOffset());
@@ -187,7 +184,7 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
   }
   st->dispatch_records.resize(size_t(rt.num_recv) * rec.total());
   st->arrivals.reserve(size_t(rt.num_recv));
-  const int first_expert = comm->first_expert;
+  const int first_expert = comm.firstExpert();
   int other_wire_from = -1;  // a source that sent another wire type than this rank asked for
   int other_wire = 0;
   for (int s = 0; s < R; s++) {
@@ -216,7 +213,7 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
       }
     };
   }
-  EPCHECK(ex.run(kChunkLLDispatch, ++comm->call_seq, sends, recvs, "low-latency dispatch"));
+  EPCHECK(ex.run(kChunkLLDispatch, sends, recvs, "low-latency dispatch"));
   if (other_wire_from >= 0)
     return setError(comm, epInvalidUsage,
                     "epLowLatencyDispatch: rank %d sent %s rows and this rank asked for %s: wire_type must be "
@@ -232,13 +229,13 @@ epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArg
   return epSuccess;
 }
 
-epResult_t llCombine(epComm* comm, Exchanger& ex, const epLowLatencyCombineArgs_t& a, epHandle* h,
+epResult_t llCombine(const BackendComm& comm, Exchanger& ex, const epLowLatencyCombineArgs_t& a, epHandle* h,
                      bool send_only) {
   LLState* st = stateOf(h);
-  const Config& c = comm->cfg;
-  const int R = comm->nranks, H = c.hidden, M = c.max_tokens_per_rank;
+  const Config& c = comm.config();
+  const int R = comm.nranks(), H = c.hidden, M = c.max_tokens_per_rank;
   const size_t cap = size_t(R) * M;
-  const size_t rec_bytes = roundUp16(size_t(H) * 4);
+  const size_t rec_bytes = roundUp(size_t(H) * 4, 16);
   const Routing& rt = st->routing;
   const uint16_t* y = static_cast<const uint16_t*>(a.y);
 
@@ -269,7 +266,7 @@ epResult_t llCombine(epComm* comm, Exchanger& ex, const epLowLatencyCombineArgs_
       }
     };
   }
-  EPCHECK(ex.run(kChunkLLCombine, ++comm->call_seq, sends, recvs, "low-latency combine"));
+  EPCHECK(ex.run(kChunkLLCombine, sends, recvs, "low-latency combine"));
   st->combine_args = a;
   if (send_only) {
     h->pending = epHandle::Pending::kCombine;
@@ -279,7 +276,7 @@ epResult_t llCombine(epComm* comm, Exchanger& ex, const epLowLatencyCombineArgs_
   return epSuccess;
 }
 
-epResult_t llComplete(epComm* comm, epHandle* h) {
+epResult_t llComplete(const BackendComm& comm, epHandle* h) {
   LLState* st = stateOf(h);
   switch (h->pending) {
     case epHandle::Pending::kDispatch: expandDispatch(comm, st); break;

@@ -5,7 +5,9 @@
 // outputs lie and sends one float32 row per (token, rank) home.
 #pragma once
 
-#include "../comm.h"
+#include "../backend_comm.h"
+#include "../config.h"
+#include "../handle.h"
 #include "exchange.h"
 
 namespace ep {
@@ -14,11 +16,11 @@ namespace host {
 // Bytes of the largest low-latency record (for the ring geometry).
 size_t llRecordBytes(const Config& cfg);
 
-epResult_t llDispatch(epComm* comm, Exchanger& ex, const epLowLatencyDispatchArgs_t& args, epHandle* h,
+epResult_t llDispatch(const BackendComm& comm, Exchanger& ex, const epLowLatencyDispatchArgs_t& args, epHandle* h,
                       bool send_only);
-epResult_t llCombine(epComm* comm, Exchanger& ex, const epLowLatencyCombineArgs_t& args, epHandle* h,
+epResult_t llCombine(const BackendComm& comm, Exchanger& ex, const epLowLatencyCombineArgs_t& args, epHandle* h,
                      bool send_only);
-epResult_t llComplete(epComm* comm, epHandle* h);
+epResult_t llComplete(const BackendComm& comm, epHandle* h);
 void llRelease(epHandle* h);
 
 }  // namespace host

@@ -1,0 +1,84 @@
+// The communicator as a backend sees it. A backend reads what the core
+// settled at init (CommFacts, fixed before the backend is made) and changes
+// the communicator only through the calls below; it never sees epComm itself
+// (comm.h is a layer above the backends: scripts/check_layers.py).
+#pragma once
+
+#include <atomic>
+#include <vector>
+
+#include "config.h"
+#include "moeep_transport.h"
+#include "node_map.h"
+#include "routing.h"
+
+struct epComm;
+
+namespace ep {
+
+struct Bootstrap;
+
+// What a communicator is, settled by init before its backend is made and
+// never changed after. The core owns it: epComm derives from it.
+struct CommFacts {
+  int rank = 0;
+  int nranks = 0;
+  Config cfg;
+  int first_expert = 0;
+  int num_local_experts = 0;
+  Placement placement;  // experts over ranks, as the routing math takes it
+  NodeMap nodes;
+  std::vector<epPeerInfo_v1_t> peers;  // [R]
+  std::vector<bool> pid_visible;       // [R]: peers[r].pid names that rank's process here (peerExited)
+};
+
+// A backend's view of its communicator: a few pointers into it, copied
+// freely (the backend, its engines and its helpers each hold one); valid
+// while the communicator lives, which outlives its backend.
+class BackendComm {
+ public:
+  // What the core lends: the communicator (where errors are kept), its facts,
+  // its bootstrap, its abort flag and its failure word.
+  BackendComm(epComm* comm, const CommFacts* facts, Bootstrap* bootstrap, const std::atomic<int>* abort_flag,
+              std::atomic<int>* failed)
+      : comm_(comm), facts_(facts), bootstrap_(bootstrap), abort_flag_(abort_flag), failed_(failed) {}
+
+  int rank() const { return facts_->rank; }
+  int nranks() const { return facts_->nranks; }
+  const Config& config() const { return facts_->cfg; }
+  int firstExpert() const { return facts_->first_expert; }
+  int localExperts() const { return facts_->num_local_experts; }
+  const Placement& placement() const { return facts_->placement; }
+  const NodeMap& nodes() const { return facts_->nodes; }
+  const std::vector<epPeerInfo_v1_t>& peers() const { return facts_->peers; }
+  // Rank r's pid names its process here (same machine, same pid namespace).
+  bool pidVisible(int r) const { return facts_->pid_visible[size_t(r)]; }
+  // True once rank r's process exited, as far as this rank can tell: only a
+  // peer whose pid means something here (pidVisible) can be seen to exit;
+  // for any other peer, false.
+  bool peerExited(int r) const;
+  // The ranks' collectives over TCP (allgather, barrier): for init.
+  Bootstrap* bootstrap() const { return bootstrap_; }
+  // epCommAbort was called: every wait must leave.
+  bool aborted() const { return abort_flag_->load(); }
+
+  // The communicator failed for good (a wait timed out, a peer left, ranks
+  // out of step): from now on its collective calls are refused, naming `why`.
+  void markFailed(epResult_t why) { failed_->store(int(why)); }
+  // Where setError keeps a backend's messages (the communicator's last error).
+  epComm* errorTarget() const { return comm_; }
+
+ private:
+  epComm* comm_;
+  const CommFacts* facts_;
+  Bootstrap* bootstrap_;
+  const std::atomic<int>* abort_flag_;
+  std::atomic<int>* failed_;
+};
+
+// setError (debug.h) for a backend: the message becomes its communicator's
+// last error.
+epResult_t setError(const BackendComm& comm, epResult_t res, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+}  // namespace ep
