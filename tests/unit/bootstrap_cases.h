@@ -80,8 +80,10 @@ inline int waitChild(pid_t pid, long limit_ms) {
   }
 }
 
-// Forks one child per body; returns their exit codes (0: the body returned 0).
-inline std::vector<int> runForked(const std::vector<std::function<int()>>& bodies, long limit_ms = 12000) {
+// Forks one child per body (their pids). Fork from a thread while no other
+// thread of the process may hold a lock: a child inherits a lock held
+// elsewhere (an allocator's) locked, for good.
+inline std::vector<pid_t> forkAll(const std::vector<std::function<int()>>& bodies) {
   std::vector<pid_t> pids;
   for (const auto& body : bodies) {
     fflush(stdout);
@@ -90,9 +92,19 @@ inline std::vector<int> runForked(const std::vector<std::function<int()>>& bodie
     if (pid == 0) _exit(body());  // no atexit handlers, no destructors of the parent's state
     pids.push_back(pid);
   }
+  return pids;
+}
+
+// The children's exit codes (0: the body returned 0), each waited for up to limit_ms.
+inline std::vector<int> waitAll(const std::vector<pid_t>& pids, long limit_ms = 12000) {
   std::vector<int> codes;
   for (pid_t pid : pids) codes.push_back(pid > 0 ? waitChild(pid, limit_ms) : 96);
   return codes;
+}
+
+// Forks one child per body; returns their exit codes (0: the body returned 0).
+inline std::vector<int> runForked(const std::vector<std::function<int()>>& bodies, long limit_ms = 12000) {
+  return waitAll(forkAll(bodies), limit_ms);
 }
 
 inline bool allZero(const std::vector<int>& codes) {

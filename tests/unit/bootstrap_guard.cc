@@ -297,6 +297,20 @@ int caseSlowDrip() {
   CHECK(ep::bootstrapGetUniqueId(&id) == epSuccess, "%s", ep::threadLastError());
   ep::SocketAddress root;
   CHECK(ep::bootstrapIdInfo(id, nullptr, nullptr, &root), "id");
+  // The ranks are forked first, while this process's only other thread (the
+  // root's) waits in poll() holding no lock; forked beside the dripping
+  // thread or the root serving the stranger, a child could inherit a lock
+  // of the allocator held for good. They join after the stranger dialled:
+  // rank 1 after the bound, so that the stranger meets it first (the root
+  // serves the job and closes every connection once it is done).
+  const std::vector<pid_t> ranks = forkAll({[&] {
+                                              usleep(300 * 1000);
+                                              return realRank(id, 0, 2, 8000, 5000);
+                                            },
+                                            [&] {
+                                              usleep(3500 * 1000);
+                                              return realRank(id, 1, 2, 8000, 3000);
+                                            }});
   const int fd = dial(root);
   ep::hs::Challenge c;
   CHECK(fd >= 0 && readAll(fd, &c, sizeof(c), 2000), "challenge");
@@ -309,23 +323,12 @@ int caseSlowDrip() {
       for (int t = 0; t < 100 && !stop; t++) usleep(10 * 1000);  // a byte a second
     }
   });
-  // The root serves the job and closes every connection once it is done:
-  // rank 1 comes after the bound, so that the stranger meets it first.
-  int codes_rank1 = -1, codes_rank0 = -1;
-  std::thread job([&] {
-    auto codes = runForked({[&] { return realRank(id, 0, 2, 8000, 5000); },
-                            [&] {
-                              usleep(3500 * 1000);
-                              return realRank(id, 1, 2, 8000, 3000);
-                            }});
-    codes_rank0 = codes[0];
-    codes_rank1 = codes[1];
-  });
   const long closed = closedAfter(fd, 5000);
   const long since_accept = msSince(t0);
   stop = true;
   drip.join();
-  job.join();
+  const std::vector<int> codes = waitAll(ranks);
+  const int codes_rank0 = codes[0], codes_rank1 = codes[1];
   close(fd);
   CHECK(codes_rank0 == 0 && codes_rank1 == 0, "a rank failed beside a slow stranger: exits %d %d", codes_rank0,
         codes_rank1);
