@@ -30,7 +30,7 @@ inline int64_t topkAt(const void* idx, epDataType_t type, size_t i) {
 bool topkValid(const void* topk_idx, epDataType_t type, int num_tokens, int num_topk,
                int num_experts, size_t* bad_index);
 
-// Layout of one rank's tokens (SPEC "Layout"). Any output may be NULL.
+// Layout of one rank's tokens (docs/SEMANTICS.md). Any output may be NULL.
 // node_of_rank has R entries; tokens_per_node has num_nodes entries.
 void computeLayout(const Placement& pl, const void* topk_idx, epDataType_t type, int num_tokens,
                    int num_topk, const int* node_of_rank, int num_nodes, int* tokens_per_rank,

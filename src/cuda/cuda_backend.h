@@ -1,4 +1,4 @@
-// The CUDA backend: the SPEC operations on device memory between the GPUs of
+// The CUDA backend: the operations of docs/SEMANTICS.md on device memory between the GPUs of
 // one node, through peer-mapped buffers set up by the cuda_ipc transport.
 // Host code only: it sizes and maps the communication buffers, keeps the
 // per-handle device state, launches the kernels of layout.cu / dispatch.cu /

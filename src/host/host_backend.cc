@@ -1,4 +1,4 @@
-// The host backend: the SPEC operations on host memory between the ranks of
+// The host backend: the operations of docs/SEMANTICS.md on host memory between the ranks of
 // one machine, through the shm transport. It is the reference the GPU kernels
 // are checked against, so it favours clarity: one record per token, packed and
 // unpacked by plain loops, sums in float32 in ascending source-rank order.
