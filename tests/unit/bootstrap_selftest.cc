@@ -656,6 +656,9 @@ int caseNoticeAfterPartialSend() {
     ep::Bootstrap* b = nullptr;
     CHECK(ep::bootstrapInit(id, rank, 4, 6000, nullptr, nullptr, &b) == epSuccess, "%s", ep::threadLastError());
     std::vector<char> data(4 * bytes, char(rank));
+    // The times below count from one moment on every rank: the ranks' inits
+    // end hundreds of milliseconds apart on a loaded machine.
+    CHECK(ep::bootstrapBarrier(b) == epSuccess, "%s", ep::threadLastError());
     std::thread aborter;
     if (rank == 0)  // leaves while rank 1 waits for rank 2 to take its first frame
       aborter = std::thread([b] {
