@@ -85,6 +85,36 @@ struct TwoRanks {
   }
 };
 
+// One rank on GPU 0 (EP1, BF16 rows of 256, top-4 of 16 experts, 64
+// tokens) with inputs of `seed` on the device and a stream of its own; the
+// destructor waits for the stream, then frees the buffers and the
+// communicator.
+struct OneRank {
+  Case c{"EP1 bf16 h256 k4", 1, 256, 4, 16, std::vector<int>(1, 64)};
+  epComm_t comm = nullptr;
+  std::vector<RankIn> ins;
+  DevBufs d;
+  cudaStream_t s = nullptr;
+  explicit OneRank(uint64_t seed) {
+    epConfig_t cfg = configOf(c, epBackendCuda);
+    const int dev = 0;
+    EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
+    makeInputs(c, seed, &ins);
+    allocDev(c, ins[0], 0, &d);
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    uploadInputs(c, ins[0], &d, s);
+    CK(cudaStreamSynchronize(s));
+  }
+  ~OneRank() {
+    cudaStreamSynchronize(s);
+    freeDev(&d);
+    cudaStreamDestroy(s);
+    epCommDestroy(comm);
+  }
+  OneRank(const OneRank&) = delete;
+  OneRank& operator=(const OneRank&) = delete;
+};
+
 // 1. A prepared handle's first dispatch after a peer destroyed its
 // communicator: refused on the host (epRemoteError naming it), never launched
 // into the peer's freed buffers.
@@ -146,16 +176,11 @@ bool abortDuringExactWait() {
 // before anything is launched (recv_x keeps its poison), and the same call
 // with the flag then runs and gives the rows of the first dispatch.
 bool hostNumRecvRefusedFirst() {
-  Case c{"EP1 bf16 h256 k4", 1, 256, 4, 16, std::vector<int>(1, 64)};
-  epConfig_t cfg = configOf(c, epBackendCuda);
-  epComm_t comm = nullptr;
-  const int dev = 0;
-  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
-  std::vector<RankIn> ins;
-  makeInputs(c, 12, &ins);
-  DevBufs d;
-  allocDev(c, ins[0], 0, &d);
-  uploadInputs(c, ins[0], &d, nullptr);
+  OneRank one(12);
+  const Case& c = one.c;
+  epComm_t comm = one.comm;
+  const std::vector<RankIn>& ins = one.ins;
+  DevBufs& d = one.d;
   const Geometry g = geometryOf(c);
   const size_t bytes = size_t(g.cap) * g.drow;
   epDispatchArgs_t a = dispatchArgs(c, ins[0], 0, d.x, d.scales, d.topk, d.w);
@@ -189,8 +214,6 @@ bool hostNumRecvRefusedFirst() {
              (untouched ? "untouched" : "WRITTEN by the refused call") + "; with the flag again: " +
              epGetErrorString(again) + (same_rows ? ", the same rows" : ", OTHER rows"));
   epHandleDestroy(h);
-  freeDev(&d);
-  epCommDestroy(comm);
   return ok;
 }
 
@@ -236,16 +259,10 @@ bool pendingCallerError() {
 // call: the call fails, saying that CUDA held the error before libmoeep
 // launched anything.
 bool stickyCallerError() {
-  Case c{"EP1 bf16 h256 k4", 1, 256, 4, 16, std::vector<int>(1, 64)};
-  epConfig_t cfg = configOf(c, epBackendCuda);
-  epComm_t comm = nullptr;
-  const int dev = 0;
-  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
-  std::vector<RankIn> ins;
-  makeInputs(c, 14, &ins);
-  DevBufs d;
-  allocDev(c, ins[0], 0, &d);
-  uploadInputs(c, ins[0], &d, nullptr);
+  OneRank one(14);
+  const Case& c = one.c;
+  epComm_t comm = one.comm;
+  DevBufs& d = one.d;
   CK(cudaDeviceSynchronize());
   writeTo<<<1, 1>>>(reinterpret_cast<int*>(8));
   const cudaError_t sticky = cudaDeviceSynchronize();
@@ -382,19 +399,12 @@ bool initOutOfHostMemory() {
 // 6a. The errors of epDispatchPrepare name it: refused under capture, and an
 // earlier kernel's report.
 bool prepareNamesItself() {
-  Case c{"EP1 bf16 h256 k4", 1, 256, 4, 16, std::vector<int>(1, 64)};
-  epConfig_t cfg = configOf(c, epBackendCuda);
-  epComm_t comm = nullptr;
-  const int dev = 0;
-  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
-  std::vector<RankIn> ins;
-  makeInputs(c, 15, &ins);
-  DevBufs d;
-  allocDev(c, ins[0], 0, &d);
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  uploadInputs(c, ins[0], &d, s);
-  CK(cudaStreamSynchronize(s));
+  OneRank one(15);
+  const Case& c = one.c;
+  epComm_t comm = one.comm;
+  const std::vector<RankIn>& ins = one.ins;
+  DevBufs& d = one.d;
+  cudaStream_t s = one.s;
   epDispatchArgs_t a = dispatchArgs(c, ins[0], 0, d.x, d.scales, d.topk, d.w);
   int64_t n = 0;
   a.num_recv = &n;
@@ -416,9 +426,6 @@ bool prepareNamesItself() {
                   reported == epInvalidArgument && msg2.rfind("epDispatchPrepare:", 0) == 0;
   report("prepare_names_itself", ok, "under capture: " + msg1 + "; an earlier bad id: " + msg2);
   if (h) epHandleDestroy(h);
-  CK(cudaStreamSynchronize(s));
-  freeDev(&d);
-  epCommDestroy(comm);
   return ok;
 }
 
@@ -426,19 +433,12 @@ bool prepareNamesItself() {
 // error claim to the graph: an eager call's bad id right after (the graph
 // never launched) is reported at the next call.
 bool captureLeavesClaim() {
-  Case c{"EP1 bf16 h256 k4", 1, 256, 4, 16, std::vector<int>(1, 64)};
-  epConfig_t cfg = configOf(c, epBackendCuda);
-  epComm_t comm = nullptr;
-  const int dev = 0;
-  EK(nullptr, epCommInitAll(&comm, 1, &dev, &cfg));
-  std::vector<RankIn> ins;
-  makeInputs(c, 16, &ins);
-  DevBufs d;
-  allocDev(c, ins[0], 0, &d);
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  uploadInputs(c, ins[0], &d, s);
-  CK(cudaStreamSynchronize(s));
+  OneRank one(16);
+  const Case& c = one.c;
+  epComm_t comm = one.comm;
+  const std::vector<RankIn>& ins = one.ins;
+  DevBufs& d = one.d;
+  cudaStream_t s = one.s;
   int64_t* topk = static_cast<int64_t*>(d.topk);
   auto setId = [&](int at, int64_t v) { CK(cudaMemcpy(topk + at, &v, 8, cudaMemcpyHostToDevice)); };
   epLayoutArgs_t la = layoutArgs(c, 0, d);
@@ -462,9 +462,6 @@ bool captureLeavesClaim() {
   report("capture_leaves_claim", ok,
          std::string("the call under capture ") + epGetErrorString(in_capture) + ", the eager bad id after it: " +
              epGetErrorString(next) + " (" + msg + ")");
-  CK(cudaStreamSynchronize(s));
-  freeDev(&d);
-  epCommDestroy(comm);
   return ok;
 }
 
