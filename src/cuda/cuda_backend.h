@@ -120,6 +120,9 @@ class CudaBackend : public Backend {
   // waits, ranks out of step, a peer that left), for a call that must go
   // ahead whatever argument error is pending (a handle's first dispatch).
   epResult_t checkKernelErrors(const char* fn, cudaStream_t stream, bool argument_errors = true);
+  // A low-latency call of the engine between the reports and the end mark.
+  template <typename Call>
+  epResult_t llCall(const char* fn, epStream_t stream, Call call);
   // An argument error's claim word cleared for the next report: on the
   // caller's stream, or beside it while that stream captures a graph. A
   // clearing that fails is logged and tried again at the next call (until

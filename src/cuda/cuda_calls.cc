@@ -59,33 +59,31 @@ void CudaBackend::releaseHandle(epHandle* h) {
   h->backend_state = nullptr;
 }
 
-epResult_t CudaBackend::llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
-                                   epStream_t stream) {
+// A low-latency call of the engine: the kernels' reports first, as for
+// every call; the call's end marked on its stream whatever it returned (a
+// kernel of the call may have been launched before a failure).
+template <typename Call>
+epResult_t CudaBackend::llCall(const char* fn, epStream_t stream, Call call) {
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  EPCHECK(checkKernelErrors("epLowLatencyDispatch", s));
-  const epResult_t res = ll_->dispatch(args, h, send_only, s);
-  own_work_.mark(s);  // also after a failure: a kernel of the call may have been launched
+  EPCHECK(checkKernelErrors(fn, s));
+  const epResult_t res = call(s);
+  own_work_.mark(s);
   return res;
+}
+
+epResult_t CudaBackend::llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
+                                   epStream_t stream) {
+  return llCall("epLowLatencyDispatch", stream, [&](cudaStream_t s) { return ll_->dispatch(args, h, send_only, s); });
 }
 
 epResult_t CudaBackend::llCombine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only,
                                   epStream_t stream) {
-  DeviceGuard g(dev_);
-  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  EPCHECK(checkKernelErrors("epLowLatencyCombine", s));
-  const epResult_t res = ll_->combine(args, h, send_only, s);
-  own_work_.mark(s);  // also after a failure: a kernel of the call may have been launched
-  return res;
+  return llCall("epLowLatencyCombine", stream, [&](cudaStream_t s) { return ll_->combine(args, h, send_only, s); });
 }
 
 epResult_t CudaBackend::llComplete(epHandle* h, epStream_t stream) {
-  DeviceGuard g(dev_);
-  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  EPCHECK(checkKernelErrors("epLowLatencyComplete", s));
-  const epResult_t res = ll_->complete(h, s);
-  own_work_.mark(s);  // also after a failure: a kernel of the call may have been launched
-  return res;
+  return llCall("epLowLatencyComplete", stream, [&](cudaStream_t s) { return ll_->complete(h, s); });
 }
 
 epResult_t CudaBackend::checkExpertCounters(const char* fn) const {
