@@ -19,10 +19,36 @@ def _ptr(v):
     return None if v is None else (v.ptr or None)
 
 
-class Handle:
+class _Released:
+    """An object of the C ABI that close() releases; also a `with` block's
+    end, and garbage collection as a last resort (best effort: at
+    interpreter exit the module may be gone). _DESTROY names the C call that
+    frees it."""
+
+    _DESTROY = None
+    _ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if self._ptr is not None and _capi._lib is not None:
+                getattr(_capi._lib, self._DESTROY)(self._ptr)
+                self._ptr = None
+        except Exception:  # noqa: BLE001 - nothing can be reported from a finalizer
+            pass
+
+
+class Handle(_Released):
     """A routing handle (epHandle_t). Released by close(), by leaving a `with`
     block, or when garbage collected; close() is the deterministic way. A
     handle may be closed after its communicator."""
+
+    _DESTROY = "epHandleDestroy"
 
     def __init__(self, ptr, comm, low_latency, num_tokens, num_topk):
         self._ptr = ptr
@@ -53,23 +79,8 @@ class Handle:
             ptr, self._ptr, self._pending = self._ptr, None, None
             check(_capi.lib().epHandleDestroy(ptr), None, "epHandleDestroy")
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        # Garbage collection: best effort (at interpreter exit the module may be gone).
-        try:
-            if self._ptr is not None and _capi._lib is not None:
-                _capi._lib.epHandleDestroy(self._ptr)
-                self._ptr = None
-        except Exception:  # noqa: BLE001 - nothing can be reported from a finalizer
-            pass
-
-
-class Communicator:
+class Communicator(_Released):
     """One rank of an expert-parallel communicator (epComm_t).
 
         Communicator(nranks, rank, unique_id, num_experts=..., hidden=...,
@@ -80,6 +91,8 @@ class Communicator:
     (every rank derives the id from it). The configuration is epConfig_t's
     fields as keyword arguments (see make_config). Released by close() (or
     abort()), a `with` block, or garbage collection."""
+
+    _DESTROY = "epCommDestroy"
 
     def __init__(self, nranks, rank, unique_id=None, **config):
         cfg = make_config(**config)
@@ -146,20 +159,6 @@ class Communicator:
         if self._ptr is not None:
             ptr, self._ptr = self._ptr, None
             check(_capi.lib().epCommAbort(ptr), None, "epCommAbort")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            if self._ptr is not None and _capi._lib is not None:
-                _capi._lib.epCommDestroy(self._ptr)
-                self._ptr = None
-        except Exception:  # noqa: BLE001 - as in Handle.__del__
-            pass
 
     # ---- queries --------------------------------------------------------------
     def _query_int(self, fn):
