@@ -97,8 +97,15 @@ MP_BINS := $(MP_SRCS:tests/mp/%.cc=$(BUILD)/tests/%)
 
 RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 
-.PHONY: all lib tools tests test gpu-test install abi-check abi-baseline clean lint format
-all: lib tools tests
+.PHONY: all lib tools tests modules test gpu-test install abi-check abi-baseline clean lint format
+all: lib tools tests modules
+
+# Transport modules (libmoeep-transport-NAME.so beside libmoeep.so, where the
+# loader looks first): each transports/NAME/module.mk adds its module to
+# MODULES and says how to build it.
+MODULES :=
+-include $(wildcard transports/*/module.mk)
+modules: $(MODULES)
 
 lib: $(LIB_DEV) $(LIB_INTERNAL)
 tools: $(TOOLS)

@@ -12,6 +12,13 @@
  * older tables or refuses them with a clear message. Transports never read the
  * environment or print: the core hands them a logger and a parameter getter.
  *
+ * Two table versions exist, each under a symbol of its own, as NCCL's net
+ * plugins do: `epTransport_v1` (memory the transport allocates and peers map:
+ * shm, cuda_ipc) and `epTransport_v2` (networks: memory the caller owns,
+ * registered; connections per peer and traffic class; one-sided puts with a
+ * signal). A module may export both; the core takes the newest it knows.
+ * docs/ABI.md, "Transport ABI v2", gives the rules in full.
+ *
  * This header compiles alone as C11 and C++17.
  * SPDX-License-Identifier: MIT
  */
@@ -27,8 +34,8 @@
 extern "C" {
 #endif
 
-#define EP_TRANSPORT_ABI_VERSION 1
-#define EP_TRANSPORT_HANDLE_BYTES 256 /* bytes of an exported memory handle */
+#define EP_TRANSPORT_ABI_VERSION 2   /* the newest table version this header defines */
+#define EP_TRANSPORT_HANDLE_BYTES 256 /* bytes of an exported memory handle (v1) */
 
 typedef enum {
   epTransportLogWarn = 1,
@@ -101,6 +108,140 @@ typedef struct {
    * like the module, is kept until the process exits. */
   epResult_t (*finalize)(void *ctx);
 } epTransport_v1_t;
+
+
+/* ---- Version 2: network transports ---------------------------------------
+ * Symbol `epTransport_v2` (an epTransport_v2_t). Life of one communicator:
+ *   comm_open -> endpoint (per peer and class) -> [the core exchanges the
+ *   endpoints over its bootstrap] -> connect -> reg_mem + mem_handle ->
+ *   [handles exchanged] -> put / progress / test ... -> close -> dereg_mem ->
+ *   comm_close.   finalize: once, when the process unloads the library.
+ * Threads: a communicator's calls come from one thread at a time, except
+ * last_error, which any thread may call. */
+
+/* Traffic classes: each has its own connections (queue pairs, streams), so
+ * that one class never waits behind another on the fabric. */
+typedef enum {
+  epTrafficThroughput = 0, /* high-throughput dispatch / combine data */
+  epTrafficLowLatency = 1, /* low-latency (decode) data */
+  epTrafficControl = 2     /* counts, credits, barriers */
+} epTrafficClass_t;
+#define EP_TRAFFIC_CLASSES 3
+
+/* What is asked of the fabric for one class. InfiniBand reads the service
+ * level (a virtual lane; adaptive routing is a property the subnet manager
+ * gives chosen service levels); RoCE reads the traffic class (DSCP << 2). */
+typedef struct {
+  int service_level;    /* 0..15 */
+  int traffic_class;    /* 0..255 */
+  int adaptive_routing; /* 1: the class should use an adaptive-routing service level */
+} epTransportClass_v2_t;
+
+/* What the core tells a transport about one communicator (comm_open). */
+typedef struct {
+  size_t size;            /* sizeof(epTransportCommInfo_v2_t) as the core built it */
+  int rank;
+  int nranks;
+  int node;               /* this rank's node (host) index */
+  int num_nodes;
+  const char *device;     /* the NIC the topology chose ("mlx5_0", "eth0"; EP_IB_HCA /
+                             EP_SOCKET_IFNAME win); NULL: the transport's own choice */
+  int port;               /* NIC port, 0: the transport's choice */
+  int gid_index;          /* RoCE GID index, -1: chosen by the transport (a RoCEv2 GID) */
+  int qps_per_peer;       /* connections per peer and class (QPs, TCP streams), >= 1 */
+  int ib_timeout;         /* local ACK timeout exponent: 4.096 us * 2^ib_timeout */
+  int ib_retry_cnt;       /* retries before a QP errors out, 0..7 */
+  int timeout_ms;         /* the communicator's timeout: bound for any wait of setup */
+  epTransportClass_v2_t classes[EP_TRAFFIC_CLASSES]; /* by epTrafficClass_t */
+} epTransportCommInfo_v2_t;
+
+/* What one connection is, as epCommPeerInfo reports it. */
+typedef struct {
+  size_t size;             /* sizeof as the caller built it: fill at most that */
+  char device[64];         /* "mlx5_0", "rxe0", "lo" */
+  int port;
+  int qps;                 /* queue pairs / streams of this connection */
+  char link[32];           /* "InfiniBand", "RoCEv2", "TCP" */
+  epTransportClass_v2_t requested; /* what this connection's class asked for */
+  char detail[128];        /* free text: the GID, the address, the MTU */
+} epTransportConnInfo_v2_t;
+
+/* Flags of put. */
+#define EP_PUT_SIGNAL 0x1u    /* after the data, store signal_value at signal_offset */
+#define EP_PUT_INLINE_OK 0x2u /* the caller's bytes may be copied at the call (small puts) */
+
+/* Endpoint data: at most this many bytes per (peer, class). */
+#define EP_TRANSPORT_ENDPOINT_MAX_BYTES 4096
+/* A registered memory's handle: at most this many bytes. */
+#define EP_TRANSPORT_MEM_HANDLE_MAX_BYTES 256
+
+/* Mandatory: name, version, init, comm_open, endpoint, connect, reg_mem,
+ * mem_handle, dereg_mem, put, test, progress, last_error, close, comm_close.
+ * Optional (NULL): properties, can_connect (NULL: every peer), conn_info,
+ * finalize. */
+typedef struct {
+  const char *name; /* short, lower case: "ibverbs", "socket" */
+  unsigned version; /* 2 */
+  /* Once per process. Fails (with a logged reason) where the transport cannot
+   * run here: no library, no device. */
+  epResult_t (*init)(const epTransportEnv_v1_t *env, void **ctx);
+  epResult_t (*properties)(void *ctx, epTransportProps_v1_t *props);
+  epResult_t (*can_connect)(void *ctx, const epPeerInfo_v1_t *self, const epPeerInfo_v1_t *peer, int *ok);
+
+  /* One per communicator. */
+  epResult_t (*comm_open)(void *ctx, const epTransportCommInfo_v2_t *info, void **comm);
+  /* This rank's endpoint for (peer, cls): what the peer needs to connect to
+   * it (QP numbers, LID / GID, an address). *bytes: in, the room; out, the
+   * size (at most EP_TRANSPORT_ENDPOINT_MAX_BYTES). Creates what the
+   * connection needs on this side (a QP); called once per (peer, cls). */
+  epResult_t (*endpoint)(void *comm, int peer, epTrafficClass_t cls, void *buf, size_t *bytes);
+  /* Completes the connection to (peer, cls) from the peer's endpoint for
+   * this rank. Both ranks call it; neither returns before the connection
+   * can carry puts both ways, or timeout_ms passed (epRemoteError naming the
+   * peer). */
+  epResult_t (*connect)(void *comm, int peer, epTrafficClass_t cls, const void *peer_endpoint, size_t bytes,
+                        void **conn);
+
+  /* Registers bytes at ptr, which the caller owns and keeps until
+   * dereg_mem (kind EP_TRANSPORT_MEM_HOST / _DEVICE; dmabuf_fd >= 0: device
+   * memory exported as a DMA-BUF, at dmabuf_offset within it). Once per
+   * buffer, not per call. */
+  epResult_t (*reg_mem)(void *comm, void *ptr, size_t bytes, int kind, int dmabuf_fd, uint64_t dmabuf_offset,
+                        void **mem);
+  /* What a peer needs to put into mem (address, remote key), at most
+   * EP_TRANSPORT_MEM_HANDLE_MAX_BYTES. */
+  epResult_t (*mem_handle)(void *mem, void *buf, size_t *bytes);
+  epResult_t (*dereg_mem)(void *comm, void *mem);
+
+  /* One-sided write of bytes from local registered memory (mem, offset) to
+   * the peer's memory named by remote_handle (from its mem_handle) at
+   * remote_offset. With EP_PUT_SIGNAL, once the data is in place, the
+   * 8-byte word at signal_offset of the same remote memory becomes
+   * signal_value: data and signal travel on the same connection, so a peer
+   * that reads the new value (acquire) reads the data too. bytes may be 0
+   * (a signal alone: credits). *request (NULL: not wanted) is for test.
+   * Puts on one connection land in the order they were posted. Returns
+   * epInProgress when the connection's queue is full: call progress, post
+   * again. */
+  epResult_t (*put)(void *conn, void *mem, size_t offset, const void *remote_handle, size_t remote_offset,
+                    size_t bytes, size_t signal_offset, uint64_t signal_value, unsigned flags,
+                    uint64_t *request);
+  /* *done = 1 once the put's local bytes may be reused. */
+  epResult_t (*test)(void *conn, uint64_t request, int *done);
+  /* Moves data and completions; a rank that waits for a signal calls it
+   * between looks (a transport with its own thread may do nothing). An
+   * error here is the communicator's: last_error says which peer. */
+  epResult_t (*progress)(void *comm);
+  epResult_t (*conn_info)(void *conn, epTransportConnInfo_v2_t *info);
+  /* The first error this communicator's transport met: the peer it concerns
+   * (-1: none in particular) and why. epSuccess and *peer = -1, msg "" when
+   * there was none. */
+  epResult_t (*last_error)(void *comm, int *peer, char *msg, size_t len);
+  epResult_t (*close)(void *conn);
+  epResult_t (*comm_close)(void *comm);
+  /* Once, when the library is unloaded (never while a communicator lives). */
+  epResult_t (*finalize)(void *ctx);
+} epTransport_v2_t;
 
 #ifdef __cplusplus
 } /* extern "C" */

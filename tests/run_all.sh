@@ -47,6 +47,10 @@ run "include layers" python3 scripts/check_layers.py
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] && run "unit $(basename "$t")" timeout 300 "$t"
 done
+# --- transport modules: each module's own tests (transports/NAME/test.sh; exit 77: SKIPPED)
+for t in transports/*/test.sh; do
+  [ -f "$t" ] && run_or_skip "transport $(basename "$(dirname "$t")")" env BUILD="$BUILD" timeout 900 bash "$t"
+done
 run "bootstrap selftest" timeout 300 "$BUILD/tests/bootstrap_selftest"
 run "bootstrap guard (strangers on the listening sockets)" timeout 300 "$BUILD/tests/bootstrap_guard"
 
