@@ -117,7 +117,10 @@ TEST_MODULES := $(BUILD)/tests/modules/libmoeep-transport-fake.so \
                 $(BUILD)/tests/modules/libmoeep-transport-noname.so \
                 $(BUILD)/tests/modules/libmoeep-transport-noconnect.so \
                 $(BUILD)/tests/modules/libmoeep-transport-noprops.so \
-                $(BUILD)/tests/modules/libmoeep-transport-funcsym.so
+                $(BUILD)/tests/modules/libmoeep-transport-funcsym.so \
+                $(BUILD)/tests/modules/libmoeep-transport-fakenet.so \
+                $(BUILD)/tests/modules/libmoeep-transport-noput.so \
+                $(BUILD)/tests/modules/libmoeep-transport-both.so
 tests: $(UNIT_BINS) $(MP_BINS) $(SELFTEST_BINS) $(TEST_MODULES)
 
 MODULE_FLAGS = $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) -shared
@@ -142,6 +145,16 @@ $(BUILD)/tests/modules/libmoeep-transport-noprops.so: tests/modules/fake_transpo
 $(BUILD)/tests/modules/libmoeep-transport-funcsym.so: tests/modules/fake_transport.cc src/transport.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="funcsym"' -DFAKE_FUNCTION_SYMBOL $< -o $@
+
+$(BUILD)/tests/modules/libmoeep-transport-fakenet.so: tests/modules/fake_transport_v2.cc include/moeep_transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) $< -o $@
+$(BUILD)/tests/modules/libmoeep-transport-noput.so: tests/modules/fake_transport_v2.cc include/moeep_transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="noput"' -DFAKE_NO_PUT $< -o $@
+$(BUILD)/tests/modules/libmoeep-transport-both.so: tests/modules/fake_transport_v2.cc include/moeep_transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="both"' -DFAKE_BOTH $< -o $@
 
 $(BUILD)/obj/%.o: %.cc
 	@mkdir -p $(dir $@)

@@ -488,7 +488,7 @@ EP_API epResult_t epGetTransport(int index, const char** name, int* available, c
     return setError(nullptr, epInvalidArgument, "epGetTransport: index = %d is outside [0, %d)", index,
                     int(list.size()));
   const TransportEntry& e = list[index];
-  if (name) *name = e.table->name;
+  if (name) *name = e.name;
   if (available) *available = e.available ? 1 : 0;
   if (detail) *detail = e.available ? e.origin.c_str() : e.reason.c_str();
   return epSuccess;

@@ -20,6 +20,9 @@ PeerBuffers::~PeerBuffers() {
 
 epResult_t PeerBuffers::registerLocal(const LocalMemory& memory) {
   if (transport_ == nullptr || registered()) return epInternalError;
+  // Mapped memory comes from version-1 tables; a network transport's
+  // connections are NetLinks' (src/host/net_links.h).
+  if (transport_->table == nullptr) return epNotSupported;
   // Transport ABI v1 registers only memory its reg_mem allocates itself.
   if (memory.ptr != nullptr) return epNotSupported;
   Offer& mine = offers_[size_t(rank_)];

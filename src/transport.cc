@@ -103,7 +103,7 @@ void warnUnknownUserTransports() {
   for (const std::string& n : userTransportNames(&exclude)) {
     bool known = false;
     for (const TransportEntry& e : registry())
-      if (n == e.table->name) known = true;
+      if (n == e.name) known = true;
     if (!known)
       EP_WARN(kSubsysTransport, "EP_TRANSPORTS=\"%s\": no transport is called \"%s\" (ignored)",
               param::TRANSPORTS(), n.c_str());
@@ -132,9 +132,29 @@ const char* missingCallback(const epTransport_v1_t* t) {
   return nullptr;
 }
 
+// The same for a version-2 table (network transports): what the core calls
+// without looking. properties, can_connect, conn_info and finalize may be NULL.
+const char* missingCallbackV2(const epTransport_v2_t* t) {
+  const struct {
+    const char* name;
+    bool present;
+  } callbacks[] = {
+      {"init", t->init != nullptr},           {"comm_open", t->comm_open != nullptr},
+      {"endpoint", t->endpoint != nullptr},   {"connect", t->connect != nullptr},
+      {"reg_mem", t->reg_mem != nullptr},     {"mem_handle", t->mem_handle != nullptr},
+      {"dereg_mem", t->dereg_mem != nullptr}, {"put", t->put != nullptr},
+      {"test", t->test != nullptr},           {"progress", t->progress != nullptr},
+      {"last_error", t->last_error != nullptr}, {"close", t->close != nullptr},
+      {"comm_close", t->comm_close != nullptr},
+  };
+  for (const auto& c : callbacks)
+    if (!c.present) return c.name;
+  return nullptr;
+}
+
 bool alreadyLoaded(const char* name, const std::string& origin) {
   for (const TransportEntry& e : registry())
-    if (strcmp(e.table->name, name) == 0) {
+    if (strcmp(e.name, name) == 0) {
       EP_INFO(kSubsysTransport, "transport %s from %s ignored: %s already loaded from %s", name,
               origin.c_str(), name, e.origin.c_str());
       return true;
@@ -143,7 +163,7 @@ bool alreadyLoaded(const char* name, const std::string& origin) {
 }
 
 void pushEntry(const TransportEntry& e) {
-  EP_INFO(kSubsysTransport, "transport %s (%s): %s", e.table->name, e.origin.c_str(),
+  EP_INFO(kSubsysTransport, "transport %s (%s, ABI v%u): %s", e.name, e.origin.c_str(), e.version,
           e.available ? "available" : e.reason.c_str());
   registry().push_back(e);
 }
@@ -152,6 +172,8 @@ void pushEntry(const TransportEntry& e) {
 void addEntry(const epTransport_v1_t* table, const std::string& origin) {
   if (alreadyLoaded(table->name, origin)) return;
   TransportEntry e;
+  e.name = table->name;
+  e.version = 1;
   e.table = table;
   e.origin = origin;
   const char* missing = nullptr;
@@ -160,9 +182,40 @@ void addEntry(const epTransport_v1_t* table, const std::string& origin) {
   } else if (table->version > EP_TRANSPORT_ABI_VERSION) {
     e.reason = "built for transport ABI v" + std::to_string(table->version) +
                ", newer than this library's v" + std::to_string(EP_TRANSPORT_ABI_VERSION);
-  } else if (table->version < 1) {
-    e.reason = "transport ABI v" + std::to_string(table->version) + " is not supported";
+  } else if (table->version != 1) {
+    e.reason = "refused: its epTransport_v1 table says version " + std::to_string(table->version) +
+               " (a version-" + std::to_string(table->version) + " table comes as epTransport_v" +
+               std::to_string(table->version) + ")";
   } else if ((missing = missingCallback(table)) != nullptr) {
+    e.reason = std::string("refused: its table has no ") + missing + " callback (mandatory)";
+  } else {
+    tls_last_transport_warning.clear();
+    epResult_t res = table->init(&kEnv, &e.ctx);
+    if (res == epSuccess) {
+      e.available = true;
+    } else {
+      e.reason = std::string("init failed: ") + epGetErrorString(res);
+      if (!tls_last_transport_warning.empty()) e.reason += " (" + tls_last_transport_warning + ")";
+    }
+  }
+  pushEntry(e);
+}
+
+// A version-2 table (symbol epTransport_v2). Its version field must say 2:
+// a later table version comes under a symbol of its own.
+void addEntryV2(const epTransport_v2_t* table, const std::string& origin) {
+  if (alreadyLoaded(table->name, origin)) return;
+  TransportEntry e;
+  e.name = table->name;
+  e.version = 2;
+  e.net = table;
+  e.origin = origin;
+  const char* missing = nullptr;
+  if (!allowedByUser(table->name)) {
+    e.reason = "disabled by EP_TRANSPORTS";
+  } else if (table->version != 2) {
+    e.reason = "refused: its epTransport_v2 table says version " + std::to_string(table->version) + ", not 2";
+  } else if ((missing = missingCallbackV2(table)) != nullptr) {
     e.reason = std::string("refused: its table has no ") + missing + " callback (mandatory)";
   } else {
     tls_last_transport_warning.clear();
@@ -193,6 +246,7 @@ void addRefused(const std::string& file_name, const std::string& origin, const s
   StandIn& s = stand_ins.back();
   s.table.name = s.name.c_str();
   TransportEntry e;
+  e.name = s.table.name;
   e.table = &s.table;
   e.origin = origin;
   e.reason = "refused: " + reason;
@@ -203,17 +257,18 @@ void addRefused(const std::string& file_name, const std::string& origin, const s
 // Why the symbol epTransport_v1 at sym cannot be read as a table (a function,
 // or an object smaller than the version-1 table), or "" when it can, or the
 // dynamic linker cannot tell.
-std::string notATable(void* sym) {
+std::string notATable(void* sym, const char* symbol = "epTransport_v1",
+                      size_t table_bytes = sizeof(epTransport_v1_t)) {
   Dl_info info;
   void* extra = nullptr;
   if (dladdr1(sym, &info, &extra, RTLD_DL_SYMENT) == 0 || extra == nullptr) return "";
   const auto* entry = static_cast<const ElfW(Sym)*>(extra);
   const unsigned type = ELF64_ST_TYPE(entry->st_info);
   if (type == STT_FUNC || type == STT_GNU_IFUNC)
-    return "its epTransport_v1 is a function, not a transport table";
-  if (entry->st_size != 0 && entry->st_size < sizeof(epTransport_v1_t))
-    return "its epTransport_v1 is " + std::to_string(entry->st_size) + " bytes, not a transport table (" +
-           std::to_string(sizeof(epTransport_v1_t)) + " bytes)";
+    return std::string("its ") + symbol + " is a function, not a transport table";
+  if (entry->st_size != 0 && entry->st_size < table_bytes)
+    return std::string("its ") + symbol + " is " + std::to_string(entry->st_size) +
+           " bytes, not a transport table (" + std::to_string(table_bytes) + " bytes)";
   return "";
 }
 
@@ -242,10 +297,22 @@ void loadModulesFrom(const std::string& dir) {
       EP_WARN(kSubsysTransport, "transport module %s not loaded: %s", path.c_str(), dlerror());
       continue;
     }
+    // The newest table the module offers that this core knows: v2, else v1.
+    if (void* sym2 = dlsym(lib, "epTransport_v2")) {
+      const std::string bad = notATable(sym2, "epTransport_v2", sizeof(epTransport_v2_t));
+      const auto* table2 = static_cast<const epTransport_v2_t*>(sym2);
+      if (!bad.empty())
+        addRefused(n + strlen(prefix), path, bad);
+      else if (table2->name == nullptr || table2->name[0] == '\0')
+        addRefused(n + strlen(prefix), path, "its table has no name");
+      else
+        addEntryV2(table2, path);
+      continue;
+    }
     void* sym = dlsym(lib, "epTransport_v1");
     auto* table = static_cast<const epTransport_v1_t*>(sym);
     if (table == nullptr) {
-      EP_WARN(kSubsysTransport, "transport module %s has no epTransport_v1 symbol: ignored",
+      EP_WARN(kSubsysTransport, "transport module %s has no epTransport_v2 or epTransport_v1 symbol: ignored",
               path.c_str());
       dlclose(lib);
       continue;
@@ -294,7 +361,7 @@ const std::vector<TransportEntry>& transportList() {
 
 const TransportEntry* transportFind(const char* name, std::string* reason) {
   for (const TransportEntry& e : transportList()) {
-    if (strcmp(e.table->name, name) != 0) continue;
+    if (strcmp(e.name, name) != 0) continue;
     if (e.available) return &e;
     if (reason) *reason = e.reason;
     return nullptr;

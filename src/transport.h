@@ -10,8 +10,11 @@
 namespace ep {
 
 struct TransportEntry {
-  const epTransport_v1_t* table = nullptr;
-  void* ctx = nullptr;        // from table->init, when available
+  const char* name = nullptr;           // the table's name (never null)
+  unsigned version = 0;                 // the table version this entry uses: 1 or 2
+  const epTransport_v1_t* table = nullptr;  // version 1: memory peers map (shm, cuda_ipc)
+  const epTransport_v2_t* net = nullptr;    // version 2: network transports (put with a signal)
+  void* ctx = nullptr;        // from init, when available
   bool available = false;     // init succeeded and EP_TRANSPORTS allows it
   std::string origin;         // "built-in" or the module's path
   std::string reason;         // why it is unavailable

@@ -15,7 +15,7 @@
 #define FAKE_NAME "fake"
 #endif
 #ifndef FAKE_VERSION
-#define FAKE_VERSION EP_TRANSPORT_ABI_VERSION
+#define FAKE_VERSION 1
 #endif
 
 namespace {

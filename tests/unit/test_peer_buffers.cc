@@ -93,7 +93,7 @@ epResult_t fakeClose(void*, void* conn) {
   return epSuccess;
 }
 
-const epTransport_v1_t kFakeTable = {"fake-peer-buffers", EP_TRANSPORT_ABI_VERSION, fakeInit, nullptr,
+const epTransport_v1_t kFakeTable = {"fake-peer-buffers", 1, fakeInit, nullptr,
                                      fakeCanConnect, fakeRegMem, fakeDeregMem, fakeConnect, fakeConnected,
                                      nullptr, nullptr, fakeClose, nullptr};
 

@@ -142,6 +142,26 @@ void symbol_that_is_not_a_table_is_refused(void**) {
   });
 }
 
+// Version-2 (network) tables come under their own symbol: a valid one is
+// available as ABI v2, one without put is refused naming it, and a module
+// that exports both tables is taken at v2, the newest the library knows.
+void version_2_tables_are_loaded_and_checked(void**) {
+  inChild(nullptr, [] {
+    Found f = find("fakenet");
+    if (!f.present || !f.available) return "version-2 module 'fakenet' not available: '" + f.detail + "'";
+    const ep::TransportEntry* e = ep::transportFind("fakenet");
+    if (e == nullptr || e->version != 2 || e->net == nullptr || e->table != nullptr)
+      return std::string("'fakenet' not entered as a version-2 table");
+    Found n = find("noput");
+    if (!n.present || n.available) return std::string("version-2 module without put accepted or not listed");
+    if (n.detail.find("no put callback") == std::string::npos) return "reason '" + n.detail + "'";
+    const ep::TransportEntry* b = ep::transportFind("both");
+    if (b == nullptr || b->version != 2 || b->net == nullptr)
+      return std::string("a module with both tables was not taken at version 2");
+    return std::string();
+  });
+}
+
 void ep_transports_list_selects(void**) {
   inChild("shm", [] {
     Found f = find("fake");
@@ -227,6 +247,7 @@ int main(int, char** argv) {
       cmocka_unit_test(nameless_table_is_refused_under_its_file_name),
       cmocka_unit_test(table_without_mandatory_callback_is_refused),
       cmocka_unit_test(symbol_that_is_not_a_table_is_refused),
+      cmocka_unit_test(version_2_tables_are_loaded_and_checked),
       cmocka_unit_test(ep_transports_list_selects),
       cmocka_unit_test(ep_transports_exclusion),
       cmocka_unit_test(ep_transports_names_are_trimmed_and_unknown_ones_warned),

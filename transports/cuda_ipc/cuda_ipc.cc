@@ -258,7 +258,7 @@ epResult_t ipcFinalize(void* vctx) {
 }
 
 const epTransport_v1_t cudaIpcTransport = {
-    "cuda_ipc",  EP_TRANSPORT_ABI_VERSION, ipcInit,    ipcProperties, ipcCanConnect,
+    "cuda_ipc",  1,                         ipcInit,    ipcProperties, ipcCanConnect,
     ipcRegMem,   ipcDeregMem,              ipcConnect, ipcConnected,  nullptr,
     nullptr,     ipcClose,                 ipcFinalize};
 

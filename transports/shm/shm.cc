@@ -226,7 +226,7 @@ epResult_t shmFinalize(void* vctx) {
 }
 
 const epTransport_v1_t shmTransport = {
-    "shm",        EP_TRANSPORT_ABI_VERSION, shmInit,    shmProperties, shmCanConnect,
+    "shm",        1,                         shmInit,    shmProperties, shmCanConnect,
     shmRegMem,    shmDeregMem,              shmConnect, shmConnected,  nullptr,
     nullptr,      shmClose,                 shmFinalize};
 

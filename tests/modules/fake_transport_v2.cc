@@ -1,0 +1,72 @@
+// Version-2 (network) transport modules for the loader tests, built three ways
+// by the Makefile:
+//   libmoeep-transport-fakenet.so    a valid version-2 table named "fakenet"
+//   libmoeep-transport-noput.so      a version-2 table without put (FAKE_NO_PUT)
+//   libmoeep-transport-both.so       exports epTransport_v1 and epTransport_v2
+//                                    (FAKE_BOTH): the core takes v2
+// They move no data: init succeeds, which is all the loader looks at; the
+// other callbacks fail.
+#include "moeep_transport.h"
+
+#ifndef FAKE_NAME
+#define FAKE_NAME "fakenet"
+#endif
+
+namespace {
+
+epResult_t fakeInit(const epTransportEnv_v1_t* env, void** ctx) {
+  env->log(epTransportLogInfo, FAKE_NAME, "loaded");
+  *ctx = nullptr;
+  return epSuccess;
+}
+epResult_t fakeCommOpen(void*, const epTransportCommInfo_v2_t*, void**) { return epNotSupported; }
+epResult_t fakeEndpoint(void*, int, epTrafficClass_t, void*, size_t*) { return epNotSupported; }
+epResult_t fakeConnect(void*, int, epTrafficClass_t, const void*, size_t, void**) { return epNotSupported; }
+epResult_t fakeRegMem(void*, void*, size_t, int, int, uint64_t, void**) { return epNotSupported; }
+epResult_t fakeMemHandle(void*, void*, size_t*) { return epNotSupported; }
+epResult_t fakeDeregMem(void*, void*) { return epSuccess; }
+[[maybe_unused]] epResult_t fakePut(void*, void*, size_t, const void*, size_t, size_t, size_t, uint64_t, unsigned,
+                                    uint64_t*) {
+  return epNotSupported;
+}
+epResult_t fakeTest(void*, uint64_t, int*) { return epNotSupported; }
+epResult_t fakeProgress(void*) { return epSuccess; }
+epResult_t fakeLastError(void*, int* peer, char* msg, size_t len) {
+  *peer = -1;
+  if (len) msg[0] = '\0';
+  return epSuccess;
+}
+epResult_t fakeClose(void*) { return epSuccess; }
+epResult_t fakeCommClose(void*) { return epSuccess; }
+
+#ifdef FAKE_NO_PUT
+#define FAKE_PUT nullptr
+#else
+#define FAKE_PUT fakePut
+#endif
+
+const epTransport_v2_t fakeNet = {
+    FAKE_NAME,    2,          fakeInit,      nullptr,   nullptr,       fakeCommOpen, fakeEndpoint, fakeConnect,
+    fakeRegMem,   fakeMemHandle, fakeDeregMem, FAKE_PUT, fakeTest,     fakeProgress, nullptr,      fakeLastError,
+    fakeClose,    fakeCommClose, nullptr};
+
+#ifdef FAKE_BOTH
+epResult_t v1RegMem(void*, size_t, int, void**, void*, void**) { return epInternalError; }
+epResult_t v1Dereg(void*, void*) { return epSuccess; }
+epResult_t v1Connect(void*, const epPeerInfo_v1_t*, const void*, void**, void**) { return epInternalError; }
+epResult_t v1Connected(void*, void*) { return epSuccess; }
+epResult_t v1Close(void*, void*) { return epSuccess; }
+epResult_t v1CanConnect(void*, const epPeerInfo_v1_t*, const epPeerInfo_v1_t*, int* ok) {
+  *ok = 0;
+  return epSuccess;
+}
+const epTransport_v1_t fakeOld = {FAKE_NAME, 1,       fakeInit, nullptr, v1CanConnect, v1RegMem, v1Dereg,
+                                  v1Connect, v1Connected, nullptr, nullptr, v1Close, nullptr};
+#endif
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const epTransport_v2_t epTransport_v2 = fakeNet;
+#ifdef FAKE_BOTH
+extern "C" __attribute__((visibility("default"))) const epTransport_v1_t epTransport_v1 = fakeOld;
+#endif
