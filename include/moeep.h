@@ -86,7 +86,7 @@ typedef enum {
 /* ---- Communicator configuration -----------------------------------------
  * Fields set to 0 (or -1 where noted) take the value of the matching EP_*
  * variable, else the library default. Precedence: struct > EP_* > default. */
-#define EP_CONFIG_VERSION 1 /* raised with every field added: read up to its version's last field */
+#define EP_CONFIG_VERSION 2 /* raised with every field added: read up to its version's last field */
 typedef struct {
   size_t size;                 /* sizeof(epConfig_t) as the caller compiled it */
   unsigned magic;              /* EP_CONFIG_MAGIC */
@@ -118,13 +118,20 @@ typedef struct {
   int ib_ar_throughput;        /* adaptive routing 1 on, 0 off; default: on for IB, off for RoCE */
   int ib_ar_low_latency;       /* adaptive routing of low-latency traffic, as above */
   int ib_ar_control;           /* adaptive routing of control traffic, as above */
+  /* Version 2 (network transports). -1: the EP_IB_* variable, else the default. */
+  int ib_tc_throughput;        /* RoCE traffic class of throughput traffic; default: ib_traffic_class */
+  int ib_tc_low_latency;       /* RoCE traffic class of low-latency traffic; default: ib_traffic_class */
+  int ib_tc_control;           /* RoCE traffic class of control traffic; default: ib_traffic_class */
+  int ib_timeout;              /* QP local ACK timeout 1..31 (4.096 us * 2^t); default 20 */
+  int ib_retry_cnt;            /* QP retries 0..7 before a link fault is an error; default 7 */
+  int ib_qp_budget;            /* most QPs per rank 0..2^20, 0: no cap; default 0 */
 } epConfig_t;
 
 #define EP_CONFIG_INITIALIZER                                                      \
   {                                                                                \
     sizeof(epConfig_t), EP_CONFIG_MAGIC, EP_CONFIG_VERSION, 0, 0, 0, 0, epBfloat16, \
         epBfloat16, epBackendAuto, -1, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1,  \
-        -1, -1                                                                     \
+        -1, -1, -1, -1, -1, -1, -1, -1                                             \
   }
 
 /* ---- Library ------------------------------------------------------------- */

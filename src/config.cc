@@ -19,8 +19,9 @@ namespace ep {
 // library knows.
 size_t configCallerBytes(const epConfig_t& user) {
   constexpr size_t kVersion1End = offsetof(epConfig_t, ib_ar_control) + sizeof(int);
-  static_assert(EP_CONFIG_VERSION == 1, "a new version of epConfig_t needs its end in configCallerBytes");
-  return std::min(user.size, user.version <= 1 ? kVersion1End : sizeof(epConfig_t));
+  constexpr size_t kVersion2End = offsetof(epConfig_t, ib_qp_budget) + sizeof(int);
+  static_assert(EP_CONFIG_VERSION == 2, "a new version of epConfig_t needs its end in configCallerBytes");
+  return std::min(user.size, user.version <= 1 ? kVersion1End : kVersion2End);
 }
 
 epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm* comm) {

@@ -61,7 +61,7 @@ struct IbField {
 // which may differ between hosts. Both ends of a connection open the same
 // queue pairs; a service level, traffic class or routing choice set on some
 // ranks only is a setup mistake that would otherwise show as uneven traffic.
-std::array<IbField, 9> ibFields(const epConfig_t* c, IbTraffic& r) {
+std::array<IbField, 15> ibFields(const epConfig_t* c, IbTraffic& r) {
   auto cv = [c](int epConfig_t::*m) { return c ? c->*m : -1; };
   return {{
       {"ib_sl_throughput", "IB_SL_THROUGHPUT", cv(&epConfig_t::ib_sl_throughput), param::IB_SL_THROUGHPUT, 0, 15,
@@ -82,6 +82,18 @@ std::array<IbField, 9> ibFields(const epConfig_t* c, IbTraffic& r) {
        1, true, &r.adaptive_routing[kTrafficLowLatency], true},
       {"ib_ar_control", "IB_AR_CONTROL", cv(&epConfig_t::ib_ar_control), param::IB_AR_CONTROL, 0, 1, true,
        &r.adaptive_routing[kTrafficControl], true},
+      // Version 2. A class's traffic class at -1 takes ib_traffic_class (ibTrafficResolve).
+      {"ib_tc_throughput", "IB_TC_THROUGHPUT", cv(&epConfig_t::ib_tc_throughput), param::IB_TC_THROUGHPUT, 0, 255,
+       true, &r.tclass[kTrafficThroughput], true},
+      {"ib_tc_low_latency", "IB_TC_LOW_LATENCY", cv(&epConfig_t::ib_tc_low_latency), param::IB_TC_LOW_LATENCY, 0,
+       255, true, &r.tclass[kTrafficLowLatency], true},
+      {"ib_tc_control", "IB_TC_CONTROL", cv(&epConfig_t::ib_tc_control), param::IB_TC_CONTROL, 0, 255, true,
+       &r.tclass[kTrafficControl], true},
+      {"ib_timeout", "IB_TIMEOUT", cv(&epConfig_t::ib_timeout), param::IB_TIMEOUT, 1, 31, false, &r.timeout, true},
+      {"ib_retry_cnt", "IB_RETRY_CNT", cv(&epConfig_t::ib_retry_cnt), param::IB_RETRY_CNT, 0, 7, false,
+       &r.retry_cnt, true},
+      {"ib_qp_budget", "IB_QP_BUDGET", cv(&epConfig_t::ib_qp_budget), param::IB_QP_BUDGET, 0, 1 << 20, false,
+       &r.qp_budget, false},
   }};
 }
 
@@ -107,13 +119,15 @@ epResult_t resolveField(const IbField& f, epComm* comm) {
 epResult_t ibTrafficResolve(const epConfig_t& c, IbTraffic* out, epComm* comm) {
   IbTraffic r;
   for (const IbField& f : ibFields(&c, r)) EPCHECK(resolveField(f, comm));
+  for (int k = 0; k < kNumTrafficClasses; k++)
+    if (r.tclass[k] == -1) r.tclass[k] = r.traffic_class;
   *out = r;
   return epSuccess;
 }
 
 epResult_t ibTrafficAgree(int r, const IbTraffic& theirs, int me, const IbTraffic& mine, epComm* comm) {
   IbTraffic a = theirs, b = mine;
-  const std::array<IbField, 9> fa = ibFields(nullptr, a), fb = ibFields(nullptr, b);
+  const std::array<IbField, 15> fa = ibFields(nullptr, a), fb = ibFields(nullptr, b);
   for (size_t i = 0; i < fa.size(); i++)
     if (fa[i].agreed && *fa[i].out != *fb[i].out)
       return setError(comm, epInvalidArgument,

@@ -39,6 +39,11 @@ struct IbTraffic {
   int traffic_class = 0;  // RoCE traffic class 0..255 (DSCP << 2)
   int gid_index = -1;     // 0..255, -1: the transport picks (RoCE v2 GID)
   int qps_per_peer = 1;   // 1..16 queue pairs per peer connection
+  // Config version 2. Per class: the class's own traffic class, else traffic_class.
+  int tclass[kNumTrafficClasses] = {0, 0, 0};
+  int timeout = 20;       // QP local ACK timeout exponent 1..31
+  int retry_cnt = 7;      // 0..7
+  int qp_budget = 0;      // most QPs per rank, 0: no cap
 };
 
 // Reads the ib_* fields of a full-size config c (defaults already filled for

@@ -400,11 +400,11 @@ void resolve_accepts_older_v1_sized_struct(void**) {
   assert_int_equal(r.timeout_ms, 999);
 }
 
-// The current struct ends in tail padding (after ib_ar_control): not a field,
+// The current struct ends in tail padding (after ib_qp_budget): not a field,
 // so garbage there changes nothing; a field a later version adds there must
 // not be read from this caller's padding (configCallerBytes).
 void resolve_ignores_tail_padding(void**) {
-  const size_t end = offsetof(epConfig_t, ib_ar_control) + sizeof(int);
+  const size_t end = offsetof(epConfig_t, ib_qp_budget) + sizeof(int);
   if (end == sizeof(epConfig_t)) skip();  // no padding on this ABI
   epConfig_t clean = validConfig();
   clean.low_latency = 1;
@@ -416,6 +416,35 @@ void resolve_ignores_tail_padding(void**) {
   assert_int_equal(b.num_experts, a.num_experts);
   assert_int_equal(b.max_nodes_per_token, a.max_nodes_per_token);
   assert_int_equal(b.ib.adaptive_routing[2], 0);
+}
+
+// A version-1 caller's struct ended in 4 bytes of padding where version 2
+// has ib_tc_throughput: that garbage is not read, and the version-2 fields
+// take their defaults (each class's traffic class = ib_traffic_class).
+void resolve_version_1_caller_gets_version_2_defaults(void**) {
+  const size_t v1_end = offsetof(epConfig_t, ib_ar_control) + sizeof(int);
+  epConfig_t c = validConfig();
+  c.version = 1;
+  c.size = (v1_end + alignof(epConfig_t) - 1) / alignof(epConfig_t) * alignof(epConfig_t);
+  c.ib_traffic_class = 96;
+  memset(reinterpret_cast<unsigned char*>(&c) + v1_end, 0x5a, sizeof(epConfig_t) - v1_end);
+  Config r = expect_accepted(c, 2);
+  for (int k = 0; k < 3; k++) assert_int_equal(r.ib.tclass[k], 96);
+  assert_int_equal(r.ib.timeout, 20);
+  assert_int_equal(r.ib.retry_cnt, 7);
+  assert_int_equal(r.ib.qp_budget, 0);
+  // A version-2 caller sets them.
+  epConfig_t d = validConfig();
+  d.ib_tc_low_latency = 184;
+  d.ib_timeout = 14;
+  d.ib_retry_cnt = 3;
+  Config q = expect_accepted(d, 2);
+  assert_int_equal(q.ib.tclass[1], 184);
+  assert_int_equal(q.ib.tclass[0], q.ib.traffic_class);
+  assert_int_equal(q.ib.timeout, 14);
+  assert_int_equal(q.ib.retry_cnt, 3);
+  d.ib_timeout = 32;
+  expect_rejected(d, 2, "config.ib_timeout");
 }
 
 void resolve_accepts_larger_struct_copying_only_known_fields(void**) {
@@ -735,6 +764,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(resolve_rejects_too_small_size),
       cmocka_unit_test(resolve_accepts_older_v1_sized_struct),
       cmocka_unit_test(resolve_ignores_tail_padding),
+      cmocka_unit_test(resolve_version_1_caller_gets_version_2_defaults),
       cmocka_unit_test(resolve_accepts_larger_struct_copying_only_known_fields),
       cmocka_unit_test(resolve_rejects_experts_not_multiple_of_ranks),
       cmocka_unit_test(resolve_rejects_nonpositive_experts_and_hidden),

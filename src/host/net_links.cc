@@ -1,0 +1,216 @@
+#include "net_links.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#include "../bootstrap.h"
+#include "../checks.h"
+#include "../debug.h"
+
+namespace ep {
+namespace host {
+
+namespace {
+// Every rank's transport name, so that ranks that would pick different
+// transports (a module missing on one host) fail at init instead of hanging.
+constexpr size_t kNameBytes = 32;
+}  // namespace
+
+NetLinks::NetLinks(const TransportEntry* transport, const BackendComm& comm, epTrafficClass_t cls)
+    : transport_(transport), t_(transport->net), comm_(comm), cls_(cls) {}
+
+NetLinks::~NetLinks() {
+  for (void*& c : conns_)
+    if (c) t_->close(c), c = nullptr;
+  if (mem_) t_->dereg_mem(tcomm_, mem_);
+  if (tcomm_) t_->comm_close(tcomm_);
+}
+
+epResult_t NetLinks::fail(epResult_t res, const char* fmt, ...) {
+  char msg[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  int peer = -1;
+  char why[256] = "";
+  if (tcomm_) t_->last_error(tcomm_, &peer, why, sizeof(why));
+  if (why[0] == '\0' && !transportLastWarning().empty()) snprintf(why, sizeof(why), "%s", transportLastWarning().c_str());
+  return setError(comm_, res, "%s (transport %s%s%s)", msg, transport_->name, why[0] ? ": " : "", why);
+}
+
+epResult_t NetLinks::agreeOnTransport() {
+  const int R = comm_.nranks(), me = comm_.rank();
+  std::vector<char> names(size_t(R) * kNameBytes, 0);
+  snprintf(&names[size_t(me) * kNameBytes], kNameBytes, "%s", transport_->name);
+  EPCHECK(bootstrapAllGather(comm_.bootstrap(), names.data(), kNameBytes));
+  for (int r = 0; r < R; r++) {
+    const char* theirs = &names[size_t(r) * kNameBytes];
+    if (strncmp(theirs, transport_->name, kNameBytes) != 0)
+      return setError(comm_, epInvalidUsage,
+                      "ranks across nodes must use one network transport: this rank (%d) chose %s, rank %d "
+                      "chose %s (EP_TRANSPORTS decides; moeep_info lists what each host has)",
+                      me, transport_->name, r, theirs[0] ? theirs : "none");
+  }
+  return epSuccess;
+}
+
+// Each rank's endpoint for each of its remote peers, in slots of the largest
+// endpoint size any rank has; theirs[r] is what rank r made for this rank.
+epResult_t NetLinks::exchangeEndpoints(std::vector<std::vector<uint8_t>>* theirs) {
+  const int R = comm_.nranks(), me = comm_.rank();
+  std::vector<std::vector<uint8_t>> mine(static_cast<size_t>(R));
+  uint64_t largest = 0;
+  for (int r = 0; r < R; r++) {
+    if (!remote(r)) continue;
+    std::vector<uint8_t> buf(EP_TRANSPORT_ENDPOINT_MAX_BYTES);
+    size_t bytes = buf.size();
+    transportClearWarning();
+    const epResult_t res = t_->endpoint(tcomm_, r, cls_, buf.data(), &bytes);
+    if (res != epSuccess) return fail(res, "rank %d: cannot make an endpoint for rank %d", me, r);
+    if (bytes > buf.size()) return fail(epInternalError, "rank %d: an endpoint of %zu bytes", me, bytes);
+    buf.resize(bytes);
+    largest = std::max<uint64_t>(largest, bytes);
+    mine[size_t(r)] = std::move(buf);
+  }
+  std::vector<uint64_t> sizes(size_t(R), 0);
+  sizes[size_t(me)] = largest;
+  EPCHECK(bootstrapAllGather(comm_.bootstrap(), sizes.data(), sizeof(uint64_t)));
+  const uint64_t slot = 4 + *std::max_element(sizes.begin(), sizes.end());
+  // Rank r's block: [R] slots of (uint32 size, bytes).
+  const size_t block = size_t(R) * slot;
+  std::vector<uint8_t> all(size_t(R) * block, 0);
+  for (int r = 0; r < R; r++) {
+    uint8_t* p = &all[size_t(me) * block + size_t(r) * slot];
+    const uint32_t n = uint32_t(mine[size_t(r)].size());
+    memcpy(p, &n, 4);
+    if (n) memcpy(p + 4, mine[size_t(r)].data(), n);
+  }
+  EPCHECK(bootstrapAllGather(comm_.bootstrap(), all.data(), block));
+  theirs->assign(size_t(R), {});
+  for (int r = 0; r < R; r++) {
+    if (!remote(r)) continue;
+    const uint8_t* p = &all[size_t(r) * block + size_t(me) * slot];
+    uint32_t n = 0;
+    memcpy(&n, p, 4);
+    if (n == 0 || n > slot - 4)
+      return setError(comm_, epInvalidUsage, "rank %d made no %s endpoint for rank %d: the ranks disagree on "
+                      "which ranks are on other nodes", r, transport_->name, me);
+    (*theirs)[size_t(r)].assign(p + 4, p + 4 + n);
+  }
+  return epSuccess;
+}
+
+epResult_t NetLinks::exchangeHandles() {
+  const int R = comm_.nranks(), me = comm_.rank();
+  constexpr size_t kSlot = 4 + EP_TRANSPORT_MEM_HANDLE_MAX_BYTES;
+  std::vector<uint8_t> all(size_t(R) * kSlot, 0);
+  size_t bytes = EP_TRANSPORT_MEM_HANDLE_MAX_BYTES;
+  uint8_t* mine = &all[size_t(me) * kSlot];
+  const epResult_t res = t_->mem_handle(mem_, mine + 4, &bytes);
+  if (res != epSuccess || bytes > EP_TRANSPORT_MEM_HANDLE_MAX_BYTES)
+    return fail(res == epSuccess ? epInternalError : res, "rank %d: no handle for its registered segment", me);
+  const uint32_t n = uint32_t(bytes);
+  memcpy(mine, &n, 4);
+  EPCHECK(bootstrapAllGather(comm_.bootstrap(), all.data(), kSlot));
+  handles_.assign(size_t(R), {});
+  for (int r = 0; r < R; r++) {
+    const uint8_t* p = &all[size_t(r) * kSlot];
+    uint32_t m = 0;
+    memcpy(&m, p, 4);
+    handles_[size_t(r)].assign(p + 4, p + 4 + std::min<uint32_t>(m, EP_TRANSPORT_MEM_HANDLE_MAX_BYTES));
+  }
+  return epSuccess;
+}
+
+epResult_t NetLinks::open(const std::vector<bool>& remote, void* segment, size_t bytes) {
+  const int R = comm_.nranks(), me = comm_.rank();
+  remote_ = remote;
+  remote_.resize(size_t(R), false);
+  remote_[size_t(me)] = false;
+  conns_.assign(size_t(R), nullptr);
+  EPCHECK(agreeOnTransport());
+
+  const Config& cfg = comm_.config();
+  const NodeMap& nodes = comm_.nodes();
+  epTransportCommInfo_v2_t info;
+  memset(&info, 0, sizeof(info));
+  info.size = sizeof(info);
+  info.rank = me;
+  info.nranks = R;
+  info.node = nodes.node_of_rank[size_t(me)];
+  info.num_nodes = nodes.num_nodes;
+  info.device = nullptr;  // the transport's own choice (its EP_IB_HCA / EP_SOCKET_IFNAME)
+  info.port = 0;
+  info.gid_index = cfg.ib.gid_index;
+  info.qps_per_peer = cfg.ib.qps_per_peer;
+  info.ib_timeout = cfg.ib.timeout;
+  info.ib_retry_cnt = cfg.ib.retry_cnt;
+  info.timeout_ms = cfg.timeout_ms;
+  for (int c = 0; c < EP_TRAFFIC_CLASSES; c++) {
+    info.classes[c].service_level = cfg.ib.sl[c];
+    info.classes[c].traffic_class = cfg.ib.tclass[c];
+    info.classes[c].adaptive_routing = cfg.ib.adaptive_routing[c] == 1 ? 1 : 0;
+  }
+  transportClearWarning();
+  epResult_t res = t_->comm_open(transport_->ctx, &info, &tcomm_);
+  if (res != epSuccess) {
+    tcomm_ = nullptr;
+    return fail(res, "rank %d: the network transport cannot open", me);
+  }
+
+  std::vector<std::vector<uint8_t>> theirs;
+  EPCHECK(exchangeEndpoints(&theirs));
+  for (int r = 0; r < R; r++) {  // ascending on every rank: each pair's two connects meet
+    if (!remote_[size_t(r)]) continue;
+    transportClearWarning();
+    res = t_->connect(tcomm_, r, cls_, theirs[size_t(r)].data(), theirs[size_t(r)].size(), &conns_[size_t(r)]);
+    if (res != epSuccess) {
+      conns_[size_t(r)] = nullptr;
+      return fail(res == epTimeout ? epRemoteError : res, "rank %d cannot connect to rank %d (node %d)", me, r,
+                  nodes.node_of_rank[size_t(r)]);
+    }
+  }
+  transportClearWarning();
+  res = t_->reg_mem(tcomm_, segment, bytes, EP_TRANSPORT_MEM_HOST, -1, 0, &mem_);
+  if (res != epSuccess) {
+    mem_ = nullptr;
+    return fail(res, "rank %d cannot register its %zu-byte segment", me, bytes);
+  }
+  EPCHECK(exchangeHandles());
+  EP_INFO(kSubsysInit, "host backend: rank %d reaches %d ranks on other nodes through %s", me,
+          int(std::count(remote_.begin(), remote_.end(), true)), transport_->name);
+  return epSuccess;
+}
+
+epResult_t NetLinks::put(int peer, size_t local_offset, size_t remote_offset, size_t bytes, size_t signal_offset,
+                         uint64_t value) {
+  const epResult_t res = t_->put(conns_[size_t(peer)], mem_, local_offset, handles_[size_t(peer)].data(),
+                                 remote_offset, bytes, signal_offset, value, EP_PUT_SIGNAL, nullptr);
+  if (res == epSuccess || res == epInProgress) return res;
+  int p = peer;
+  std::string why;
+  progress(&p, &why);
+  return res;
+}
+
+epResult_t NetLinks::progress(int* peer, std::string* why) {
+  const epResult_t res = t_->progress(tcomm_);
+  if (res == epSuccess) return res;
+  char msg[256] = "";
+  int p = -1;
+  t_->last_error(tcomm_, &p, msg, sizeof(msg));
+  *peer = p;
+  *why = msg[0] ? msg : epGetErrorString(res);
+  return res;
+}
+
+bool NetLinks::connInfo(int peer, epTransportConnInfo_v2_t* info) const {
+  if (!remote(peer) || conns_[size_t(peer)] == nullptr || t_->conn_info == nullptr) return false;
+  return t_->conn_info(conns_[size_t(peer)], info) == epSuccess;
+}
+
+}  // namespace host
+}  // namespace ep
