@@ -8,6 +8,9 @@
 #include <cstring>
 #include <string>
 
+#include <cstddef>
+
+#include "../checks.h"
 #include "../debug.h"
 
 namespace ep {
@@ -29,12 +32,19 @@ const char* kindName(uint32_t kind) {
 }
 }  // namespace
 
-Exchanger::Exchanger(const BackendComm& comm, std::vector<void*> segments, const RingGeometry& geometry)
+Exchanger::Exchanger(const BackendComm& comm, std::vector<void*> segments, const RingGeometry& geometry,
+                     NetLinks* net, std::vector<int> staging)
     : comm_(comm), segments_(std::move(segments)), geo_(geometry),
-      scratch_(size_t(geometry.chunk_records) * geometry.record_bytes) {}
+      scratch_(size_t(geometry.chunk_records) * geometry.record_bytes), net_(net), staging_(std::move(staging)),
+      credited_(size_t(comm.nranks()), 0) {
+  staging_.resize(size_t(comm.nranks()), -1);
+}
 
 bool Exchanger::peerClosed(int rank) const {
   const int me = comm_.rank();
+  if (remote(rank))  // both flags were put into this rank's segment by rank
+    return loadAcquire(&geo_.ctrl(segments_[me], rank)->source_closed) != 0 ||
+           loadAcquire(&geo_.shadow(segments_[me], rank)->owner_closed) != 0;
   return loadAcquire(&geo_.ctrl(segments_[me], rank)->source_closed) != 0 ||
          loadAcquire(&geo_.ctrl(segments_[rank], me)->owner_closed) != 0;
 }
@@ -43,9 +53,80 @@ void Exchanger::announceClose() {
   const int me = comm_.rank();
   for (int r = 0; r < comm_.nranks(); r++) {
     if (r == me) continue;
+    if (remote(r)) {  // best effort: a peer that misses it still sees the connection close
+      net_->signal(r, geo_.ctrlOffset(me) + offsetof(RingCtrl, source_closed), 1);
+      net_->signal(r, geo_.shadowOffset(me) + offsetof(RingCtrl, owner_closed), 1);
+      continue;
+    }
     storeRelease(&geo_.ctrl(segments_[r], me)->source_closed, 1);  // the ring this rank writes, in r's segment
     storeRelease(&geo_.ctrl(segments_[me], r)->owner_closed, 1);   // the ring r writes, in this rank's
   }
+  if (net_) {  // let the signals leave before the links close
+    int peer = -1;
+    std::string why;
+    for (int i = 0; i < 16; i++) net_->progress(&peer, &why);
+  }
+}
+
+epResult_t Exchanger::netFailed(epResult_t res, int peer, const std::string& why, const char* what,
+                                uint64_t call_seq) {
+  comm_.markFailed(epRemoteError);
+  (void)res;
+  if (peer >= 0)
+    return setError(comm_, epRemoteError, "%s (call %llu): rank %d (node %d) over %s: %s", what,
+                    (unsigned long long)call_seq, peer, comm_.nodes().node_of_rank[size_t(peer)],
+                    net_->transportName(), why.c_str());
+  return setError(comm_, epRemoteError, "%s (call %llu): transport %s: %s", what, (unsigned long long)call_seq,
+                  net_->transportName(), why.c_str());
+}
+
+epResult_t Exchanger::sendRemote(int d, ChunkKind kind, uint64_t call_seq, StreamSpec& spec, int* sent,
+                                 bool* moved, const char* what) {
+  const int me = comm_.rank();
+  void* mine = segments_[me];
+  RingCtrl* sh = geo_.shadow(mine, d);
+  while (*sent < spec.records) {
+    const uint64_t head = sh->head;  // only this rank writes it
+    if (head - loadAcquire(&sh->tail) >= uint64_t(geo_.slots)) break;
+    const int n = std::min(geo_.chunk_records, spec.records - *sent);
+    ChunkHeader* slot = geo_.staging(mine, staging_[size_t(d)], head);
+    slot->call_seq = call_seq;
+    slot->kind = kind;
+    slot->first = uint32_t(*sent);
+    slot->count = uint32_t(n);
+    spec.pack(*sent, n, reinterpret_cast<uint8_t*>(slot + 1));
+    const epResult_t res =
+        net_->put(d, geo_.stagingOffset(staging_[size_t(d)], head), geo_.slotOffset(me, head),
+                  sizeof(ChunkHeader) + size_t(n) * geo_.record_bytes, geo_.ctrlOffset(me) + offsetof(RingCtrl, head),
+                  head + 1);
+    if (res == epInProgress) break;  // the connection's queue is full: packed again next round
+    if (res != epSuccess) {
+      int peer = d;
+      std::string why;
+      net_->progress(&peer, &why);
+      return netFailed(res, d, why.empty() ? epGetErrorString(res) : why, what, call_seq);
+    }
+    sh->head = head + 1;
+    *sent += n;
+    *moved = true;
+  }
+  return epSuccess;
+}
+
+bool Exchanger::returnCredits() {
+  if (net_ == nullptr) return true;
+  const int me = comm_.rank();
+  bool all = true;
+  for (int s = 0; s < comm_.nranks(); s++) {
+    if (!remote(s)) continue;
+    const uint64_t tail = geo_.ctrl(segments_[me], s)->tail;
+    if (tail == credited_[size_t(s)]) continue;
+    if (net_->signal(s, geo_.shadowOffset(me) + offsetof(RingCtrl, tail), tail) == epSuccess)
+      credited_[size_t(s)] = tail;
+    else
+      all = false;  // queue full (or failed: progress reports it)
+  }
+  return all;
 }
 
 // Rank `gone` stopped taking part: its process exited, or (closed) it
@@ -103,8 +184,13 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
   const int R = comm_.nranks(), me = comm_.rank(), per_chunk = geo_.chunk_records;
   std::vector<int> sent(R, 0), received(R, 0);
   void* my_segment = segments_[me];
-  for (int d = 0; d < R; d++)  // where this rank is, for a peer's timeout report (failTimeout)
-    if (d != me) storeRelease(&geo_.ctrl(segments_[d], me)->source_call, call_seq);
+  for (int d = 0; d < R; d++) {  // where this rank is, for a peer's timeout report (failTimeout)
+    if (d == me) continue;
+    if (remote(d))
+      net_->signal(d, geo_.ctrlOffset(me) + offsetof(RingCtrl, source_call), call_seq);  // best effort
+    else
+      storeRelease(&geo_.ctrl(segments_[d], me)->source_call, call_seq);
+  }
   int recv_cursor = 0;
   auto last_progress = Clock::now();
   const auto timeout = std::chrono::milliseconds(comm_.config().timeout_ms);
@@ -120,12 +206,23 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
     return false;
   };
 
-  while (recv_cursor < R || sendsPending()) {
+  bool credits_owed = false;
+  while (recv_cursor < R || sendsPending() || credits_owed) {
     bool progress = false;
+    if (net_) {
+      int peer = -1;
+      std::string why;
+      const epResult_t res = net_->progress(&peer, &why);
+      if (res != epSuccess) return netFailed(res, peer, why, what, call_seq);
+    }
 
     // Send: fill every ring that has room.
     for (int d = 0; d < R; d++) {
       if (d == me) continue;
+      if (remote(d)) {
+        EPCHECK(sendRemote(d, kind, call_seq, sends[d], &sent[d], &progress, what));
+        continue;
+      }
       RingCtrl* ctrl = geo_.ctrl(segments_[d], me);
       while (sent[d] < sends[d].records) {
         uint64_t head = ctrl->head;  // only this rank writes it
@@ -178,6 +275,7 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
       storeRelease(&ctrl->tail, tail + 1);
       progress = true;
     }
+    credits_owed = !returnCredits();
 
     if (progress) {
       last_progress = Clock::now();

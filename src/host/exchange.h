@@ -9,6 +9,7 @@
 
 #include "../backend_comm.h"
 #include "../routing.h"
+#include "net_links.h"
 #include "ring.h"
 
 namespace ep {
@@ -24,8 +25,12 @@ struct StreamSpec {
 
 class Exchanger {
  public:
-  // segments[r] is rank r's segment as mapped in this process (own one included).
-  Exchanger(const BackendComm& comm, std::vector<void*> segments, const RingGeometry& geometry);
+  // segments[r] is rank r's segment as mapped in this process (own one
+  // included; null for a rank on another node). net: the links to the ranks
+  // on other nodes (null: every rank is mapped); staging[r]: rank r's
+  // staging ring in this rank's segment (-1 where r is mapped).
+  Exchanger(const BackendComm& comm, std::vector<void*> segments, const RingGeometry& geometry,
+            NetLinks* net = nullptr, std::vector<int> staging = {});
   // Runs one step, the next collective call of this rank (each step is one;
   // the chunks carry its number, so that ranks out of step are found).
   // Receives are consumed in ascending source rank order (this rank's own
@@ -44,6 +49,15 @@ class Exchanger {
   epResult_t runCall(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
                      std::vector<StreamSpec>& recvs, const char* what);
   bool peerClosed(int rank) const;
+  bool remote(int rank) const { return net_ != nullptr && net_->remote(rank); }
+  // Sends to a rank on another node what fits in its ring; *moved when a
+  // chunk went. Errors name the peer.
+  epResult_t sendRemote(int d, ChunkKind kind, uint64_t call_seq, StreamSpec& spec, int* sent, bool* moved,
+                        const char* what);
+  // Returns consumed chunks' credits to ranks on other nodes (each ring's
+  // tail, as a signal into the source's shadow); false while some are owed.
+  bool returnCredits();
+  epResult_t netFailed(epResult_t res, int peer, const std::string& why, const char* what, uint64_t call_seq);
   epResult_t failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq);
   epResult_t failTimeout(const std::vector<StreamSpec>& sends, const std::vector<StreamSpec>& recvs,
                          const std::vector<int>& sent, int recv_cursor, const std::vector<int>& received,
@@ -54,6 +68,9 @@ class Exchanger {
   std::vector<void*> segments_;
   RingGeometry geo_;
   std::vector<uint8_t> scratch_;  // one chunk of records for this rank's stream to itself
+  NetLinks* net_ = nullptr;
+  std::vector<int> staging_;        // [R]
+  std::vector<uint64_t> credited_;  // [R] the tail each remote source was last told
 };
 
 }  // namespace host

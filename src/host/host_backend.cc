@@ -23,6 +23,7 @@ namespace {
 
 using host::ChunkKind;
 using host::Exchanger;
+using host::NetLinks;
 using host::RingGeometry;
 using host::StreamSpec;
 
@@ -118,6 +119,7 @@ class HostBackend : public Backend {
   BackendComm comm_;
   RingGeometry geo_;
   std::unique_ptr<PeerBuffers> segments_;  // this rank's segment, registered with shm, and the peers' mapped
+  std::unique_ptr<NetLinks> net_;          // ranks on other nodes, when a network transport joins them
   std::unique_ptr<Exchanger> exchanger_;
   std::vector<float> acc_, acc_w_;  // combine's sums, reused between calls
 };
@@ -125,6 +127,7 @@ class HostBackend : public Backend {
 HostBackend::~HostBackend() {
   if (exchanger_) exchanger_->announceClose();
   exchanger_.reset();  // it writes into the segments: gone before they are
+  net_.reset();        // the network's registration of the segment, before shm unmaps it
   segments_.reset();
 }
 
@@ -136,13 +139,26 @@ epResult_t HostBackend::init() {
   if (shm == nullptr)
     return setError(comm_, epNotSupported, "host backend needs the shm transport: %s", why.c_str());
   segments_ = std::make_unique<PeerBuffers>(shm, me, R);
+  // Ranks on other nodes go over a network transport, when the ranks agree
+  // on one (NetLinks::choose); else shm must reach them (nodes faked on one
+  // machine by EP_NODE_SIZE / EP_HOST_ID, with no network module).
+  const TransportEntry* net = nullptr;
+  EPCHECK(NetLinks::choose(comm_, &net));
+  std::vector<bool> remote(size_t(R), false);
+  std::vector<int> staging(size_t(R), -1);
+  int staged = 0;
   for (int r = 0; r < R; r++) {
+    if (net != nullptr && comm_.nodes().node_of_rank[size_t(r)] != comm_.nodes().node_of_rank[size_t(me)]) {
+      remote[size_t(r)] = true;
+      staging[size_t(r)] = staged++;
+      continue;
+    }
     int ok = 0;
     segments_->canConnect(comm_.peers()[me], comm_.peers()[r], &ok);
     if (!ok)
       return setError(comm_, epNotSupported,
-                      "host backend: rank %d is on another machine and this build has no network "
-                      "transport for host memory",
+                      "host backend: rank %d is on another machine and no network transport is available "
+                      "(moeep_info lists the transports and why each is unavailable; EP_TRANSPORTS)",
                       r);
   }
 
@@ -154,6 +170,7 @@ epResult_t HostBackend::init() {
     return setError(comm_, epInvalidArgument, "EP_HOST_CHUNK_TOKENS = %lld is outside 1..%d",
                     (long long)param::HOST_CHUNK_TOKENS(), 1 << 20);
   geo_.nranks = R;
+  geo_.staged = staged;
   geo_.slots = int(param::HOST_RING_SLOTS());
   geo_.record_bytes = std::max({dispatchRecord(cfg).total(), combineRecordBytes(cfg),
                                 host::llRecordBytes(cfg), size_t(16)});
@@ -193,15 +210,19 @@ epResult_t HostBackend::init() {
                     transportLastWarning().empty() ? "no reason given" : transportLastWarning().c_str());
   EPCHECK(segments_->exchange(comm_.bootstrap()));
   for (int r = 0; r < R; r++) {
-    if (r == me) continue;
+    if (r == me || remote[size_t(r)]) continue;
     res = segments_->connect(r, comm_.peers()[r]);
     if (res != epSuccess) return setError(comm_, res, "host backend: cannot map rank %d's segment", r);
   }
   // Every peer mapped every segment: the names can go.
   EPCHECK(segments_->finish(comm_.bootstrap()));
+  if (net != nullptr) {
+    net_ = std::make_unique<NetLinks>(net, comm_, epTrafficThroughput);
+    EPCHECK(net_->open(remote, segments_->localPtr(), geo_.segmentBytes()));
+  }
   std::vector<void*> mapped(R, nullptr);
-  for (int r = 0; r < R; r++) mapped[size_t(r)] = segments_->peerPtr(r);
-  exchanger_ = std::make_unique<Exchanger>(comm_, std::move(mapped), geo_);
+  for (int r = 0; r < R; r++) mapped[size_t(r)] = remote[size_t(r)] ? nullptr : segments_->peerPtr(r);
+  exchanger_ = std::make_unique<Exchanger>(comm_, std::move(mapped), geo_, net_.get(), staging);
   return epSuccess;
 }
 

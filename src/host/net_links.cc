@@ -41,19 +41,34 @@ epResult_t NetLinks::fail(epResult_t res, const char* fmt, ...) {
   return setError(comm_, res, "%s (transport %s%s%s)", msg, transport_->name, why[0] ? ": " : "", why);
 }
 
-epResult_t NetLinks::agreeOnTransport() {
-  const int R = comm_.nranks(), me = comm_.rank();
-  std::vector<char> names(size_t(R) * kNameBytes, 0);
-  snprintf(&names[size_t(me) * kNameBytes], kNameBytes, "%s", transport_->name);
-  EPCHECK(bootstrapAllGather(comm_.bootstrap(), names.data(), kNameBytes));
-  for (int r = 0; r < R; r++) {
-    const char* theirs = &names[size_t(r) * kNameBytes];
-    if (strncmp(theirs, transport_->name, kNameBytes) != 0)
-      return setError(comm_, epInvalidUsage,
-                      "ranks across nodes must use one network transport: this rank (%d) chose %s, rank %d "
-                      "chose %s (EP_TRANSPORTS decides; moeep_info lists what each host has)",
-                      me, transport_->name, r, theirs[0] ? theirs : "none");
+epResult_t NetLinks::choose(const BackendComm& comm, const TransportEntry** out) {
+  *out = nullptr;
+  if (comm.nodes().num_nodes <= 1) return epSuccess;
+  const TransportEntry* pick = nullptr;
+  for (const char* name : {"ibverbs", "socket"}) {
+    pick = transportFind(name);
+    if (pick != nullptr && pick->net != nullptr) break;
+    pick = nullptr;
   }
+  for (const TransportEntry& e : transportList())  // any other version-2 module
+    if (pick == nullptr && e.available && e.net != nullptr) pick = &e;
+  const int R = comm.nranks(), me = comm.rank();
+  std::vector<char> names(size_t(R) * kNameBytes, 0);
+  if (pick) snprintf(&names[size_t(me) * kNameBytes], kNameBytes, "%s", pick->name);
+  EPCHECK(bootstrapAllGather(comm.bootstrap(), names.data(), kNameBytes));
+  const std::string mine = pick ? pick->name : "";
+  for (int r = 0; r < R; r++) {
+    const std::string theirs(&names[size_t(r) * kNameBytes], strnlen(&names[size_t(r) * kNameBytes], kNameBytes));
+    if (theirs != mine)
+      return setError(comm, epInvalidUsage,
+                      "ranks across nodes must use one network transport: rank %d has %s, rank %d has %s "
+                      "(EP_TRANSPORTS decides; moeep_info lists each host's transports)",
+                      me, mine.empty() ? "none" : mine.c_str(), r, theirs.empty() ? "none" : theirs.c_str());
+  }
+  if (pick)
+    EP_INFO(kSubsysInit, "host backend: %d nodes, ranks on other nodes through %s", comm.nodes().num_nodes,
+            pick->name);
+  *out = pick;
   return epSuccess;
 }
 
@@ -131,7 +146,6 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, void* segment, size_t
   remote_.resize(size_t(R), false);
   remote_[size_t(me)] = false;
   conns_.assign(size_t(R), nullptr);
-  EPCHECK(agreeOnTransport());
 
   const Config& cfg = comm_.config();
   const NodeMap& nodes = comm_.nodes();

@@ -31,6 +31,13 @@ class NetLinks {
   NetLinks(const NetLinks&) = delete;
   NetLinks& operator=(const NetLinks&) = delete;
 
+  // Collective: the network transport every rank will use for the ranks on
+  // other nodes, or null (*out) where there is one node or no rank has one.
+  // EP_TRANSPORTS narrows the choice; ibverbs is preferred to socket. Ranks
+  // that would choose differently fail here, naming one another, instead of
+  // hanging in a later collective.
+  static epResult_t choose(const BackendComm& comm, const TransportEntry** out);
+
   // Collective. remote[r]: rank r is reached through these links. segment:
   // this rank's memory (the caller's, kept for the links' life) that peers
   // put into.
@@ -56,7 +63,6 @@ class NetLinks {
 
  private:
   epResult_t fail(epResult_t res, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-  epResult_t agreeOnTransport();
   epResult_t exchangeEndpoints(std::vector<std::vector<uint8_t>>* theirs);
   epResult_t exchangeHandles();
 

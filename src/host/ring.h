@@ -60,12 +60,22 @@ struct alignas(64) ChunkHeader {
 };
 static_assert(sizeof(ChunkHeader) == 64, "ChunkHeader layout");
 
-// Where everything lies inside one rank's segment.
+// Where everything lies inside one rank's segment:
+//   [nranks rings, one per source]
+//   [nranks shadows]        only with peers on other nodes (staged > 0)
+//   [staged staging rings]  one per peer on another node
+// A peer on another node cannot be written directly: this rank packs a chunk
+// into its own staging slot and the network transport puts it into the
+// peer's ring, with the new head as the put's signal. The shadow of
+// destination d keeps the counters of the ring this rank writes in d's
+// segment: head (this rank's own count), and tail and owner_closed, which d
+// puts here (its credits, and its closing).
 struct RingGeometry {
   int nranks = 0;
   int slots = 0;
   size_t record_bytes = 0;  // largest record of any kind
   int chunk_records = 0;    // records per chunk
+  int staged = 0;           // peers on other nodes (each has a staging ring here)
   // Whole cache lines, so that every slot's header (and, since RingCtrl is two
   // lines, every ring's control block) lies on a 64-byte boundary, as their
   // alignas(64) types require: records are only multiples of 16 bytes.
@@ -73,14 +83,32 @@ struct RingGeometry {
     return (sizeof(ChunkHeader) + size_t(chunk_records) * record_bytes + 63) / 64 * 64;
   }
   size_t ringBytes() const { return sizeof(RingCtrl) + size_t(slots) * slotBytes(); }
-  size_t segmentBytes() const { return size_t(nranks) * ringBytes(); }
+  size_t ringsBytes() const { return size_t(nranks) * ringBytes(); }
+  size_t shadowsBytes() const { return staged > 0 ? size_t(nranks) * sizeof(RingCtrl) : 0; }
+  size_t segmentBytes() const {
+    return ringsBytes() + shadowsBytes() + size_t(staged) * size_t(slots) * slotBytes();
+  }
+  // Offsets inside a segment, the same in every rank's (what puts address).
+  size_t ctrlOffset(int src) const { return size_t(src) * ringBytes(); }
+  size_t slotOffset(int src, uint64_t n) const {
+    return ctrlOffset(src) + sizeof(RingCtrl) + size_t(n % uint64_t(slots)) * slotBytes();
+  }
+  size_t shadowOffset(int dst) const { return ringsBytes() + size_t(dst) * sizeof(RingCtrl); }
+  size_t stagingOffset(int index, uint64_t n) const {
+    return ringsBytes() + shadowsBytes() + (size_t(index) * size_t(slots) + size_t(n % uint64_t(slots))) * slotBytes();
+  }
   // The ring that source rank `src` writes, inside the segment at base.
   RingCtrl* ctrl(void* base, int src) const {
-    return reinterpret_cast<RingCtrl*>(static_cast<char*>(base) + size_t(src) * ringBytes());
+    return reinterpret_cast<RingCtrl*>(static_cast<char*>(base) + ctrlOffset(src));
   }
   ChunkHeader* slot(void* base, int src, uint64_t n) const {
-    char* ring = reinterpret_cast<char*>(ctrl(base, src)) + sizeof(RingCtrl);
-    return reinterpret_cast<ChunkHeader*>(ring + size_t(n % uint64_t(slots)) * slotBytes());
+    return reinterpret_cast<ChunkHeader*>(static_cast<char*>(base) + slotOffset(src, n));
+  }
+  RingCtrl* shadow(void* base, int dst) const {
+    return reinterpret_cast<RingCtrl*>(static_cast<char*>(base) + shadowOffset(dst));
+  }
+  ChunkHeader* staging(void* base, int index, uint64_t n) const {
+    return reinterpret_cast<ChunkHeader*>(static_cast<char*>(base) + stagingOffset(index, n));
   }
 };
 
