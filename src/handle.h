@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "routing.h"
 
@@ -29,4 +30,9 @@ struct epHandle {
   bool ll_combined = false;  // low latency: each dispatch is combined once
   int ll_set = 0;            // low latency: the buffer set of its pair (epComm::ll_uncombined)
   void* backend_state = nullptr;
+  // Host backend across nodes (src/host/hier.h): tokens each source forwards
+  // to this rank (its rail peer on this node), and, once dispatched, each
+  // forwarded token's mask of this node's ranks (local indices) that take it.
+  std::vector<int> fwd_count;                        // [R]
+  std::vector<std::vector<uint64_t>> fwd_masks;      // [R]
 };

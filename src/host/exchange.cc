@@ -27,6 +27,9 @@ const char* kindName(uint32_t kind) {
     case kChunkLLCounts: return "low-latency counts";
     case kChunkLLDispatch: return "low-latency dispatch";
     case kChunkLLCombine: return "low-latency combine";
+    case kChunkForwardCounts: return "forward counts";
+    case kChunkForward: return "forwarded dispatch";
+    case kChunkPartials: return "combine partial sums";
     default: return "unknown";
   }
 }
@@ -175,12 +178,12 @@ epResult_t Exchanger::failTimeout(const std::vector<StreamSpec>& sends,
 }
 
 epResult_t Exchanger::run(ChunkKind kind, std::vector<StreamSpec>& sends, std::vector<StreamSpec>& recvs,
-                          const char* what) {
-  return runCall(kind, ++calls_, sends, recvs, what);
+                          const char* what, const std::vector<int>* order) {
+  return runCall(kind, ++calls_, sends, recvs, what, order);
 }
 
 epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
-                              std::vector<StreamSpec>& recvs, const char* what) {
+                              std::vector<StreamSpec>& recvs, const char* what, const std::vector<int>* order) {
   const int R = comm_.nranks(), me = comm_.rank(), per_chunk = geo_.chunk_records;
   std::vector<int> sent(R, 0), received(R, 0);
   void* my_segment = segments_[me];
@@ -240,9 +243,9 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
       }
     }
 
-    // Receive, in ascending source order.
+    // Receive, in ascending source order (or the order given).
     while (recv_cursor < R) {
-      int s = recv_cursor;
+      const int s = order ? (*order)[size_t(recv_cursor)] : recv_cursor;
       if (received[s] >= recvs[s].records) {
         recv_cursor++;
         continue;
@@ -296,7 +299,8 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
     nanosleep(&nap, nullptr);
     if ((idle_rounds & 63) == 0) {
       // A waited-on peer that exited, else one that closed its communicator.
-      auto waitingOn = [&](int r) { return r != me && ((r == recv_cursor) || (sent[r] < sends[r].records)); };
+      const int waited = recv_cursor < R ? (order ? (*order)[size_t(recv_cursor)] : recv_cursor) : -1;
+      auto waitingOn = [&](int r) { return r != me && ((r == waited) || (sent[r] < sends[r].records)); };
       int gone = -1;
       bool closed = false;
       for (int r = 0; r < R && gone < 0; r++)
@@ -310,7 +314,7 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
         return failPeerGone(gone, closed, what, call_seq);
       }
       if (Clock::now() - last_progress > timeout)
-        return failTimeout(sends, recvs, sent, recv_cursor, received, what, call_seq);
+        return failTimeout(sends, recvs, sent, waited < 0 ? R : waited, received, what, call_seq);
     }
   }
   return epSuccess;

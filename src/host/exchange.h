@@ -36,7 +36,10 @@ class Exchanger {
   // Receives are consumed in ascending source rank order (this rank's own
   // stream at its place), which is what makes combine deterministic. `what`
   // names the step in error messages ("dispatch counts").
-  epResult_t run(ChunkKind kind, std::vector<StreamSpec>& sends, std::vector<StreamSpec>& recvs, const char* what);
+  // order (optional): the sources in the order their streams are consumed,
+  // every rank once (hierarchical combine: nodes ascending).
+  epResult_t run(ChunkKind kind, std::vector<StreamSpec>& sends, std::vector<StreamSpec>& recvs, const char* what,
+                 const std::vector<int>* order = nullptr);
   // The count exchange of a dispatch (a step of its own): tells every rank
   // how many tokens this one sends it (r's send side), and fills r's receive
   // side from what every rank says it sends here.
@@ -47,7 +50,7 @@ class Exchanger {
 
  private:
   epResult_t runCall(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
-                     std::vector<StreamSpec>& recvs, const char* what);
+                     std::vector<StreamSpec>& recvs, const char* what, const std::vector<int>* order);
   bool peerClosed(int rank) const;
   bool remote(int rank) const { return net_ != nullptr && net_->remote(rank); }
   // Sends to a rank on another node what fits in its ring; *moved when a

@@ -16,78 +16,23 @@
 #include "../transport.h"
 #include "convert.h"
 #include "exchange.h"
+#include "hier.h"
 #include "host_ll.h"
+#include "records.h"
 
 namespace ep {
 namespace {
 
+using host::addRowAsFloat;
 using host::ChunkKind;
+using host::combineRecordBytes;
+using host::DispatchRecord;
+using host::dispatchRecord;
+using host::storeRowFromFloat;
 using host::Exchanger;
 using host::NetLinks;
 using host::RingGeometry;
 using host::StreamSpec;
-
-// Bytes of one dispatched token on the wire: row, scales, local expert ids,
-// weights, and a word that says whether the sender carried ids and weights
-// (a cached re-dispatch may not).
-struct DispatchRecord {
-  size_t row_bytes, scale_bytes, idx_bytes, weight_bytes;
-  size_t flagOffset() const { return row_bytes + scale_bytes + idx_bytes + weight_bytes; }
-  size_t total() const { return roundUp(flagOffset() + 4, 16); }
-};
-
-DispatchRecord dispatchRecord(const Config& c) {
-  DispatchRecord r;
-  r.row_bytes = size_t(c.hidden) * dataTypeSize(c.dispatch_type);
-  r.scale_bytes = c.dispatch_type == epFloat8E4M3 ? size_t(fp8ScaleBlocks(c.hidden)) * 4 : 0;
-  r.idx_bytes = size_t(c.max_topk) * 8;
-  r.weight_bytes = size_t(c.max_topk) * 4;
-  return r;
-}
-
-// A combine record: the y row, the sender's recv_topk_weights row (max_topk
-// floats of room) and how many of them it sent (0: it passed none).
-size_t combineRecordBytes(const Config& c) {
-  return roundUp(size_t(c.hidden) * dataTypeSize(c.combine_type) + size_t(c.max_topk) * 4 + 4, 16);
-}
-
-// acc[j] += row[j] for a row of type t: one loop per type so that the
-// compiler vectorises it (combine's inner loop; -O2 alone does not).
-__attribute__((optimize("O3"))) void addRowAsFloat(const void* row, epDataType_t t, int n, float* acc) {
-  if (t == epBfloat16) {
-    const uint16_t* r = static_cast<const uint16_t*>(row);
-    for (int j = 0; j < n; j++) {
-      uint32_t bits = uint32_t(r[j]) << 16;
-      float v;
-      memcpy(&v, &bits, 4);
-      acc[j] += v;
-    }
-  } else if (t == epFloat32) {
-    const float* r = static_cast<const float*>(row);
-    for (int j = 0; j < n; j++) acc[j] += r[j];
-  } else {
-    for (int j = 0; j < n; j++) acc[j] += loadAsFloat(row, t, size_t(j));
-  }
-}
-
-// row[j] = round(values[j]) in type t (BF16: floatToBf16 written without a
-// branch, the same bits, so that the loop vectorises).
-__attribute__((optimize("O3"))) void storeRowFromFloat(const float* values, epDataType_t t, int n, void* row) {
-  if (t == epBfloat16) {
-    uint16_t* r = static_cast<uint16_t*>(row);
-    for (int j = 0; j < n; j++) {
-      uint32_t bits;
-      memcpy(&bits, &values[j], 4);
-      const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-      const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-      r[j] = uint16_t(((bits & 0x7fffffffu) > 0x7f800000u) ? quiet_nan : rounded);
-    }
-  } else if (t == epFloat32) {
-    memcpy(row, values, size_t(n) * 4);
-  } else {
-    for (int j = 0; j < n; j++) storeFromFloat(row, t, size_t(j), values[j]);
-  }
-}
 
 class HostBackend : public Backend {
  public:
@@ -102,6 +47,8 @@ class HostBackend : public Backend {
   epResult_t prepare(const char* fn, const epDispatchArgs_t& args, epHandle* h, epStream_t stream) override;
   epResult_t dispatch(const epDispatchArgs_t& args, epHandle* h, bool ids_routed, epStream_t stream) override;
   epResult_t combine(const epCombineArgs_t& args, epHandle* h, epStream_t stream) override;
+  epResult_t finishCombine(const epCombineArgs_t& a, int T, int K, epDataType_t type, size_t row_bytes,
+                           const char* unweighted_what, int unweighted);
   epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
                         epStream_t) override {
     return host::llDispatch(comm_, *exchanger_, args, h, send_only);
@@ -121,6 +68,9 @@ class HostBackend : public Backend {
   std::unique_ptr<PeerBuffers> segments_;  // this rank's segment, registered with shm, and the peers' mapped
   std::unique_ptr<NetLinks> net_;          // ranks on other nodes, when a network transport joins them
   std::unique_ptr<Exchanger> exchanger_;
+  // Across nodes: high throughput forwards through rail peers (hier.h).
+  bool hier_ = false;
+  host::Forwarding fw_;
   std::vector<float> acc_, acc_w_;  // combine's sums, reused between calls
 };
 
@@ -172,8 +122,16 @@ epResult_t HostBackend::init() {
   geo_.nranks = R;
   geo_.staged = staged;
   geo_.slots = int(param::HOST_RING_SLOTS());
+  // Several nodes: high throughput goes through rail peers, a token once per
+  // node (hier.h), when each node's ranks fit a forward record's 64-bit mask.
+  hier_ = comm_.nodes().num_nodes > 1 &&
+          *std::max_element(comm_.nodes().node_size.begin(), comm_.nodes().node_size.end()) <= 64;
+  if (hier_) fw_ = host::buildForwarding(comm_);
   geo_.record_bytes = std::max({dispatchRecord(cfg).total(), combineRecordBytes(cfg),
                                 host::llRecordBytes(cfg), size_t(16)});
+  if (hier_)
+    geo_.record_bytes = std::max({geo_.record_bytes, dispatchRecord(cfg).forwardTotal(),
+                                  host::partialRecordBytes(cfg)});
   // A call sends a peer at most max_tokens_per_rank records: larger chunks
   // would only cost memory (ranks x slots x chunk records per segment). Nor
   // need a chunk exceed kMaxChunkBytes, which already moves at memory speed:
@@ -238,6 +196,7 @@ epResult_t HostBackend::prepare(const char*, const epDispatchArgs_t& a, epHandle
   buildSendSide(comm_.placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, &routing);
 
   EPCHECK(exchanger_->exchangeCounts(host::kChunkCounts, &routing, "dispatch counts"));
+  if (hier_) EPCHECK(host::exchangeForwardCounts(comm_, *exchanger_, routing, h));
   h->routing = std::move(routing);
   h->counts_known = true;
   return epSuccess;
@@ -259,71 +218,104 @@ epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool, e
   const Placement& pl = comm_.placement();
   const bool fits = rt.num_recv <= a.recv_capacity;
 
-  std::vector<StreamSpec> sends(R), recvs(R);
-  for (int d = 0; d < R; d++) {
-    sends[d].records = rt.sendCount(d);
-    sends[d].pack = [&, d](int first, int n, uint8_t* out) {
-      for (int i = 0; i < n; i++, out += rec.total()) {
-        int t = rt.send_tokens[rt.send_offset[d] + first + i];
-        uint8_t* p = out;
-        memcpy(p, static_cast<const char*>(a.x) + size_t(t) * x_stride, row_bytes);
-        p += rec.row_bytes;
-        if (fp8) {
-          float* sc = reinterpret_cast<float*>(p);
-          for (int b = 0; b < nblocks; b++) sc[b] = a.x_scales[size_t(t) * s_tok + size_t(b) * s_blk];
-        }
-        p += rec.scale_bytes;
-        if (with_topk) {  // through aligned locals: the record's fields are not 8-byte aligned
-          int64_t ids[32];
-          float weights[32];
-          localizeTopk(pl, d, a.topk_idx, a.topk_idx_type, a.topk_weights, t, K, ids, weights);
-          memcpy(p, ids, size_t(K) * 8);
-          memcpy(p + rec.idx_bytes, weights, size_t(K) * 4);
-        }
-        // The sender's top-k (0: no ids): ranks may pass different num_topk.
-        uint32_t sender_k = with_topk ? uint32_t(K) : 0;
-        memcpy(out + rec.flagOffset(), &sender_k, 4);
-      }
-    };
-  }
+  // Token t's record for rank d, with d's local ids.
+  auto packFor = [&](int d, int t, uint8_t* out) {
+    uint8_t* p = out;
+    memcpy(p, static_cast<const char*>(a.x) + size_t(t) * x_stride, row_bytes);
+    p += rec.row_bytes;
+    if (fp8) {
+      float* sc = reinterpret_cast<float*>(p);
+      for (int b = 0; b < nblocks; b++) sc[b] = a.x_scales[size_t(t) * s_tok + size_t(b) * s_blk];
+    }
+    p += rec.scale_bytes;
+    if (with_topk) {  // through aligned locals: the record's fields are not 8-byte aligned
+      int64_t ids[32];
+      float weights[32];
+      localizeTopk(pl, d, a.topk_idx, a.topk_idx_type, a.topk_weights, t, K, ids, weights);
+      memcpy(p, ids, size_t(K) * 8);
+      memcpy(p + rec.idx_bytes, weights, size_t(K) * 4);
+    }
+    // The sender's top-k (0: no ids): ranks may pass different num_topk.
+    uint32_t sender_k = with_topk ? uint32_t(K) : 0;
+    memcpy(out + rec.flagOffset(), &sender_k, 4);
+  };
   std::vector<int> per_expert(comm_.localExperts(), 0);
   bool all_had_topk = true;
   int wider_from = -1, wider_k = 0;  // a source that passed more top-k columns than this rank
-  for (int s = 0; s < R; s++) {
-    recvs[s].records = rt.recv_count[s];
-    recvs[s].unpack = [&, s](int first, int n, const uint8_t* in) {
-      if (!fits) return;  // drain only: the caller's buffers are too small
-      for (int i = 0; i < n; i++, in += rec.total()) {
-        int64_t row = rt.recv_offset[s] + first + i;
-        const uint8_t* p = in;
-        memcpy(static_cast<char*>(a.recv_x) + size_t(row) * row_bytes, p, row_bytes);
-        p += rec.row_bytes;
-        if (fp8 && a.recv_scales) memcpy(a.recv_scales + size_t(row) * nblocks, p, size_t(nblocks) * 4);
-        p += rec.scale_bytes;
-        uint32_t sender_k;
-        memcpy(&sender_k, in + rec.flagOffset(), 4);
-        if (sender_k == 0) all_had_topk = false;  // a cached re-dispatch without ids
-        if (int(sender_k) > K && wider_from < 0) {
-          wider_from = s;
-          wider_k = int(sender_k);
-        }
-        // Columns past the sender's top-k (or all, without ids) read -1 / 0.
-        const int kk = std::min(K, int(sender_k));
-        for (int k = 0; k < K; k++) {
-          int64_t id = -1;
-          float w = 0.0f;
-          if (k < kk) {  // the record's ids are not 8-byte aligned: copy them out
-            memcpy(&id, p + size_t(k) * 8, 8);
-            memcpy(&w, p + rec.idx_bytes + size_t(k) * 4, 4);
-          }
-          if (a.recv_topk_idx) a.recv_topk_idx[size_t(row) * K + k] = id;
-          if (a.recv_topk_weights) a.recv_topk_weights[size_t(row) * K + k] = w;
-          if (id >= 0) per_expert[id]++;
-        }
+  // Row i of source s's rows, from a record with this rank's local ids.
+  auto place = [&](int s, int64_t i, const uint8_t* in) {
+    if (!fits) return;  // drain only: the caller's buffers are too small
+    int64_t row = rt.recv_offset[s] + i;
+    const uint8_t* p = in;
+    memcpy(static_cast<char*>(a.recv_x) + size_t(row) * row_bytes, p, row_bytes);
+    p += rec.row_bytes;
+    if (fp8 && a.recv_scales) memcpy(a.recv_scales + size_t(row) * nblocks, p, size_t(nblocks) * 4);
+    p += rec.scale_bytes;
+    uint32_t sender_k;
+    memcpy(&sender_k, in + rec.flagOffset(), 4);
+    if (sender_k == 0) all_had_topk = false;  // a cached re-dispatch without ids
+    if (int(sender_k) > K && wider_from < 0) {
+      wider_from = s;
+      wider_k = int(sender_k);
+    }
+    // Columns past the sender's top-k (or all, without ids) read -1 / 0.
+    const int kk = std::min(K, int(sender_k));
+    for (int k = 0; k < K; k++) {
+      int64_t id = -1;
+      float w = 0.0f;
+      if (k < kk) {  // the record's ids are not 8-byte aligned: copy them out
+        memcpy(&id, p + size_t(k) * 8, 8);
+        memcpy(&w, p + rec.idx_bytes + size_t(k) * 4, 4);
       }
+      if (a.recv_topk_idx) a.recv_topk_idx[size_t(row) * K + k] = id;
+      if (a.recv_topk_weights) a.recv_topk_weights[size_t(row) * K + k] = w;
+      if (id >= 0) per_expert[id]++;
+    }
+  };
+  if (hier_) {
+    host::HierDispatchIo io;
+    io.rec = rec;
+    io.pack = packFor;
+    io.place = place;
+    io.packForward = [&](int t, uint8_t* out) {  // global ids: the forwarder makes them its ranks' own
+      uint8_t* p = out;
+      memcpy(p, static_cast<const char*>(a.x) + size_t(t) * x_stride, row_bytes);
+      p += rec.row_bytes;
+      if (fp8) {
+        float* sc = reinterpret_cast<float*>(p);
+        for (int b = 0; b < nblocks; b++) sc[b] = a.x_scales[size_t(t) * s_tok + size_t(b) * s_blk];
+      }
+      p += rec.scale_bytes;
+      if (with_topk) {
+        int64_t ids[32];
+        float weights[32];
+        for (int k = 0; k < K; k++) {
+          ids[k] = topkAt(a.topk_idx, a.topk_idx_type, size_t(t) * K + k);
+          weights[k] = a.topk_weights ? a.topk_weights[size_t(t) * K + k] : 0.0f;
+        }
+        memcpy(p, ids, size_t(K) * 8);
+        memcpy(p + rec.idx_bytes, weights, size_t(K) * 4);
+      }
+      uint32_t sender_k = with_topk ? uint32_t(K) : 0;
+      memcpy(out + rec.flagOffset(), &sender_k, 4);
     };
+    EPCHECK(host::hierDispatch(comm_, *exchanger_, fw_, h, io));
+  } else {
+    std::vector<StreamSpec> sends(R), recvs(R);
+    for (int d = 0; d < R; d++) {
+      sends[d].records = rt.sendCount(d);
+      sends[d].pack = [&, d](int first, int n, uint8_t* out) {
+        for (int i = 0; i < n; i++, out += rec.total()) packFor(d, rt.send_tokens[rt.send_offset[d] + first + i], out);
+      };
+    }
+    for (int s = 0; s < R; s++) {
+      recvs[s].records = rt.recv_count[s];
+      recvs[s].unpack = [&, s](int first, int n, const uint8_t* in) {
+        for (int i = 0; i < n; i++, in += rec.total()) place(s, first + i, in);
+      };
+    }
+    EPCHECK(exchanger_->run(host::kChunkDispatch, sends, recvs, "dispatch"));
   }
-  EPCHECK(exchanger_->run(host::kChunkDispatch, sends, recvs, "dispatch"));
   if (wider_from >= 0)
     return setError(comm_, epInvalidUsage,
                     "epDispatch: rank %d passed num_topk = %d, more than this rank's %d (the columns of "
@@ -368,6 +360,22 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
   std::vector<float>& acc_w = acc_w_;
   acc.assign(size_t(T) * H, 0.0f);
   acc_w.assign(size_t(T) * (K > 0 ? K : 0), 0.0f);
+  if (hier_) {
+    host::HierCombineIo io;
+    io.row_bytes = row_bytes;
+    io.type = type;
+    io.K = K;
+    io.y = static_cast<const char*>(a.y);
+    io.y_stride = y_stride;
+    io.recv_weights = a.recv_topk_weights;
+    io.acc = acc.data();
+    io.acc_w = acc_w.data();
+    int unweighted_node = -1;
+    io.unweighted_node = &unweighted_node;
+    EPCHECK(host::hierCombine(comm_, *exchanger_, fw_, h, io));
+    return finishCombine(a, T, K, type, row_bytes, unweighted_node >= 0 ? "a rank of node " : nullptr,
+                         unweighted_node);
+  }
   std::vector<StreamSpec> sends(R), recvs(R);
   for (int s = 0; s < R; s++) {  // rows received from s go back to s, in order
     sends[s].records = rt.recv_count[s];
@@ -398,17 +406,26 @@ epResult_t HostBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_
     };
   }
   EPCHECK(exchanger_->run(host::kChunkCombine, sends, recvs, "combine"));
+  return finishCombine(a, T, K, type, row_bytes, unweighted_from >= 0 ? "rank " : nullptr, unweighted_from);
+}
+
+// The bias, the rounding to the combine type, and the weights' sums.
+epResult_t HostBackend::finishCombine(const epCombineArgs_t& a, int T, int K, epDataType_t type, size_t row_bytes,
+                                      const char* unweighted_what, int unweighted) {
+  const int H = comm_.config().hidden;
+  std::vector<float>& acc = acc_;
+  std::vector<float>& acc_w = acc_w_;
   for (int t = 0; t < T; t++) {
     float* sum = &acc[size_t(t) * H];
     if (a.bias) addRowAsFloat(static_cast<const char*>(a.bias) + size_t(t) * row_bytes, type, H, sum);
     storeRowFromFloat(sum, type, H, static_cast<char*>(a.out) + size_t(t) * row_bytes);
   }
-  if (unweighted_from >= 0 && a.out_topk_weights)
+  if (unweighted_what != nullptr && a.out_topk_weights)
     return setError(comm_, epInvalidUsage,
-                    "epCombine: rank %d passed no recv_topk_weights and this rank did: the weights are "
+                    "epCombine: %s%d passed no recv_topk_weights and this rank did: the weights are "
                     "summed back only when every rank passes them (out is written, out_topk_weights "
                     "is not)",
-                    unweighted_from);
+                    unweighted_what, unweighted);
   if (K > 0 && a.out_topk_weights && !acc_w.empty())
     memcpy(a.out_topk_weights, acc_w.data(), acc_w.size() * 4);
   return epSuccess;

@@ -49,6 +49,11 @@ enum ChunkKind : uint32_t {
   kChunkLLCounts = 4,
   kChunkLLDispatch = 5,
   kChunkLLCombine = 6,
+  // Across nodes (hier.h): forwarded-token counts, tokens to a rail peer,
+  // and nodes' partial sums back to their sources.
+  kChunkForwardCounts = 7,
+  kChunkForward = 8,
+  kChunkPartials = 9,
 };
 
 struct alignas(64) ChunkHeader {

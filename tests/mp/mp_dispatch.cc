@@ -199,11 +199,20 @@ void checkCase(const Shape& s, int rank, epComm_t comm, bool exact, Tally* tally
   tally->check(res == epSuccess, "combine returns success", rank);
   if (res != epSuccess) fprintf(stderr, "rank %d: combine: %s\n", rank, epGetLastError(comm));
   bool out_ok = true, w_ok = true;
+  // The sum order (docs/SEMANTICS.md): node-major, ranks ascending inside a
+  // node, then nodes ascending, then the bias.
+  int num_nodes = 1;
+  std::vector<int> node_of(size_t(s.nranks), 0);
+  epCommNodes(comm, &num_nodes, node_of.data());
   for (int t = 0; t < mine.tokens; t++) {
     for (int j = 0; j < H && out_ok; j++) {
       float acc = 0.0f;
-      for (int r = 0; r < s.nranks; r++)
-        if (goesTo(s, mine, t, r)) acc += combineValue(s.seed, r, rank, t, j);
+      for (int n = 0; n < num_nodes; n++) {
+        float part = 0.0f;
+        for (int r = 0; r < s.nranks; r++)
+          if (node_of[size_t(r)] == n && goesTo(s, mine, t, r)) part += combineValue(s.seed, r, rank, t, j);
+        acc += part;
+      }
       acc += biasValue(s.seed, rank, t, j);
       out_ok &= out[size_t(t) * H + j] == toBf16(acc);
     }
