@@ -1,5 +1,5 @@
-"""The C ABI of libmoeep as ctypes declarations (include/moeep.h, version 1 of
-every struct). Field names and order follow the header exactly; the layout is
+"""The C ABI of libmoeep as ctypes declarations (include/moeep.h: epConfig_t at
+version 2, every other struct at version 1). Field names and order follow the header exactly; the layout is
 checked against the C compiler's by tests/ffi/python_layout_check.py.
 """
 import ctypes as C
@@ -33,9 +33,12 @@ LL_ROUND_SCALE_POW2 = 0x2
 
 UNIQUE_ID_BYTES = 128
 
+CONFIG_VERSION = 2  # EP_CONFIG_VERSION; every other struct is at version 1
+
 _IB_FIELDS = ("ib_sl_throughput", "ib_sl_low_latency", "ib_sl_control", "ib_traffic_class",
               "ib_gid_index", "ib_qps_per_peer", "ib_ar_throughput", "ib_ar_low_latency",
-              "ib_ar_control")
+              "ib_ar_control", "ib_tc_throughput", "ib_tc_low_latency", "ib_tc_control", "ib_timeout",
+              "ib_retry_cnt", "ib_qp_budget")
 
 
 class UniqueIdStruct(C.Structure):
@@ -102,12 +105,13 @@ _MAGIC = {Config: CONFIG_MAGIC, LayoutArgs: LAYOUT_ARGS_MAGIC, DispatchArgs: DIS
 
 
 def initialized(cls):
-    """The struct as its *_INITIALIZER macro makes it: size, magic, version 1,
+    """The struct as its *_INITIALIZER macro makes it: size, magic, version,
     the non-zero defaults of the header (-1 device and InfiniBand settings,
     FP8 wire for the low-latency dispatch, int64 ids)."""
     s = cls()
     s.size, s.magic, s.version = C.sizeof(cls), _MAGIC[cls], 1
     if cls is Config:
+        s.version = CONFIG_VERSION
         s.device = -1
         for name in _IB_FIELDS:
             setattr(s, name, -1)

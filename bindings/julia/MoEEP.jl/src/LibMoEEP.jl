@@ -1,4 +1,4 @@
-# The C ABI of libmoeep (include/moeep.h, version 1 of every struct): structs
+# The C ABI of libmoeep (include/moeep.h: epConfig_t at version 2, every other struct at version 1): structs
 # with the header's names and fields, constants, and the library's path.
 # tests/ffi/julia_layout_check.py compares these structs with the C
 # compiler's layout and every ccall's argument list with the header.
@@ -25,6 +25,7 @@ const epBackendHost = Cint(1)
 const epBackendCuda = Cint(2)
 
 const EP_CONFIG_MAGIC = Cuint(0x65704366)
+const EP_CONFIG_VERSION = 2  # every other struct is at version 1
 const EP_DISPATCH_ARGS_MAGIC = Cuint(0x65704469)
 const EP_COMBINE_ARGS_MAGIC = Cuint(0x6570436f)
 const EP_LAYOUT_ARGS_MAGIC = Cuint(0x65704c61)
@@ -71,6 +72,12 @@ struct epConfig_t
     ib_ar_throughput::Cint
     ib_ar_low_latency::Cint
     ib_ar_control::Cint
+    ib_tc_throughput::Cint
+    ib_tc_low_latency::Cint
+    ib_tc_control::Cint
+    ib_timeout::Cint
+    ib_retry_cnt::Cint
+    ib_qp_budget::Cint
 end
 
 struct epLayoutArgs_t
@@ -157,18 +164,21 @@ end
 
 # Keyword constructors: every field at its *_INITIALIZER value unless given.
 function _initialized(::Type{T}, magic, defaults, kw) where {T}
-    vals = Dict{Symbol,Any}(:size => sizeof(T), :magic => magic, :version => Cuint(1))
+    vals = Dict{Symbol,Any}(:size => sizeof(T), :magic => magic, :version => Cuint(_version(T)))
     merge!(vals, defaults, Dict(kw))
     for k in keys(kw)
         k in fieldnames(T) || throw(ArgumentError("$(T) has no field $(k)"))
     end
     T((haskey(vals, f) ? convert(fieldtype(T, f), vals[f]) : _zero(fieldtype(T, f)) for f in fieldnames(T))...)
 end
+_version(::Type{epConfig_t}) = EP_CONFIG_VERSION
+_version(::Type) = 1
 _zero(::Type{T}) where {T<:Ptr} = T(C_NULL)
 _zero(::Type{T}) where {T<:Number} = zero(T)
 
 const _IB = (:ib_sl_throughput, :ib_sl_low_latency, :ib_sl_control, :ib_traffic_class, :ib_gid_index,
-             :ib_qps_per_peer, :ib_ar_throughput, :ib_ar_low_latency, :ib_ar_control)
+             :ib_qps_per_peer, :ib_ar_throughput, :ib_ar_low_latency, :ib_ar_control,
+             :ib_tc_throughput, :ib_tc_low_latency, :ib_tc_control, :ib_timeout, :ib_retry_cnt, :ib_qp_budget)
 epConfig_t(; kw...) = _initialized(epConfig_t, EP_CONFIG_MAGIC,
                                    Dict{Symbol,Any}(:device => -1, (f => -1 for f in _IB)...), kw)
 epLayoutArgs_t(; kw...) = _initialized(epLayoutArgs_t, EP_LAYOUT_ARGS_MAGIC, Dict{Symbol,Any}(:topk_idx_type => epInt64), kw)

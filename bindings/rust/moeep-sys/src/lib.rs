@@ -81,7 +81,7 @@ pub const EP_COMBINE_ARGS_MAGIC: c_uint = 0x6570_436f;
 pub const EP_LL_DISPATCH_ARGS_MAGIC: c_uint = 0x6570_4c64;
 pub const EP_LL_COMBINE_ARGS_MAGIC: c_uint = 0x6570_4c63;
 
-pub const EP_CONFIG_VERSION: c_uint = 1;
+pub const EP_CONFIG_VERSION: c_uint = 2;
 pub const EP_LAYOUT_ARGS_VERSION: c_uint = 1;
 pub const EP_DISPATCH_ARGS_VERSION: c_uint = 1;
 pub const EP_COMBINE_ARGS_VERSION: c_uint = 1;
@@ -121,6 +121,12 @@ pub struct epConfig_t {
     pub ib_ar_throughput: c_int,
     pub ib_ar_low_latency: c_int,
     pub ib_ar_control: c_int,
+    pub ib_tc_throughput: c_int,
+    pub ib_tc_low_latency: c_int,
+    pub ib_tc_control: c_int,
+    pub ib_timeout: c_int,
+    pub ib_retry_cnt: c_int,
+    pub ib_qp_budget: c_int,
 }
 
 impl epConfig_t {
@@ -152,6 +158,12 @@ impl epConfig_t {
             ib_ar_throughput: -1,
             ib_ar_low_latency: -1,
             ib_ar_control: -1,
+            ib_tc_throughput: -1,
+            ib_tc_low_latency: -1,
+            ib_tc_control: -1,
+            ib_timeout: -1,
+            ib_retry_cnt: -1,
+            ib_qp_budget: -1,
         }
     }
 }

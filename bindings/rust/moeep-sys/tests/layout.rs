@@ -35,7 +35,8 @@ fn rust_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize, usize)>
             size, magic, version, num_experts, hidden, max_tokens_per_rank, max_topk, dispatch_type,
             combine_type, backend, device, buffer_bytes_cap, timeout_ms, num_sms, max_nodes_per_token,
             low_latency, ib_sl_throughput, ib_sl_low_latency, ib_sl_control, ib_traffic_class, ib_gid_index,
-            ib_qps_per_peer, ib_ar_throughput, ib_ar_low_latency, ib_ar_control
+            ib_qps_per_peer, ib_ar_throughput, ib_ar_low_latency, ib_ar_control, ib_tc_throughput, ib_tc_low_latency,
+            ib_tc_control, ib_timeout, ib_retry_cnt, ib_qp_budget
         }),
         rust_layout!(epLayoutArgs_t {
             size, magic, version, topk_idx, topk_idx_type, num_tokens, num_topk, tokens_per_rank,
@@ -89,7 +90,8 @@ fn every_struct_matches_the_c_header() {
 #[test]
 fn initializers_fill_size_magic_and_version() {
     let c = epConfig_t::initializer();
-    assert_eq!((c.size, c.magic, c.version, c.device, c.ib_ar_control), (size_of::<epConfig_t>(), EP_CONFIG_MAGIC, 1, -1, -1));
+    assert_eq!((c.size, c.magic, c.version, c.device, c.ib_ar_control), (size_of::<epConfig_t>(), EP_CONFIG_MAGIC, 2, -1, -1));
+    assert_eq!((c.ib_tc_throughput, c.ib_timeout, c.ib_qp_budget), (-1, -1, -1));
     let d = epLowLatencyDispatchArgs_t::initializer();
     assert_eq!((d.magic, d.wire_type, d.topk_idx_type), (EP_LL_DISPATCH_ARGS_MAGIC, epFloat8E4M3, epInt64));
 }
