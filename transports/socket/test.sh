@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The socket transport's tests (tests/run_all.sh runs this; exit 77: skipped,
+# the last line says why). Everything over loopback (EP_SOCKET_IFNAME=lo).
+#   1. socket_transport_test: the module alone, two processes (ordering on 1
+#      and 3 streams, killed peers, goodbye, bad endpoints, bandwidth beside
+#      plain TCP)
+#   2. the host backend across nodes faked on this machine (EP_NODE_SIZE=2)
+#      over the socket module: mp_dispatch on 2 nodes x 2 and 4 nodes x 2,
+#      ep_bench --check (high throughput and low latency), and tiny buffers
+#      (EP_BUFFER_BYTES_CAP) so that the rings wrap many times; each run's log
+#      must show that ranks on other nodes went through socket
+# Builds nothing: `make` (or `make modules tests tools`) first.
+set -u
+BUILD=${BUILD:-build}
+cd "$(dirname "$0")/../.."
+need=("$BUILD/lib/libmoeep-transport-socket.so" "$BUILD/tests/socket_transport_test" "$BUILD/tests/mp_dispatch"
+      "$BUILD/bin/ep_bench")
+for f in "${need[@]}"; do
+  [ -x "$f" ] || { echo "SKIPPED: $f is not built (run make first)"; exit 77; }
+done
+if ! grep -q '^ *lo:' /proc/net/dev; then echo "SKIPPED: no loopback interface"; exit 77; fi
+
+export EP_SOCKET_IFNAME=lo
+passed=0; failed=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+run() {  # run NAME CMD...: the module's own test program
+  local name=$1; shift
+  echo "=== socket: $name: $*"
+  local start=$SECONDS
+  if timeout 120 "$@"; then passed=$((passed + 1)); echo "=== socket: $name: PASSED ($((SECONDS - start)) s)"
+  else failed=$((failed + 1)); echo "=== socket: $name: FAILED ($((SECONDS - start)) s)"; fi
+}
+
+# across NAME RANKS CMD...: the host backend with nodes of 2 ranks, the
+# socket module between them; passes when CMD passes and every rank's log
+# says that it reached the other nodes through socket.
+across() {
+  local name=$1 ranks=$2; shift 2
+  echo "=== socket: $name: EP_NODE_SIZE=2 $*"
+  local start=$SECONDS rc
+  EP_TRANSPORTS=shm,socket EP_NODE_SIZE=2 EP_DEBUG=INFO EP_DEBUG_SUBSYS=INIT,TRANSPORT timeout 300 "$@" >"$log" 2>&1
+  rc=$?
+  local through connected
+  through=$(grep -c 'ranks on other nodes through socket' "$log")
+  connected=$(grep -c 'transport socket: rank [0-9]*: connected to rank' "$log")
+  grep -E 'passed|all checks|FAIL|WARN' "$log" | grep -v 'transport .* (ABI' | sort | uniq -c | sed 's/^/    /' | head -12
+  echo "    logs: $through lines 'through socket', $connected socket connections made"
+  if [ $rc -eq 0 ] && [ "$through" -ge "$ranks" ] && [ "$connected" -ge "$ranks" ]; then
+    passed=$((passed + 1)); echo "=== socket: $name: PASSED ($((SECONDS - start)) s)"
+  else
+    tail -20 "$log"; failed=$((failed + 1)); echo "=== socket: $name: FAILED (exit $rc, $((SECONDS - start)) s)"
+  fi
+}
+
+run "module alone (order, killed, goodbye, endpoint)" "$BUILD/tests/socket_transport_test"
+run "bandwidth beside plain TCP (117 MB, 5 runs)" "$BUILD/tests/socket_transport_test" --case bench --runs 5
+
+across "mp_dispatch 2 nodes x 2" 4 "$BUILD/tests/mp_dispatch" -n 4 --cases 10 --seed 4204
+across "mp_dispatch 4 nodes x 2" 8 "$BUILD/tests/mp_dispatch" -n 8 --cases 5 --seed 4208
+across "ep_bench 2 nodes x 2 --check" 4 "$BUILD/bin/ep_bench" -n 4 --check --iters 2 --warmup 1 \
+  --shape 520:5:24:200 --shape 7168:8:64:64
+across "ep_bench 2 nodes x 2 --mode ll --check (fp8)" 4 "$BUILD/bin/ep_bench" -n 4 --mode ll --check \
+  --iters 2 --warmup 1 --shape 7168:8:288:16 --shape 2064:5:12:37
+across "ep_bench 2 nodes x 2 --mode ll --check (bf16, --split)" 4 "$BUILD/bin/ep_bench" -n 4 --mode ll \
+  --type bf16 --split --check --iters 2 --warmup 1 --shape 2056:5:12:37
+# Rings of 1 to 4 records (the cap shrinks chunks, then slots): they wrap on every few tokens.
+across "mp_dispatch 2 nodes x 2, EP_BUFFER_BYTES_CAP=400000" 4 env EP_BUFFER_BYTES_CAP=400000 \
+  "$BUILD/tests/mp_dispatch" -n 4 --cases 6 --seed 4304
+across "mp_dispatch 4 nodes x 2, EP_BUFFER_BYTES_CAP=900000" 8 env EP_BUFFER_BYTES_CAP=900000 \
+  "$BUILD/tests/mp_dispatch" -n 8 --cases 3 --seed 4308
+across "ep_bench --mode ll 2 nodes x 2, EP_BUFFER_BYTES_CAP=600000" 4 env EP_BUFFER_BYTES_CAP=600000 \
+  "$BUILD/bin/ep_bench" -n 4 --mode ll --check --iters 2 --warmup 1 --shape 7168:8:288:16
+
+echo "socket transport: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
