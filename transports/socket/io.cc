@@ -133,11 +133,28 @@ void rxEnded(Conn* k, size_t i, ssize_t n, int err) {
     failConn(k, "%s on stream %zu without a goodbye: its process exited or failed", how.c_str(), i);
 }
 
+// Reads at most want bytes of stream s into dst: 1 with *n > 0 bytes, 0 when
+// nothing is there now (back to poll), -1 when the stream ended (*n: recv's
+// result, errno kept). A read shorter than asked means the socket is empty
+// for now: the next read of the same call goes back to poll instead of
+// costing a recv that would say EAGAIN.
+int readStream(RxStream& s, void* dst, size_t want, ssize_t* n) {
+  if (s.drained) return 0;
+  *n = recv(s.fd, dst, want, MSG_DONTWAIT);
+  if (*n > 0) {
+    s.drained = size_t(*n) < want;
+    return 1;
+  }
+  if (*n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  return -1;
+}
+
 // Under recv_mu: takes frames in number order until the due stream has
 // nothing more (or a budget is spent, so that close never waits long).
 void receive(Comm* c, Conn* k) {
   size_t budget = size_t(32) << 20;
   k->rx_more = false;
+  for (RxStream& s : k->rx) s.drained = false;  // poll said the due stream has bytes
   while (!k->rx_done && !k->failed) {
     if (budget == 0) {
       k->rx_more = true;
@@ -145,20 +162,21 @@ void receive(Comm* c, Conn* k) {
     }
     const size_t i = size_t(k->rx_seq % k->rx.size());
     RxStream& s = k->rx[i];
+    ssize_t n = 0;
     if (!k->have_header) {
       if (s.end - s.pos < sizeof(WireFrame)) {
         memmove(s.stage.data(), s.stage.data() + s.pos, s.end - s.pos);
         s.end -= s.pos;
         s.pos = 0;
-        const ssize_t n = recv(s.fd, s.stage.data() + s.end, s.stage.size() - s.end, MSG_DONTWAIT);
-        if (n > 0) {
-          s.end += size_t(n);
-          budget -= std::min(budget, size_t(n));
-          continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-        rxEnded(k, i, n, errno);
-        return;
+        // After a large frame the next is likely large too: read its header
+        // alone, so that its data goes straight to memory, not via the stage.
+        const size_t want = s.large ? sizeof(WireFrame) - s.end : s.stage.size() - s.end;
+        const int rc = readStream(s, s.stage.data() + s.end, want, &n);
+        if (rc == 0) return;
+        if (rc < 0) return rxEnded(k, i, n, errno);
+        s.end += size_t(n);
+        budget -= std::min(budget, size_t(n));
+        continue;
       }
       memcpy(&k->cur, s.stage.data() + s.pos, sizeof(WireFrame));
       s.pos += sizeof(WireFrame);
@@ -175,6 +193,7 @@ void receive(Comm* c, Conn* k) {
       }
       k->have_header = true;
       k->cur_got = 0;
+      s.large = k->cur.bytes >= kStageBytes;
     }
     Mem* m = findMem(c, k->cur.mem_id);
     if (m == nullptr) {  // deregistered while the frame came
@@ -188,15 +207,11 @@ void receive(Comm* c, Conn* k) {
     s.pos += staged;
     k->cur_got += staged;
     while (k->cur_got < k->cur.bytes) {  // the rest straight into the memory
-      const ssize_t n = recv(s.fd, dst + k->cur_got, k->cur.bytes - k->cur_got, MSG_DONTWAIT);
-      if (n > 0) {
-        k->cur_got += uint64_t(n);
-        budget -= std::min(budget, size_t(n));
-        continue;
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-      rxEnded(k, i, n, errno);
-      return;
+      const int rc = readStream(s, dst + k->cur_got, k->cur.bytes - k->cur_got, &n);
+      if (rc == 0) return;
+      if (rc < 0) return rxEnded(k, i, n, errno);
+      k->cur_got += uint64_t(n);
+      budget -= std::min(budget, size_t(n));
     }
     // The bytes above were written by this thread (recv copies in its
     // context): the release store orders them before the signal.

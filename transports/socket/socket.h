@@ -75,6 +75,8 @@ struct RxStream {
   int fd = -1;
   std::vector<uint8_t> stage;  // bytes read ahead: [pos, end)
   size_t pos = 0, end = 0;
+  bool large = false;    // the last frame was larger than the stage
+  bool drained = false;  // a read of this receive round came back short
 };
 
 struct Comm;

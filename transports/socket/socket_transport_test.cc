@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <deque>
@@ -331,6 +332,12 @@ bool badEndpoints() {
   return true;
 }
 
+double cpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -358,7 +365,8 @@ int plainStream(int link) {
   return connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 ? fd : -1;
 }
 
-bool bench(int link, int runs) {
+bool bench(int link, int runs, int streams) {
+  g_params["SOCKET_NSTREAMS"] = std::to_string(streams);
   constexpr size_t kTokens = 8192, kRowBytes = 7168 * 2, kBytes = kTokens * kRowBytes;
   constexpr size_t kSig = kBytes, kAck = kBytes + 64;
   Side s;
@@ -372,10 +380,12 @@ bool bench(int link, int runs) {
   // whole buffer in one put.
   const size_t chunks[] = {256 * kRowBytes, kBytes};
   std::vector<double> tcp, puts[2];
+  double cpu[3] = {0, 0, 0};  // this process's CPU seconds in each mode: tcp, puts[0], puts[1]
   uint64_t value = 0;
   for (int run = 0; run < runs; run++) {
     CHECK(linkBarrier(link), "barrier");
     auto t = Clock::now();
+    double c0 = cpuSeconds();
     if (g_rank == 0) {
       CHECK(linkSend(fd, s.buf, kBytes), "plain send");
       char ack;
@@ -385,9 +395,11 @@ bool bench(int link, int runs) {
       CHECK(linkRecv(fd, plain.data(), kBytes), "plain receive");
       CHECK(linkSend(fd, "k", 1), "plain ack");
     }
+    cpu[0] += cpuSeconds() - c0;
     for (int c = 0; c < 2; c++) {
       CHECK(linkBarrier(link), "barrier");
       t = Clock::now();
+      c0 = cpuSeconds();
       const size_t n = (kBytes + chunks[c] - 1) / chunks[c];
       if (g_rank == 0) {
         for (size_t i = 0; i < n; i++) {
@@ -402,22 +414,36 @@ bool bench(int link, int runs) {
         CHECK(waitSignal(s, kSig, value), "data");
         CHECK(putRetry(s, 0, 0, 0, kAck, value, EP_PUT_SIGNAL) == epSuccess, "ack");
       }
+      cpu[1 + c] += cpuSeconds() - c0;
     }
   }
+  // CPU per GB moved, both processes together (the I/O thread included).
+  double theirs[3];
+  CHECK(linkSend(link, cpu, sizeof(cpu)) && linkRecv(link, theirs, sizeof(theirs)), "CPU times");
+  const double gb = double(kBytes) * runs / 1e9;
   if (g_rank == 1) {
     for (size_t i = 0; i < kBytes; i++)
       CHECK(s.buf[i] == patternByte(7, i) && plain[i] == s.buf[i], "byte %zu differs", i);
   } else {
     const double base = median(tcp);
-    printf("    %zu bytes (%zu tokens x %zu B), %d runs, medians:\n", kBytes, kTokens, kRowBytes, runs);
-    printf("    plain TCP stream          %6.2f GB/s\n", base);
-    printf("    socket puts of %5.2f MB    %6.2f GB/s  (%.2fx)\n", double(chunks[0]) / 1e6, median(puts[0]),
-           median(puts[0]) / base);
-    printf("    socket, one put           %6.2f GB/s  (%.2fx)\n", median(puts[1]), median(puts[1]) / base);
+    printf("    %zu bytes (%zu tokens x %zu B), %d runs, medians, %d socket stream(s):\n", kBytes, kTokens,
+           kRowBytes, runs, streams);
+    printf("    plain TCP stream          %6.2f GB/s           CPU %.2f s/GB\n", base, (cpu[0] + theirs[0]) / gb);
+    printf("    socket puts of %5.2f MB    %6.2f GB/s  (%.2fx)  CPU %.2f s/GB\n", double(chunks[0]) / 1e6,
+           median(puts[0]), median(puts[0]) / base, (cpu[1] + theirs[1]) / gb);
+    printf("    socket, one put           %6.2f GB/s  (%.2fx)  CPU %.2f s/GB\n", median(puts[1]),
+           median(puts[1]) / base, (cpu[2] + theirs[2]) / gb);
+    // Each run's puts against the same run's plain stream (moments apart, so
+    // under the same load from the rest of the machine): the median of those.
+    std::vector<double> paired[2];
+    for (int r = 0; r < runs; r++)
+      for (int c = 0; c < 2; c++) paired[c].push_back(puts[c][size_t(r)] / tcp[size_t(r)]);
+    printf("    median of per-run ratios: %.2fx (chunks), %.2fx (one put)\n", median(paired[0]), median(paired[1]));
   }
   CHECK(linkBarrier(link), "barrier");
   close(fd);
   s.close();
+  g_params.erase("SOCKET_NSTREAMS");
   return true;
 }
 
@@ -468,7 +494,9 @@ int main(int argc, char** argv) {
     } else if (c == "endpoint") {
       tally(badEndpoints());
     } else if (c == "bench") {
-      tally(runPair("bench", [&](int link, pid_t) { return bench(link, runs); }, 300));
+      for (int streams : {1, 2})
+        tally(runPair(("bench, " + std::to_string(streams) + " stream(s)").c_str(),
+                      [&](int link, pid_t) { return bench(link, runs, streams); }, 300));
     } else {
       fprintf(stderr, "unknown case %s\n", c.c_str());
       return 2;

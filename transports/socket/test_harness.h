@@ -207,7 +207,9 @@ inline bool waitSignal(Side& s, size_t off, uint64_t target, double timeout_s = 
     CHECK(p == epSuccess, "progress: %d, %s", int(p), s.lastError().c_str());
     CHECK(secondsSince(start) < timeout_s, "word at %zu is %llu after %.0f s, %llu awaited", off,
           (unsigned long long)loadSignal(s, off), timeout_s, (unsigned long long)target);
-    if (spins > 1000) usleep(20);
+    // A long wait sleeps longer: on a machine of few cores, a waiter that
+    // wakes often takes them from the transport's thread.
+    if (spins > 1000) usleep(spins > 5000 ? 500 : 20);
   }
 }
 
