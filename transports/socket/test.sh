@@ -8,7 +8,8 @@
 #      over the socket module: mp_dispatch on 2 nodes x 2 and 4 nodes x 2,
 #      ep_bench --check (high throughput and low latency), and tiny buffers
 #      (EP_BUFFER_BYTES_CAP) so that the rings wrap many times; each run's log
-#      must show that ranks on other nodes went through socket
+#      must show that ranks on other nodes went through socket; mp_errors
+#      cases with every rank a node (a rank that exits is named by socket)
 # Builds nothing: `make` (or `make modules tests tools`) first.
 set -u
 BUILD=${BUILD:-build}
@@ -33,20 +34,23 @@ run() {  # run NAME CMD...: the module's own test program
   else failed=$((failed + 1)); echo "=== socket: $name: FAILED ($((SECONDS - start)) s)"; fi
 }
 
-# across NAME RANKS CMD...: the host backend with nodes of 2 ranks, the
-# socket module between them; passes when CMD passes and every rank's log
-# says that it reached the other nodes through socket.
+# across NAME RANKS CMD...: the host backend with nodes of NODE ranks (2
+# unless set), the socket module between them; passes when CMD passes, every
+# rank's log says that it reached the other nodes through socket, and the
+# log matches EXPECT (an extended regular expression, when set).
 across() {
   local name=$1 ranks=$2; shift 2
-  echo "=== socket: $name: EP_NODE_SIZE=2 $*"
+  local node=${NODE:-2} expect=${EXPECT:-}
+  echo "=== socket: $name: EP_NODE_SIZE=$node $*"
   local start=$SECONDS rc
-  EP_TRANSPORTS=shm,socket EP_NODE_SIZE=2 EP_DEBUG=INFO EP_DEBUG_SUBSYS=INIT,TRANSPORT timeout 300 "$@" >"$log" 2>&1
+  EP_TRANSPORTS=shm,socket EP_NODE_SIZE=$node EP_DEBUG=INFO EP_DEBUG_SUBSYS=INIT,TRANSPORT timeout 300 "$@" >"$log" 2>&1
   rc=$?
   local through connected
   through=$(grep -c 'ranks on other nodes through socket' "$log")
   connected=$(grep -c 'transport socket: rank [0-9]*: connected to rank' "$log")
   grep -E 'passed|all checks|FAIL|WARN' "$log" | grep -v 'transport .* (ABI' | sort | uniq -c | sed 's/^/    /' | head -12
   echo "    logs: $through lines 'through socket', $connected socket connections made"
+  if [ -n "$expect" ] && ! grep -qE -- "$expect" "$log"; then echo "    the log lacks: $expect"; rc=99; fi
   if [ $rc -eq 0 ] && [ "$through" -ge "$ranks" ] && [ "$connected" -ge "$ranks" ]; then
     passed=$((passed + 1)); echo "=== socket: $name: PASSED ($((SECONDS - start)) s)"
   else
@@ -72,6 +76,15 @@ across "mp_dispatch 4 nodes x 2, EP_BUFFER_BYTES_CAP=900000" 8 env EP_BUFFER_BYT
   "$BUILD/tests/mp_dispatch" -n 8 --cases 3 --seed 4308
 across "ep_bench --mode ll 2 nodes x 2, EP_BUFFER_BYTES_CAP=600000" 4 env EP_BUFFER_BYTES_CAP=600000 \
   "$BUILD/bin/ep_bench" -n 4 --mode ll --check --iters 2 --warmup 1 --shape 7168:8:288:16
+
+# Errors across nodes (every rank a node of its own): a rank that exits in
+# a call is named, by the socket's error or by the core's check of its pid,
+# whichever comes first; the others end as they do over shm.
+NODE=1 EXPECT='over socket: rank 1 \(127\.0\.0\.1:[0-9]+\): closed|rank 1 \(pid [0-9]+\) exited' across "mp_errors rank-exits, a node per rank" 2 \
+  "$BUILD/tests/mp_errors" --only rank-exits
+for sc in abort rank-skips-call order-mismatch; do
+  NODE=1 across "mp_errors $sc, a node per rank" 2 "$BUILD/tests/mp_errors" --only "$sc"
+done
 
 echo "socket transport: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
