@@ -19,7 +19,9 @@ struct Dialled {
   int fd;
   WireAck ack;
   size_t got;
+  int redials;
 };
+constexpr int kRedials = 3;
 
 // Why a complete hello is refused, or "" when it is taken. status: what the
 // dialler is told (0: none, the connection just closes).
@@ -75,7 +77,10 @@ void serveHellos(Comm* c) {
       ssize_t n = send(p.fd, &nack, sizeof(nack), MSG_NOSIGNAL | MSG_DONTWAIT);
       (void)n;
     }
-    c->log(epTransportLogWarn, "refused a connection from %s: %s", p.from.str().c_str(), why.c_str());
+    // A flood of strangers is told of in 16 lines, then counted.
+    if (++c->refused <= kRefusalsLogged)
+      c->log(epTransportLogWarn, "refused a connection from %s: %s%s", p.from.str().c_str(), why.c_str(),
+             c->refused == kRefusalsLogged ? " (further refusals are counted, not shown)" : "");
     close(p.fd);
     pending->erase(pending->begin() + long(i));
   }
@@ -153,20 +158,21 @@ epResult_t connect(void* comm, int peer, epTrafficClass_t cls, const void* peer_
   k->where = "rank " + std::to_string(peer) + " (" + addr.str() + ")";
   std::vector<Dialled> dialled;
   auto failWith = [&](epResult_t res, const std::string& why) {
-    for (Dialled& d : dialled) close(d.fd);
+    for (Dialled& d : dialled) closeFd(&d.fd);
     for (RxStream& s : k->rx) closeFd(&s.fd);
     const std::string where = k->where;
     delete k;
     return c->fail(res, peer, "connecting to %s: %s", where.c_str(), why.c_str());
   };
 
-  // The streams this rank sends on.
+  // The streams this rank sends on, each opened by a hello.
   const int tos = c->classes[cls].traffic_class;
-  for (int i = 0; i < c->nstreams; i++) {
-    std::string err;
-    const int fd = dial(addr, tos, c->timeout_ms, deadline, &err);
-    if (fd < 0) return failWith(epRemoteError, "no connection within " + std::to_string(c->timeout_ms) + " ms: " + err);
-    dialled.push_back({fd, {}, 0});
+  auto dialStream = [&](int i, int* fd, std::string* err) {
+    *fd = dial(addr, tos, c->timeout_ms, deadline, err);
+    if (*fd < 0) {
+      *err = "no connection within " + std::to_string(c->timeout_ms) + " ms: " + *err;
+      return false;
+    }
     WireHello h{};
     h.magic = kHelloMagic;
     h.version = kWireVersion;
@@ -176,7 +182,14 @@ epResult_t connect(void* comm, int peer, epTrafficClass_t cls, const void* peer_
     h.to_rank = peer;
     h.cls = int32_t(cls);
     h.nstreams = uint16_t(c->nstreams);
-    if (!sendAll(fd, &h, sizeof(h), deadline, &err)) return failWith(epRemoteError, "sending the hello: " + err);
+    if (sendAll(*fd, &h, sizeof(h), deadline, err)) return true;
+    *err = "sending the hello: " + *err;
+    return false;
+  };
+  for (int i = 0; i < c->nstreams; i++) {
+    std::string err;
+    dialled.push_back({-1, {}, 0, 0});
+    if (!dialStream(i, &dialled.back().fd, &err)) return failWith(epRemoteError, err);
   }
 
   // Acks for those, and the peer's streams to this rank, meanwhile taking
@@ -202,16 +215,35 @@ epResult_t connect(void* comm, int peer, epTrafficClass_t cls, const void* peer_
       if (p.fd < 0) break;
       tuneStream(p.fd, c->timeout_ms, 0);
       p.deadline = Clock::now() + std::chrono::milliseconds(kHelloMs);
+      // Past kMaxPendingHellos the oldest goes: a flood costs a bounded
+      // number of descriptors, and a peer dropped so dials again.
+      if (c->hellos.size() >= kMaxPendingHellos) {
+        close(c->hellos.front().fd);
+        c->hellos.erase(c->hellos.begin());
+        c->refused++;
+      }
       c->hellos.push_back(p);
     }
     serveHellos(c);
-    for (Dialled& d : dialled) {
+    for (size_t i = 0; i < dialled.size(); i++) {
+      Dialled& d = dialled[i];
       if (d.got == sizeof(d.ack)) continue;
       std::string err;
       const int rc = recvSome(d.fd, &d.ack, sizeof(d.ack), &d.got, &err);
+      // Closed unanswered: a listener flooded by strangers drops its oldest
+      // waiting connections, so dial again, a few times; a listener of
+      // another communicator (a stale endpoint) closes every time.
+      if (rc < 0 && d.redials < kRedials) {
+        closeFd(&d.fd);
+        d.got = 0;
+        d.redials++;
+        if (!dialStream(int(i), &d.fd, &err)) return failWith(epRemoteError, err);
+        continue;
+      }
       if (rc < 0)
         return failWith(epRemoteError, "it closed the connection before answering this rank's hello (" + err +
-                                           "): is the endpoint stale, or of another job?");
+                                           "), " + std::to_string(kRedials + 1) +
+                                           " times: is the endpoint stale, or of another job?");
       if (rc == 1 && (d.ack.magic != kAckMagic || d.ack.status != 0))
         return failWith(epRemoteError, "it refused this rank's hello (status " + std::to_string(d.ack.status) + ")");
       if (rc == 1) acked++;

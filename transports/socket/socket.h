@@ -43,6 +43,8 @@ constexpr size_t kMaxPutsInFlight = 4096;       // per connection; past it put s
 constexpr size_t kStageBytes = size_t(64) << 10; // per receiving stream: headers and small frames
 constexpr int kMaxStreams = 16;
 constexpr int kDefaultStreams = 2;
+constexpr size_t kMaxPendingHellos = 256;
+constexpr unsigned kRefusalsLogged = 16;
 constexpr int kHelloMs = 5000;  // an accepted connection that sends no hello within this is dropped
 constexpr int kBrokenSendGraceMs = 2000;  // a failed send waits this long for the peer's goodbye
 
@@ -139,6 +141,7 @@ struct Comm {
     Clock::time_point deadline;
   };
   std::vector<PendingHello> hellos;
+  unsigned refused = 0;  // connections refused (logged up to kRefusalsLogged)
 
   // Lock order: recv_mu, then send_mu.
   std::mutex recv_mu;  // receive state, mems, conns (changed under both)

@@ -13,8 +13,9 @@
 //   killed    a sender killed mid-transfer, then a receiver killed: the other
 //             side's progress or put fails naming rank 1 within 5 s
 //   goodbye   a receiver that closes in order: puts to it are dropped, no error
-//   endpoint  a malformed endpoint, one for another rank, and one whose port
-//             nobody listens on: a clear error, within the timeout
+//   endpoint  a malformed endpoint, one for another rank, one whose port
+//             nobody listens on, one of a rank that never connects back: a
+//             clear error, within the timeout
 //   bench     117 MB (8192 tokens x 7168 BF16) moved by puts beside a plain
 //             TCP stream of the same bytes, --runs times each, medians
 #include <arpa/inet.h>
@@ -328,6 +329,25 @@ bool badEndpoints() {
   CHECK(took >= 1.0 && took < 5.0, "gave up after %.2f s with a 1.5 s timeout", took);
   printf("    closed port, after %.2f s: %s\n", took, msg);
   T->comm_close(comm);
+
+  // A rank that listens but never connects back (its endpoint is real, it
+  // just never calls connect): bounded by the timeout too.
+  void* silent = nullptr;
+  const epTransportCommInfo_v2_t other = commInfo(1, 1500);
+  CHECK(T->comm_open(g_ctx, &other, &silent) == epSuccess, "comm_open");
+  std::vector<uint8_t> ep(EP_TRANSPORT_ENDPOINT_MAX_BYTES);
+  size_t n = ep.size();
+  CHECK(T->endpoint(silent, 0, epTrafficThroughput, ep.data(), &n) == epSuccess, "endpoint");
+  CHECK(T->comm_open(g_ctx, &info, &comm) == epSuccess, "comm_open");
+  const auto start2 = Clock::now();
+  r = T->connect(comm, 1, epTrafficThroughput, ep.data(), n, &conn);
+  const double took2 = secondsSince(start2);
+  T->last_error(comm, &peer, msg, sizeof(msg));
+  CHECK(r == epRemoteError && peer == 1 && strstr(msg, "no answer") && took2 < 5.0,
+        "silent peer: %d after %.2f s, peer %d, \"%s\"", int(r), took2, peer, msg);
+  printf("    silent peer, after %.2f s: %s\n", took2, msg);
+  T->comm_close(comm);
+  T->comm_close(silent);
   T->finalize(g_ctx);
   printf("--- endpoint: ok\n");
   return true;
