@@ -59,6 +59,10 @@ check mp_errors "$SAN/tests/mp_errors"
 check "ep_bench --check" "$SAN/bin/ep_bench" -n 3 --check --iters 1 --warmup 0 --shape 520:5:24:200
 check "ep_bench --mode ll --split --check" "$SAN/bin/ep_bench" -n 3 --mode ll --split --check --iters 2 \
   --warmup 0 --shape 2064:5:12:37
+# The socket transport module: alone, and between nodes faked on this machine.
+check "socket transport module" env EP_SOCKET_IFNAME=lo "$SAN/tests/socket_transport_test" --puts 400
+check "mp_dispatch 4 ranks, 2 nodes over socket" env EP_SOCKET_IFNAME=lo EP_NODE_SIZE=2 \
+  EP_TRANSPORTS=shm,socket "$SAN/tests/mp_dispatch" -n 4 --cases 4 --seed 3005
 
 echo "sanitize: $passed passed, ${#failed[@]} failed (test_fp8_soft not run: plain arithmetic)"
 [ ${#failed[@]} -eq 0 ] || { printf 'sanitize: FAILED: %s\n' "${failed[@]}"; exit 1; }

@@ -45,9 +45,8 @@ std::string checkHello(Comm* c, const WireHello& h, int* status) {
 // Reads the hellos that are there; parks the streams they name, refuses
 // strangers. Runs inside any connect, whichever peer each hello is from.
 void serveHellos(Comm* c) {
-  std::vector<Comm::PendingHello>* pending = &c->hellos;
-  for (size_t i = 0; i < pending->size();) {
-    Comm::PendingHello& p = (*pending)[i];
+  for (size_t i = 0; i < c->hellos.size();) {
+    Comm::PendingHello& p = c->hellos[i];
     std::string err;
     const int rc = recvSome(p.fd, &p.hello, sizeof(p.hello), &p.got, &err);
     std::string why;
@@ -62,7 +61,7 @@ void serveHellos(Comm* c) {
         const WireAck ack = {kAckMagic, 0};
         if (sendAll(p.fd, &ack, sizeof(ack), Clock::now() + std::chrono::milliseconds(kHelloMs), &err)) {
           c->parked[{p.hello.from_rank, p.hello.cls, p.hello.stream}] = {p.fd, p.hello.nstreams};
-          pending->erase(pending->begin() + long(i));
+          c->hellos.erase(c->hellos.begin() + long(i));
           continue;
         }
         why = "cannot answer its hello (" + err + ")";
@@ -82,7 +81,7 @@ void serveHellos(Comm* c) {
       c->log(epTransportLogWarn, "refused a connection from %s: %s%s", p.from.str().c_str(), why.c_str(),
              c->refused == kRefusalsLogged ? " (further refusals are counted, not shown)" : "");
     close(p.fd);
-    pending->erase(pending->begin() + long(i));
+    c->hellos.erase(c->hellos.begin() + long(i));
   }
 }
 

@@ -59,7 +59,12 @@ namespace {
 epResult_t init(const epTransportEnv_v1_t* env, void** ctx) {
   if (env == nullptr || ctx == nullptr || env->log == nullptr || env->get_param == nullptr)
     return epInvalidArgument;
-  *ctx = new Module{env};
+  // One context per process, as init runs once per process; the core keeps
+  // it for the life of the process (finalize is not called yet), so it is
+  // static rather than allocated, and nothing is left to free.
+  static Module module;
+  module.env = env;
+  *ctx = &module;
   return epSuccess;
 }
 
@@ -214,10 +219,7 @@ epResult_t commClose(void* comm) {
   return epSuccess;
 }
 
-epResult_t finalize(void* ctx) {
-  delete static_cast<Module*>(ctx);
-  return epSuccess;
-}
+epResult_t finalize(void*) { return epSuccess; }
 
 }  // namespace
 

@@ -263,7 +263,7 @@ bool goodbye(int link, pid_t) {
   const auto start = Clock::now();
   int puts = 0;
   while (secondsSince(start) < 1.0) {  // puts to a rank that left in order are dropped
-    const epResult_t r = putRetry(s, 8, 8, bytes - 8, 0, uint64_t(puts + 4), EP_PUT_SIGNAL);
+    const epResult_t r = putRetry(s, 8, 8, bytes - 8, 0, uint64_t(puts) + 4, EP_PUT_SIGNAL);
     CHECK(r == epSuccess, "put after the goodbye: %d, %s", int(r), s.lastError().c_str());
     CHECK(T->progress(s.comm) == epSuccess, "progress after the goodbye: %s", s.lastError().c_str());
     puts++;
@@ -388,7 +388,7 @@ int plainStream(int link) {
 
 bool bench(int link, int runs, int streams) {
   g_params["SOCKET_NSTREAMS"] = std::to_string(streams);
-  constexpr size_t kTokens = 8192, kRowBytes = 7168 * 2, kBytes = kTokens * kRowBytes;
+  constexpr size_t kTokens = 8192, kRowBytes = size_t(7168) * 2, kBytes = kTokens * kRowBytes;
   constexpr size_t kSig = kBytes, kAck = kBytes + 64;
   Side s;
   CHECK(setupSide(link, kBytes + 4096, 60000, &s), "setup");
@@ -472,7 +472,7 @@ std::string defaultModule() {
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   std::string dir = n > 0 ? std::string(exe, size_t(n)) : "";
-  dir = dir.substr(0, dir.rfind('/'));
+  dir.resize(dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
   return dir + "/../lib/libmoeep-transport-socket.so";
 }
 
