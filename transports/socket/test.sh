@@ -63,6 +63,7 @@ run "bandwidth beside plain TCP (117 MB, 5 runs)" "$BUILD/tests/socket_transport
 
 across "mp_dispatch 2 nodes x 2" 4 "$BUILD/tests/mp_dispatch" -n 4 --cases 10 --seed 4204
 across "mp_dispatch 4 nodes x 2" 8 "$BUILD/tests/mp_dispatch" -n 8 --cases 5 --seed 4208
+across "mp_dispatch 4 threads (epCommInitAll), 2 nodes x 2" 4 "$BUILD/tests/mp_dispatch" -n 4 --threads --cases 4
 across "ep_bench 2 nodes x 2 --check" 4 "$BUILD/bin/ep_bench" -n 4 --check --iters 2 --warmup 1 \
   --shape 520:5:24:200 --shape 7168:8:64:64
 across "ep_bench 2 nodes x 2 --mode ll --check (fp8)" 4 "$BUILD/bin/ep_bench" -n 4 --mode ll --check \
