@@ -8,6 +8,7 @@
 //     --tc A,B,C      traffic class (DSCP << 2) of throughput, low latency, control
 //     --iters N       ping-pong rounds over the sizes (default 2)
 //     --stream N      puts of the streaming phase per peer and class (default 600)
+//     --max-bytes N   largest ping-pong put (default 1 MiB; TCG VMs move a few MB/s)
 //     --gid-index N   ib_gid_index
 //     --expect-open-error TEXT   comm_open must fail, its reason containing TEXT
 //     --expect-peer-error SECONDS   some call must fail naming a peer rank within
@@ -156,6 +157,7 @@ uint64_t loadWord(const uint8_t* base, size_t off) {
 
 int main(int argc, char** argv) {
   int nranks = 0, qps = 1, iters = 2, stream = 600, gid_index = -1;
+  size_t max_bytes = kRegion;
   double expect_peer_error = 0;
   std::string module, expect_open_error;
   int tc[kClasses] = {40, 184, 192};  // DSCP 10, 46, 48
@@ -173,6 +175,7 @@ int main(int argc, char** argv) {
     else if (a == "--iters") iters = atoi(next());
     else if (a == "--stream") stream = atoi(next());
     else if (a == "--gid-index") gid_index = atoi(next());
+    else if (a == "--max-bytes") max_bytes = size_t(atol(next()));
     else if (a == "--tc") sscanf(next(), "%d,%d,%d", &tc[0], &tc[1], &tc[2]);
     else if (a == "--expect-open-error") expect_open_error = next();
     else if (a == "--expect-peer-error") expect_peer_error = atof(next());
@@ -230,6 +233,8 @@ int main(int argc, char** argv) {
   // A failed call: with --expect-peer-error, the error must name a rank.
   const double t_start = now();
   double t_first_put = 0;
+  void* mem = nullptr;
+  std::vector<void*> conns(static_cast<size_t>(nranks) * kClasses, nullptr);
   auto check = [&](epResult_t res, const char* what) {
     if (res == epSuccess || res == epInProgress) return;
     int peer = -2;
@@ -244,6 +249,9 @@ int main(int argc, char** argv) {
       if (peer < 0 || peer >= nranks || peer == g_rank || strstr(msg, named.c_str()) == nullptr)
         die("the error does not name the peer rank");
       if (after > expect_peer_error) die("the error came after %.2f s, more than %.1f s", after, expect_peer_error);
+      for (void*& c : conns)
+        if (c) t->close(c), c = nullptr;
+      if (mem) t->dereg_mem(comm, mem);
       t->comm_close(comm);
       printf("[rank %d] peer error in %.2f s (bound %.1f s); %ld verbs objects left after comm_close\nPASS\n", g_rank,
              after, expect_peer_error, live());
@@ -263,7 +271,6 @@ int main(int argc, char** argv) {
       putFile("ep." + std::to_string(g_rank) + "." + std::to_string(p) + "." + std::to_string(c), ep.data(), bytes);
     }
   }
-  std::vector<void*> conns(size_t(nranks) * kClasses, nullptr);
   const double t_connect = now();
   for (int p = 0; p < nranks; p++) {
     if (p == g_rank) continue;
@@ -285,7 +292,6 @@ int main(int argc, char** argv) {
 
   const Layout L{nranks};
   std::vector<uint8_t> buf(L.total(), 0);
-  void* mem = nullptr;
   check(t->reg_mem(comm, buf.data(), buf.size(), EP_TRANSPORT_MEM_HOST, -1, 0, &mem), "reg_mem");
   std::vector<uint8_t> handle(EP_TRANSPORT_MEM_HANDLE_MAX_BYTES);
   size_t hbytes = handle.size();
@@ -328,6 +334,7 @@ int main(int argc, char** argv) {
   double bytes_moved = 0;
   for (int it = 0; it < iters; it++) {
     for (size_t size : kSizes) {
+      if (size > max_bytes) continue;
       round++;
       for (int p = 0; p < nranks; p++) {
         if (p == g_rank) continue;

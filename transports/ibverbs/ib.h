@@ -198,6 +198,8 @@ struct WireEndpoint;
 // Reads and checks the peer's endpoint blob (made by it, for this rank and
 // class, in the same setup mode); records what the data path needs of it.
 epResult_t checkEndpoint(Conn* conn, const void* blob, size_t bytes, WireEndpoint* w);
+// ib_retry_cnt as the device should get it.
+int retryCount(Comm* comm);
 // QP attributes common to both setups.
 struct ibv_qp_init_attr qpInitAttr(Conn* conn);
 

@@ -280,10 +280,12 @@ epResult_t ibConnInfo(void* vconn, epTransportConnInfo_v2_t* info) {
            !comm->port.roce ? "InfiniBand" : comm->port.gid_kind == "RoCE v2" ? "RoCEv2" : "RoCEv1");
   out.requested = comm->info.classes[conn->cls];
   char detail[256];
-  snprintf(detail, sizeof(detail), "GID %d -> %s, MTU %d, %s", comm->port.gid_index, conn->remote_desc,
+  snprintf(detail, sizeof(detail), "QP %u, GID %d -> %s, MTU %d, %s",
+           conn->qps.empty() || !conn->qps[0].qp ? 0u : conn->qps[0].qp->qp_num, comm->port.gid_index,
+           conn->remote_desc,
            128 << std::min<int>(comm->port.attr.active_mtu, conn->peer_mtu ? int(conn->peer_mtu) : 5),
            comm->use_cm ? "rdma_cm" : "endpoint exchange");
-  memcpy(out.detail, detail, sizeof(out.detail) - 1);
+  snprintf(out.detail, sizeof(out.detail), "%.*s", int(sizeof(out.detail) - 1), detail);
   memcpy(info, &out, std::min(info->size ? info->size : sizeof(out), sizeof(out)));
   info->size = std::min(info->size ? info->size : sizeof(out), sizeof(out));
   return epSuccess;

@@ -146,7 +146,7 @@ void handleEvent(Comm* comm, struct rdma_cm_event* ev) {
       param.private_data_len = sizeof(h);
       param.responder_resources = 1;
       param.initiator_depth = 1;
-      param.retry_count = uint8_t(comm->info.ib_retry_cnt);
+      param.retry_count = uint8_t(retryCount(comm));
       param.rnr_retry_count = 7;
       if (c->cm.connect(id, &param) != 0)
         fail(comm, epRemoteError, peer, "rank %d (%s): rdma_connect failed: %s", peer, className(conn->cls),

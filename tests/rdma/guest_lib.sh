@@ -1,0 +1,42 @@
+# Shared by the guest jobs (sourced): checks that log their time and result.
+# Each check's output goes to $OUT/NAME.log; "CHECK NAME: PASS|FAIL (S s)"
+# lines go to the console and to $OUT/checks.$VM_NODE.
+set -u
+OUT=$JOB_DIR/out
+mkdir -p "$OUT"
+failures=0
+CHECK=$BUILD/tests/ib_transport_check
+now() { date +%s.%N; }
+since() { echo "$(now) - $1" | bc | awk '{printf "%.1f", $1}'; }
+check() {  # check NAME [VAR=VALUE...] CMD...: CMD may be a function of these scripts
+  local name=$1 t0 r
+  shift
+  t0=$(now)
+  if (while [[ "$1" == [A-Z]*=* ]]; do export "$1"; shift; done; "$@") >"$OUT/$name.log" 2>&1; then
+    r=PASS
+  else
+    r=FAIL
+    failures=$((failures + 1))
+  fi
+  echo "CHECK $name: $r ($(since "$t0") s)" | tee -a "$OUT/checks.$VM_NODE"
+  [ $r = FAIL ] && tail -n 15 "$OUT/$name.log" | sed 's/^/    /'
+  return 0
+}
+# ranks R... of ib_transport_check in this VM (N in all), rendezvous in DIR:
+#   driver DIR N "R1 R2" [ARGS...]; EP_IB_FAULT_RANK=R gives rank R $EP_IB_FAULT_SPEC
+driver() {
+  local dir=$JOB_DIR/$1 n=$2 ranks=$3 pids=() rc=0 r
+  shift 3
+  mkdir -p "$dir"
+  for r in $ranks; do
+    if [ "${EP_IB_FAULT_RANK:-x}" = "$r" ]; then
+      EP_IB_FAULT=$EP_IB_FAULT_SPEC timeout 150 "$CHECK" --rank "$r" --nranks "$n" --dir "$dir" "$@" >"$dir/r$r.log" 2>&1 &
+    else
+      timeout 150 "$CHECK" --rank "$r" --nranks "$n" --dir "$dir" "$@" >"$dir/r$r.log" 2>&1 &
+    fi
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  cat "$dir"/r*.log
+  return $rc
+}

@@ -1,0 +1,23 @@
+# One VM, rxe looping frames back: the module's own checks, the faults, the
+# library's ranks over ibverbs (each rank its own node: EP_NODE_SIZE=1).
+. "$MOEEP_ROOT/tests/rdma/guest_lib.sh"
+check moeep_info_lists_ibverbs bash -c "$BUILD/bin/moeep_info -t | tee /dev/stderr | grep -q 'ibverbs *available'"
+check verbs_exchange driver d.ex 2 "0 1"
+check verbs_rdma_cm EP_IB_CM=rdma_cm driver d.cm 2 "0 1" --qps 2
+check verbs_3qps_striped driver d.q3 2 "0 1" --qps 3
+# rxe's GID table has many entries, most of them empty: both errors name the device.
+check gid_index_out_of_range "$CHECK" --rank 0 --nranks 2 --dir "$JOB_DIR" --gid-index 5000 \
+  --expect-open-error "out of range on device rxe0 port 1"
+check gid_index_empty "$CHECK" --rank 0 --nranks 2 --dir "$JOB_DIR" --gid-index 200 \
+  --expect-open-error "of device rxe0 port 1 is empty"
+# A fault at rank 0's 8th put: both ranks must fail naming the other within 20 s.
+for f in qp_error cqe_error bad_rkey device_lost; do
+  check "fault_$f" EP_IB_FAULT_RANK=0 EP_IB_FAULT_SPEC=$f:8 driver "d.$f" 2 "0 1" --expect-peer-error 20
+done
+check fault_qp_error_rdma_cm EP_IB_CM=rdma_cm EP_IB_FAULT_RANK=1 EP_IB_FAULT_SPEC=qp_error:20 \
+  driver d.cmf 2 "0 1" --expect-peer-error 20
+bench=("$BUILD/bin/ep_bench" -n 2 --check --iters 2 --warmup 1 --shape 2048:4:16:128 --shape 1000:2:8:33)
+check ep_bench_2_nodes_exchange env EP_NODE_SIZE=1 EP_IB_TIMEOUT=14 timeout 200 "${bench[@]}"
+check ep_bench_2_nodes_rdma_cm env EP_NODE_SIZE=1 EP_IB_CM=rdma_cm timeout 200 "${bench[@]}"
+check mp_dispatch_3_nodes env EP_NODE_SIZE=1 timeout 200 "$BUILD/tests/mp_dispatch" -n 3 --cases 3 --seed 42
+exit $((failures > 100 ? 100 : failures))

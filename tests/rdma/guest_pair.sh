@@ -1,0 +1,67 @@
+# Two VMs, two nodes (EP_HOST_ID): the module's checks across the link, the
+# library's ranks (2 per VM) with both connection setups, then a rank killed
+# mid-call in VM 2: the ranks in VM 1 must return epRemoteError naming it.
+. "$MOEEP_ROOT/tests/rdma/guest_lib.sh"
+first=$(( (VM_NODE - 1) * 2 ))
+mine="$first $((first + 1))"
+# TCG moves a few MB/s between the VMs: puts up to 64 KiB here.
+small=(--iters 1 --max-bytes 65536 --stream 300)
+check pair_verbs_exchange driver p.ex 4 "$mine" "${small[@]}"
+check pair_verbs_rdma_cm EP_IB_CM=rdma_cm driver p.cm 4 "$mine" "${small[@]}" --qps 2
+
+# The library: ranks 2N-2 and 2N-1 here, rank 0's bootstrap at 10.77.0.1.
+export EP_HOST_ID=vm$VM_NODE EP_COMM_SECRET=rdma-vm-test EP_IB_TIMEOUT=14
+# The library's own traffic class, told apart on the wire from the module checks' (DSCP 10, 46, 48).
+export EP_IB_TC=104
+ranks() {  # ranks PORT N "R..." CMD...: launcher variables for each rank here
+  local port=$1 n=$2 list=$3 pids=() rc=0 r
+  shift 3
+  for r in $list; do
+    EP_COMM_ID=10.77.0.1:$port OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_SIZE=$n timeout 200 "$@" >"$OUT/rank$r.$port.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  cat "$OUT"/rank*."$port".log
+  return $rc
+}
+bench=("$BUILD/bin/ep_bench" --check --iters 1 --warmup 1 --shape 2048:4:16:96 --shape 1000:3:8:31 --timeout-ms 30000)
+check pair_ep_bench_4_ranks_exchange ranks 29501 4 "$mine" "${bench[@]}"
+check pair_ep_bench_4_ranks_rdma_cm EP_IB_CM=rdma_cm ranks 29502 4 "$mine" "${bench[@]}"
+check pair_mp_dispatch_4_ranks ranks 29503 4 "$mine" "$BUILD/tests/mp_dispatch" --case 5 --seed 7
+
+# A rank killed mid-call: ranks 0 and 1 here (VM 1), rank 2 in VM 2. VM 1
+# gives the word (a file in the shared job folder) and times from it; VM 2
+# kills its rank at once.
+kill_test() {  # kill_test PORT LABEL
+  local port=$1 label=$2 go=$JOB_DIR/kill.$1 long=("$BUILD/bin/ep_bench" --iters 100000 --warmup 0 --shape 1024:4:12:64 --timeout-ms 60000)
+  if [ "$VM_NODE" = 2 ]; then
+    EP_COMM_ID=10.77.0.1:$port OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=3 timeout 100 "${long[@]}" >"$OUT/killed.$port.log" 2>&1 &
+    local victim=$!
+    for _ in $(seq 1 1800); do [ -e "$go" ] && break; sleep 0.05; done
+    kill -9 "$victim"
+    echo "rank 2 (pid $victim) killed"
+    return 0
+  fi
+  local pids=() r
+  for r in 0 1; do
+    EP_COMM_ID=10.77.0.1:$port OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_SIZE=3 timeout 100 "${long[@]}" >"$OUT/survivor$r.$port.log" 2>&1 &
+    pids+=($!)
+  done
+  sleep 8  # init across the VMs, then calls
+  local t0 ok=0
+  t0=$(now)
+  : >"$go"
+  for r in 0 1; do
+    if wait "${pids[$r]}"; then echo "rank $r ended normally: the kill came too late"; continue; fi
+    local took msg
+    took=$(since "$t0")
+    msg=$(grep -m1 "ep_bench: rank $r" "$OUT/survivor$r.$port.log")
+    echo "rank $r returned after $took s: $msg"
+    if [[ "$msg" == *"rank 2"* && "$msg" == *"remote error"* ]] && (( $(echo "$took < 10" | bc) )); then ok=$((ok + 1)); fi
+    echo "KILL $label rank $r: $took s" >>"$OUT/times.$VM_NODE"
+  done
+  [ "$ok" = 2 ]
+}
+check pair_killed_rank_exchange kill_test 29504 exchange
+check pair_killed_rank_rdma_cm EP_IB_CM=rdma_cm kill_test 29505 rdma_cm
+exit $((failures > 100 ? 100 : failures))

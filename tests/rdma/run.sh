@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The ibverbs transport on real verbs: Soft-RoCE (rdma_rxe) in small qemu VMs
+# booted from Debian's kernel, the host's / mounted read-only inside.
+#   tests/rdma/run.sh [loopback|pair|all]      (default all)
+#   loopback: one VM (frames loop back in rxe): the module's checks, its
+#             faults, the library's ranks as nodes of their own
+#   pair:     two VMs (two nodes): the module's checks and the library's ranks
+#             across the link, the DSCP of each traffic class in a capture of
+#             the link, a rank killed mid-call
+# Exit 0: passed; 1: failed; 77: cannot run here (the last line says why).
+# BUILD (default build) holds the library, the module and the test programs;
+# RDMA_VM_WORK (default /tmp/moeep-rdma-vm) the kernel and the job folders.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+BUILD=$(cd "${BUILD:-build}" 2>/dev/null && pwd) || { echo "no build folder: run make first"; exit 77; }
+W=${RDMA_VM_WORK:-/tmp/moeep-rdma-vm}
+what=${1:-all}
+skip() { echo "$1"; exit 77; }
+for f in lib/libmoeep-transport-ibverbs.so tests/ib_transport_check bin/ep_bench bin/moeep_info tests/mp_dispatch; do
+  [ -e "$BUILD/$f" ] || skip "$BUILD/$f not built (the ibverbs module needs libibverbs-dev and librdmacm-dev: scripts/install-deps.sh)"
+done
+command -v qemu-system-x86_64 >/dev/null || skip "no qemu-system-x86_64 (scripts/install-deps.sh --rdma)"
+[ -e /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so ] || ls /usr/lib/*/libibverbs/librxe-* >/dev/null 2>&1 ||
+  skip "no rxe provider for libibverbs (ibverbs-providers; scripts/install-deps.sh --rdma)"
+start=$(date +%s.%N)
+"$ROOT/tests/rdma/vm_image.sh" "$W"
+rc=$?
+[ $rc = 0 ] || exit $rc
+image_s=$(echo "$(date +%s.%N) - $start" | bc)
+
+mkdir -p "$W/jobs"
+status=0
+stage() {  # stage NAME VMS [vm_run options]: runs tests/rdma/guest_NAME.sh in each VM
+  local name=$1 vms=$2 job t0 rc
+  shift 2
+  job=$(mktemp -d "$W/jobs/$name.XXXXXX")
+  printf 'export MOEEP_ROOT=%q BUILD=%q JOB_DIR=%q\n' "$ROOT" "$BUILD" "$job" >"$job/env"
+  printf 'exec /bin/bash %q\n' "$ROOT/tests/rdma/guest_$name.sh" >"$job/job.sh"
+  t0=$(date +%s.%N)
+  "$ROOT/tests/rdma/vm_run.sh" -n "$vms" "$@" "$job"
+  rc=$?
+  local took
+  took=$(echo "$(date +%s.%N) - $t0" | bc)
+  grep -ah "^CHECK\|^    " "$job"/console.*.log | tr -d '\r'
+  [ $rc = 124 ] && echo "$name: the VMs ran past their limit"
+  [ $rc = 125 ] && { echo "$name: a VM gave no status; its console:"; tail -n 20 "$job"/console.*.log; }
+  printf '%s: %d VM(s), %.1f s, status %d (logs in %s)\n' "$name" "$vms" "$took" "$rc" "$job"
+  [ $rc = 0 ] || status=1
+  LAST_JOB=$job
+}
+if [ "$what" = all ] || [ "$what" = loopback ]; then
+  stage loopback 1 -t 300
+fi
+if [ "$what" = all ] || [ "$what" = pair ]; then
+  stage pair 2 -t 400 -p
+  job=$LAST_JOB
+  cat "$job"/out/times.* 2>/dev/null
+  # The module checks' frames: each QP's class's DSCP (10, 46, 48); the library's: DSCP 26.
+  echo "=== DSCP on the wire (capture of VM 1's link)"
+  if /usr/bin/python3 "$ROOT/tests/rdma/pcap_dscp.py" "$job/net.1.pcap" "$job"/p.ex/r*.log "$job"/p.cm/r*.log \
+      >"$job/dscp.txt"; then
+    grep -E "^class|^PASS" "$job/dscp.txt"
+  else
+    tail -n 20 "$job/dscp.txt"; status=1
+  fi
+  lib_frames=$(awk '/DSCP 26,/ {n += $(NF - 1) + 0} END {print n + 0}' "$job/dscp.txt")
+  echo "library (EP_IB_TC=104): $lib_frames frames with DSCP 26"
+  [ "$lib_frames" -gt 0 ] || status=1
+  rm -f "$job"/net.*.pcap  # large; the counts are in dscp.txt
+fi
+printf 'rdma: image %.1f s, total %.1f s: %s\n' "$image_s" "$(echo "$(date +%s.%N) - $start" | bc)" \
+  "$([ $status = 0 ] && echo passed || echo FAILED)"
+exit $status
