@@ -32,6 +32,7 @@ mount -o bind /proc $R/proc
 mount -o bind /sys $R/sys
 mount -o bind /dev $R/dev
 mkdir -p $R/dev/shm $R/dev/pts
+ln -sf /proc/self/fd $R/dev/fd  # bash's process substitution
 mount -t tmpfs shm $R/dev/shm
 mount -t devpts pts $R/dev/pts
 mkdir -p "$R$JOB"
