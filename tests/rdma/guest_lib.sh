@@ -16,6 +16,7 @@ since() { echo "$(now) - $1" | bc | awk '{printf "%.1f", $1}'; }
 check() {  # check NAME [VAR=VALUE...] CMD...: CMD may be a function of these scripts
   local name=$1 t0 r
   shift
+  [[ -n "${RDMA_ONLY:-}" && ! "$name" =~ $RDMA_ONLY ]] && return 0
   t0=$(now)
   if (while [[ "$1" == [A-Z]*=* ]]; do export "$1"; shift; done; "$@") >"$OUT/$name.log" 2>&1; then
     r=PASS
