@@ -6,11 +6,13 @@ OUT=$JOB_DIR/out
 mkdir -p "$OUT"
 failures=0
 CHECK=$BUILD/tests/ib_transport_check
-# The ACK timeout: 4.096 us x 2^18 = 1.07 s. Shorter ones (14: 67 ms) expire
-# spuriously when the host is busy (TCG stalls a VM for that long) and rxe's
-# retransmissions then go wrong (remote access / invalid request errors seen).
-# A dead peer shows after 6 retries: about 7.5 s.
-export EP_IB_TIMEOUT=18
+# The ACK timeout: 4.096 us x 2^19 = 2.1 s. Shorter ones expire spuriously
+# when the host is busy: a TCG VM whose qemu is not scheduled for seconds does
+# not answer (seen with 2^18 x 6 retries on 2 loaded cores; 2^14 = 67 ms was
+# worse still, and rxe's retransmissions then went wrong: remote access and
+# invalid request errors). A dead peer whose packets go unanswered shows after
+# 6 retries, about 13 s; rxe often refuses them at once instead.
+export EP_IB_TIMEOUT=19
 now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc | awk '{printf "%.1f", $1}'; }
 check() {  # check NAME [VAR=VALUE...] CMD...: CMD may be a function of these scripts

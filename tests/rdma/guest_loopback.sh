@@ -10,12 +10,12 @@ check gid_index_out_of_range "$CHECK" --rank 0 --nranks 2 --dir "$JOB_DIR" --gid
   --expect-open-error "out of range on device rxe0 port 1"
 check gid_index_empty "$CHECK" --rank 0 --nranks 2 --dir "$JOB_DIR" --gid-index 200 \
   --expect-open-error "of device rxe0 port 1 is empty"
-# A fault at rank 0's 8th put: both ranks must fail naming the other within 20 s.
+# A fault at rank 0's 8th put: both ranks must fail naming the other within 30 s.
 for f in qp_error cqe_error bad_rkey device_lost; do
-  check "fault_$f" EP_IB_FAULT_RANK=0 EP_IB_FAULT_SPEC=$f:8 driver "d.$f" 2 "0 1" --expect-peer-error 20
+  check "fault_$f" EP_IB_FAULT_RANK=0 EP_IB_FAULT_SPEC=$f:8 driver "d.$f" 2 "0 1" --expect-peer-error 30
 done
 check fault_qp_error_rdma_cm EP_IB_CM=rdma_cm EP_IB_FAULT_RANK=1 EP_IB_FAULT_SPEC=qp_error:20 \
-  driver d.cmf 2 "0 1" --expect-peer-error 20
+  driver d.cmf 2 "0 1" --expect-peer-error 30
 bench=("$BUILD/bin/ep_bench" -n 2 --check --iters 2 --warmup 1 --shape 2048:4:16:128 --shape 1000:2:8:33)
 check ep_bench_2_nodes_exchange env EP_NODE_SIZE=1 EP_IB_TIMEOUT=14 timeout 200 "${bench[@]}"
 check ep_bench_2_nodes_rdma_cm env EP_NODE_SIZE=1 EP_IB_CM=rdma_cm timeout 200 "${bench[@]}"

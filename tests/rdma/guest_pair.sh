@@ -34,7 +34,7 @@ check pair_mp_dispatch_4_ranks ranks 29503 4 "$mine" "$BUILD/tests/mp_dispatch" 
 # kills its rank at once. Each survivor's first error line is timed as it
 # shows in its log (ep_bench itself exits later, after its control channel's
 # waits).
-KILL_BOUND=15
+KILL_BOUND=30
 # Time in centiseconds from the kernel, read without a fork: the loops below
 # must not starve the VM's one CPU (TCG), whose ranks still have to answer.
 cs() { local up; read -r up _ </proc/uptime; echo $(( ${up%.*} * 100 + 10#${up#*.} )); }

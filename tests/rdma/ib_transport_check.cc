@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   info.num_nodes = nranks;
   info.gid_index = gid_index;
   info.qps_per_peer = qps;
-  info.ib_timeout = getenv("EP_IB_TIMEOUT") ? atoi(getenv("EP_IB_TIMEOUT")) : 18;
+  info.ib_timeout = getenv("EP_IB_TIMEOUT") ? atoi(getenv("EP_IB_TIMEOUT")) : 19;
   info.ib_retry_cnt = getenv("EP_IB_RETRY_CNT") ? atoi(getenv("EP_IB_RETRY_CNT")) : 7;
   info.timeout_ms = 60000;
   for (int c = 0; c < kClasses; c++) {
