@@ -12,11 +12,11 @@ MODULES += $(IBVERBS_MODULE) $(IBVERBS_CHECK)
 
 $(IBVERBS_MODULE): $(IBVERBS_OBJS)
 	@mkdir -p $(dir $@)
-	$(CXX) -shared -Wl,--no-undefined -pthread -o $@ $^ -ldl
+	$(CXX) -shared -Wl,--no-undefined -pthread -o $@ $^ -ldl $(LDFLAGS)
 
 $(IBVERBS_CHECK): tests/rdma/ib_transport_check.cc include/moeep_transport.h
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ -ldl
+	$(CXX) $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ -ldl $(LDFLAGS)
 else
 $(info transports/ibverbs not built: no <infiniband/verbs.h> or <rdma/rdma_cma.h> (scripts/install-deps.sh installs libibverbs-dev and librdmacm-dev))
 endif
