@@ -27,7 +27,8 @@ mkdir -p /mnt/rw/upper /mnt/rw/work
 mount -t overlay -o lowerdir=/mnt/host,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work overlay /root || fail "no overlay"
 R=/root
 mount -t tmpfs run $R/run
-mount -t tmpfs tmp $R/tmp
+# /tmp stays the overlay's (writable, in memory) rather than a fresh tmpfs:
+# a checkout or build under the host's /tmp must stay visible to the guest.
 mount -o bind /proc $R/proc
 mount -o bind /sys $R/sys
 mount -o bind /dev $R/dev
