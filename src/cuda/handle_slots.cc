@@ -1,5 +1,7 @@
 #include "handle_slots.h"
 
+#include <new>
+
 #include "../sizes.h"
 #include "cuda_check.h"
 
@@ -78,7 +80,17 @@ epResult_t HandleSlots::allocate(HandleSlot** out) {
   s->hv.rows_without_ids = s->hv.expert_saved + EL;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    all_.push_back(s);
+    try {
+      all_.push_back(s);
+    } catch (const std::bad_alloc&) {  // not yet owned by all_: freed here, or nothing would
+      cudaFree(s->mem);
+      delete s;
+      throw;
+    }
+    // Room for every slot in free_ now, so that release (called from handle
+    // destruction, which cannot fail) never allocates. A failure here leaves
+    // s owned by all_.
+    free_.reserve(all_.size());
   }
   *out = s;
   return epSuccess;

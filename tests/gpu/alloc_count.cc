@@ -1,5 +1,8 @@
 #include "alloc_count.h"
 
+#include <execinfo.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <new>
 
@@ -10,7 +13,16 @@ void* operator new(size_t n) {
   long left = g_fail_after.load();
   while (left >= 0 && !g_fail_after.compare_exchange_weak(left, left - 1)) {
   }
-  if (left == 0) throw std::bad_alloc();
+  if (left == 0) {
+    // EP_TEST_ALLOC_TRACE=1: where each injected failure happened, so that a
+    // block an init's unwinding left behind can be traced to its path.
+    static const bool trace = getenv("EP_TEST_ALLOC_TRACE") != nullptr;
+    if (trace) {
+      void* frames[24];
+      backtrace_symbols_fd(frames, backtrace(frames, 24), STDERR_FILENO);
+    }
+    throw std::bad_alloc();
+  }
   void* p = malloc(n ? n : 1);
   if (p == nullptr) throw std::bad_alloc();
   g_live++;

@@ -379,6 +379,19 @@ bool initOutOfHostMemory() {
   for (; n < 1000000; n++) {
     const epResult_t res = initOnce(1, n, &grown, &hit, msg, sizeof(msg));
     if (n < 2) printf("  allocation %ld: %s (%s), reached: %d\n", n, epGetErrorString(res), msg, int(hit));
+    if (n == 0 && !hit) {
+      // Not one allocation of init came here: the library has an operator
+      // new of its own, a libstdc++ linked statically and hidden (a compiler
+      // that ships only libstdc++.a does that), so nothing can be counted.
+      printf("SKIPPED init_out_of_host_memory: libmoeep.so does not allocate through the process's operator new "
+             "(a static libstdc++ inside it); build it with a compiler whose libstdc++ is shared "
+             "(make CUDA=1 CXX=/usr/bin/g++) to run this case\n");
+      return true;
+    }
+    // What an init left allocated (its message, kept until the next call,
+    // is one block): a step that leaves more than the one before points at
+    // the path that leaks.
+    if (grown != 0) fprintf(stderr, "  allocation %ld: %s, blocks left by it: %ld\n", n, epGetErrorString(res), grown);
     if (!hit) break;  // init made fewer allocations than n, and succeeded
     failed++;
     // epSuccess: an allocation whose failure the library works around (the
