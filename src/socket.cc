@@ -12,12 +12,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <mutex>
 #include <memory>
 #include <vector>
 
-#include "debug.h"
-#include "params.h"
 
 namespace ep {
 
@@ -183,23 +180,7 @@ std::string IoResult::describe() const {
   return "unknown";
 }
 
-// ---- Parameters, parsing, interfaces ---------------------------------------
-
-int socketFamilyFromParam() {
-  const char* text = param::SOCKET_FAMILY();
-  if (text == nullptr || *text == '\0') return AF_UNSPEC;
-  if (strcasecmp(text, "AF_INET") == 0 || strcasecmp(text, "INET") == 0 ||
-      strcasecmp(text, "IPV4") == 0 || strcmp(text, "4") == 0)
-    return AF_INET;
-  if (strcasecmp(text, "AF_INET6") == 0 || strcasecmp(text, "INET6") == 0 ||
-      strcasecmp(text, "IPV6") == 0 || strcmp(text, "6") == 0)
-    return AF_INET6;
-  static std::once_flag warned;
-  std::call_once(warned, [text] {
-    EP_WARN(kSubsysBootstrap, "EP_SOCKET_FAMILY=\"%s\" is neither AF_INET nor AF_INET6, ignored", text);
-  });
-  return AF_UNSPEC;
-}
+// ---- Parsing, interfaces -------------------------------------------------------
 
 bool parseSocketAddress(const char* text, int family, SocketAddress* out, std::string* error) {
   std::string s = text != nullptr ? text : "";

@@ -78,7 +78,7 @@ void serveHellos(Comm* c) {
     }
     // A flood of strangers is told of in 16 lines, then counted.
     if (++c->refused <= kRefusalsLogged)
-      c->log(epTransportLogWarn, "refused a connection from %s: %s%s", p.from.str().c_str(), why.c_str(),
+      c->log(epTransportLogWarn, "refused a connection from %s: %s%s", p.from.toString().c_str(), why.c_str(),
              c->refused == kRefusalsLogged ? " (further refusals are counted, not shown)" : "");
     close(p.fd);
     c->hellos.erase(c->hellos.begin() + long(i));
@@ -120,7 +120,7 @@ epResult_t endpoint(void* comm, int peer, epTrafficClass_t cls, void* buf, size_
   e.cls = int32_t(cls);
   e.port = c->local.port();
   e.nonce = c->nonce;
-  c->local.pack(&e.family, e.addr);
+  packEndpointAddress(c->local, &e.family, e.addr);
   memcpy(buf, &e, sizeof(e));
   *bytes = sizeof(e);
   return epSuccess;
@@ -135,7 +135,7 @@ epResult_t connect(void* comm, int peer, epTrafficClass_t cls, const void* peer_
   if (peer_endpoint != nullptr && bytes == sizeof(e)) memcpy(&e, peer_endpoint, sizeof(e));
   Address addr;
   if (peer_endpoint == nullptr || bytes != sizeof(e) || e.magic != kEndpointMagic || e.version != kWireVersion ||
-      !addr.unpack(e.family, e.addr, e.port) || e.port == 0)
+      !unpackEndpointAddress(e.family, e.addr, e.port, &addr) || e.port == 0)
     return c->fail(epInvalidArgument, peer,
                    "the endpoint given for rank %d is not a socket transport endpoint (%zu bytes, %zu expected)",
                    peer, bytes, sizeof(e));
@@ -154,7 +154,7 @@ epResult_t connect(void* comm, int peer, epTrafficClass_t cls, const void* peer_
   k->cls = cls;
   k->peer_addr = addr;
   k->peer_nonce = e.nonce;
-  k->where = "rank " + std::to_string(peer) + " (" + addr.str() + ")";
+  k->where = "rank " + std::to_string(peer) + " (" + addr.toString() + ")";
   std::vector<Dialled> dialled;
   auto failWith = [&](epResult_t res, const std::string& why) {
     for (Dialled& d : dialled) closeFd(&d.fd);

@@ -4,7 +4,9 @@
 SOCKET_MOD := $(BUILD)/lib/libmoeep-transport-socket.so
 SOCKET_TEST := $(BUILD)/tests/socket_transport_test
 SOCKET_MOD_SRCS := $(filter-out transports/socket/socket_transport_test.cc,$(wildcard transports/socket/*.cc))
-SOCKET_MOD_OBJS := $(SOCKET_MOD_SRCS:%.cc=$(BUILD)/obj/%.o)
+# src/socket.cc: the bootstrap's addresses, interface choice and listening
+# (it holds no library state), compiled into the module as well.
+SOCKET_MOD_OBJS := $(SOCKET_MOD_SRCS:%.cc=$(BUILD)/obj/%.o) $(BUILD)/obj/src/socket.o
 MODULES += $(SOCKET_MOD) $(SOCKET_TEST)
 tests: $(SOCKET_MOD) $(SOCKET_TEST)
 

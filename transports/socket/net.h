@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "../../src/socket.h"
+
 namespace epsock {
 
 using Clock = std::chrono::steady_clock;
@@ -19,31 +21,15 @@ using Clock = std::chrono::steady_clock;
 // Milliseconds left until deadline, at least 0.
 int msLeft(Clock::time_point deadline);
 
-struct Address {
-  sockaddr_storage ss{};
-  socklen_t len = 0;
-  int family() const { return ss.ss_family; }
-  uint16_t port() const;
-  void setPort(uint16_t port);
-  // "1.2.3.4:5678" or "[::1]:5678".
-  std::string str() const;
-  // Fixed form for the endpoint (family 4 or 6, 16 address bytes); false: no such family.
-  bool pack(uint8_t* family, uint8_t addr[16]) const;
-  bool unpack(uint8_t family, const uint8_t addr[16], uint16_t port);
-};
+// Addresses, interface choice and listening are the bootstrap's
+// (src/socket.cc, compiled into this module too): EP_SOCKET_IFNAME reads the
+// same for both.
+using Address = ep::SocketAddress;
 
-// True when interface name passes spec: a comma list of name prefixes, "="
-// before the list makes them exact names, a leading "^" excludes them (the
-// same reading as EP_SOCKET_IFNAME for the bootstrap).
-bool interfaceMatches(const char* spec, const char* name);
-
-// The address to listen on and advertise: the first up interface that spec
-// allows (IPv4 before IPv6, link-local IPv6 skipped). Without an include list,
-// an interface other than loopback wins over loopback.
-bool chooseAddress(const char* spec, Address* out, std::string* ifname, std::string* err);
-
-// Listens on addr (port 0: any); *port gets the port bound.
-bool listenOn(const Address& addr, int* fd, uint16_t* port, std::string* err);
+// The endpoint's fixed form of an address (family 4 or 6, 16 address bytes)
+// and back; false: no such family.
+bool packEndpointAddress(const Address& a, uint8_t* family, uint8_t addr[16]);
+bool unpackEndpointAddress(uint8_t family, const uint8_t addr[16], uint16_t port, Address* out);
 
 // Options of a connected stream: no Nagle delay (signals are small), and
 // unacknowledged data past user_timeout_ms ends the connection (a host that

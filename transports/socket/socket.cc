@@ -119,21 +119,23 @@ epResult_t commOpen(void* ctx, const epTransportCommInfo_v2_t* info, void** comm
   else if (info->device != nullptr && info->device[0] != '\0')
     spec = std::string("=") + info->device;
   std::string err;
-  uint16_t port = 0;
-  if (!chooseAddress(spec.c_str(), &c->local, &c->ifname, &err) ||
-      !listenOn(c->local, &c->listen_fd, &port, &err)) {
+  ep::Fd listener;
+  Address bound;
+  if (!ep::findInterfaceAddress(spec.c_str(), AF_UNSPEC, &c->local, &c->ifname, &err) ||
+      !ep::listenSocket(c->local, &listener, &bound, &err)) {
     c->log(epTransportLogWarn, "%s (EP_SOCKET_IFNAME picks the interface)", err.c_str());
     delete c;
     return epSystemError;
   }
-  c->local.setPort(port);
+  c->listen_fd = listener.release();
+  c->local.setPort(bound.port());
   const epResult_t res = startIo(c);
   if (res != epSuccess) {
     closeFd(&c->listen_fd);
     delete c;
     return res;
   }
-  c->log(epTransportLogInfo, "listens on %s (interface %s), %d streams per peer and class", c->local.str().c_str(),
+  c->log(epTransportLogInfo, "listens on %s (interface %s), %d streams per peer and class", c->local.toString().c_str(),
          c->ifname.c_str(), c->nstreams);
   *comm = c;
   return epSuccess;
@@ -184,7 +186,7 @@ epResult_t connInfo(void* conn, epTransportConnInfo_v2_t* info) {
   snprintf(full.link, sizeof(full.link), "TCP");
   full.requested = c->classes[k->cls];
   snprintf(full.detail, sizeof(full.detail), "%s -> %s, %zu streams out, %zu in, IP TOS 0x%02x",
-           c->local.str().c_str(), k->peer_addr.str().c_str(), k->tx.size(), k->rx.size(),
+           c->local.toString().c_str(), k->peer_addr.toString().c_str(), k->tx.size(), k->rx.size(),
            unsigned(full.requested.traffic_class & 0xfc));
   memcpy(info, &full, std::min(info->size, sizeof(full)));
   return epSuccess;
