@@ -24,7 +24,7 @@ LAYERS = [
         "src/sha256.*",
     ]),
     ("setup", [  # how ranks find each other and reach each other's memory
-        "src/socket.*", "src/bootstrap*", "src/guarded_listener.*", "src/handshake.*", "src/fork_closed_fd.*",
+        "src/socket.*", "src/socket_family.*", "src/bootstrap*", "src/guarded_listener.*", "src/handshake.*", "src/fork_closed_fd.*",
         "src/transport.*", "src/peer_buffers.*", "src/node_map.*",
         "src/topo/*", "src/plan.*", "transports/*/*",
     ]),
