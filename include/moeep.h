@@ -208,6 +208,42 @@ EP_API epResult_t epCommPlanReport(epComm_t comm, char *buf, size_t *bytes);
 /* How this rank reaches peer, and through which rank (via_rank: -1 when direct). */
 EP_API epResult_t epCommPeerPath(epComm_t comm, int peer, epPathKind_t *kind, int *via_rank);
 
+/* What is asked of the fabric for one traffic class of a network peer. */
+typedef struct {
+  int service_level;    /* InfiniBand service level 0..15 (the subnet manager maps it to a virtual lane) */
+  int traffic_class;    /* RoCE traffic class 0..255 (DSCP << 2) */
+  int adaptive_routing; /* 1: requested, 0: not (verbs cannot say what the fabric did) */
+} epPeerClassInfo_t;
+
+/* How this rank reaches one peer (epCommPeerInfo). Initialise with
+ * EP_COMM_PEER_INFO_INITIALIZER; the library writes at most `size` bytes. */
+#define EP_COMM_PEER_INFO_MAGIC 0x65705069u /* 'epPi' */
+#define EP_COMM_PEER_INFO_VERSION 1
+#define EP_PEER_TRAFFIC_CLASSES 3 /* throughput, low latency, control: the order of classes[] */
+typedef struct {
+  size_t size;
+  unsigned magic;
+  unsigned version;
+  int peer;                /* the peer asked about */
+  int node;                /* its node */
+  epPathKind_t path;       /* as epCommPeerPath */
+  int via_rank;            /* epPathRailForward: the rank that forwards, else -1 */
+  char transport[32];      /* "self", "shm", "cuda_ipc", "socket", "ibverbs" */
+  /* Network peers (qps > 0) only; zero / "" for the others. */
+  char device[64];         /* this rank's NIC or interface: "mlx5_0", "rxe0", "lo" */
+  int port;                /* NIC port */
+  int qps;                 /* queue pairs (TCP streams) per connection to this peer */
+  char link[32];           /* "InfiniBand", "RoCEv2", "RoCEv1", "TCP" */
+  epPeerClassInfo_t classes[EP_PEER_TRAFFIC_CLASSES]; /* requested per class */
+  char detail[128];        /* free text: QP number, GIDs, addresses, MTU, setup */
+} epCommPeerInfo_t;
+#define EP_COMM_PEER_INFO_INITIALIZER \
+  { sizeof(epCommPeerInfo_t), EP_COMM_PEER_INFO_MAGIC, EP_COMM_PEER_INFO_VERSION, 0, 0, epPathSelf, -1, \
+    {0}, {0}, 0, 0, {0}, {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}}, {0} }
+/* Fills *info for peer (the communicator's own rank included: transport
+ * "self"). Not collective; any thread. */
+EP_API epResult_t epCommPeerInfo(epComm_t comm, int peer, epCommPeerInfo_t *info);
+
 /* ---- Layout ---------------------------------------------------------------
  * Local: where the tokens of this rank go. Outputs are optional (NULL: not
  * written); on the GPU backend they are device pointers, written on stream. */

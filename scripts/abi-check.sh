@@ -36,7 +36,9 @@ cat > "$tmp/init.c" <<'C'
 int main(void) {
   epConfig_t c = EP_CONFIG_INITIALIZER; epLayoutArgs_t l = EP_LAYOUT_ARGS_INITIALIZER;
   epDispatchArgs_t d = EP_DISPATCH_ARGS_INITIALIZER; epCombineArgs_t k = EP_COMBINE_ARGS_INITIALIZER;
-  return (c.size == sizeof c && l.size == sizeof l && d.size == sizeof d && k.size == sizeof k) ? 0 : 1;
+  epCommPeerInfo_t p = EP_COMM_PEER_INFO_INITIALIZER;
+  return (c.size == sizeof c && l.size == sizeof l && d.size == sizeof d && k.size == sizeof k &&
+          p.size == sizeof p && p.via_rank == -1) ? 0 : 1;
 }
 C
 cc -std=c11 -Wall -Wextra -Werror -Iinclude "$tmp/init.c" -o "$tmp/init_c" && "$tmp/init_c" || { echo "abi-check: initialisers fail in C"; fail=1; }

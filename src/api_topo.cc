@@ -1,9 +1,12 @@
 // Public entry points of the topology and the plan (what moeep_info prints).
+#include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "api_guard.h"
+#include "backend.h"
 #include "checks.h"
 #include "comm.h"
 #include "plan.h"
@@ -58,6 +61,8 @@ epResult_t reportTo(epComm* comm, const char* fn, char* buf, size_t* bytes, Prin
   return epSuccess;
 }
 
+// NUL-terminated, cut to room.
+void copyText(char* dst, size_t room, const char* src) { snprintf(dst, room, "%s", src ? src : ""); }
 }  // namespace
 
 extern "C" {
@@ -104,6 +109,59 @@ EP_API epResult_t epCommPeerPath(epComm_t comm, int peer, epPathKind_t* kind, in
   return epSuccess;
 } catch (...) {
   return apiException("epCommPeerPath", nullptr);
+}
+
+EP_API epResult_t epCommPeerInfo(epComm_t comm, int peer, epCommPeerInfo_t* info) try {
+  CallGuard guard(comm);
+  EPCHECK(guard.enter("epCommPeerInfo"));
+  if (peer < 0 || peer >= comm->nranks)
+    return setError(comm, epInvalidArgument, "epCommPeerInfo: peer = %d is outside [0, %d)", peer, comm->nranks);
+  if (info == nullptr) return setError(comm, epInvalidArgument, "epCommPeerInfo: info is NULL");
+  if (info->magic != EP_COMM_PEER_INFO_MAGIC)
+    return setError(comm, epInvalidArgument,
+                    "epCommPeerInfo: info->magic = 0x%x is wrong: initialise epCommPeerInfo_t with "
+                    "EP_COMM_PEER_INFO_INITIALIZER", info->magic);
+  constexpr size_t kV1 = offsetof(epCommPeerInfo_t, detail) + sizeof(info->detail);
+  if (info->size < kV1)
+    return setError(comm, epInvalidArgument, "epCommPeerInfo: info->size = %zu is smaller than any known "
+                    "epCommPeerInfo_t (%zu)", info->size, kV1);
+  if (int(comm->plan.peers.size()) != comm->nranks || comm->backend == nullptr)
+    return setError(comm, epInternalError, "epCommPeerInfo: the communicator has no plan");
+
+  epCommPeerInfo_t out;
+  memset(&out, 0, sizeof(out));
+  out.size = std::min(info->size, sizeof(out));
+  out.magic = EP_COMM_PEER_INFO_MAGIC;
+  out.version = EP_COMM_PEER_INFO_VERSION;
+  out.peer = peer;
+  const PeerPath& p = comm->plan.peers[size_t(peer)];
+  out.node = p.node;
+  out.path = epPathKind_t(int(p.kind));
+  out.via_rank = p.kind == PathKind::kRailForward ? p.via : -1;
+  copyText(out.transport, sizeof(out.transport), peer == comm->rank ? "self" : comm->backend->peerTransport(peer));
+  epTransportConnInfo_v2_t conn;
+  memset(&conn, 0, sizeof(conn));
+  conn.size = sizeof(conn);
+  if (peer != comm->rank && comm->backend->peerConnInfo(peer, &conn)) {
+    copyText(out.device, sizeof(out.device), conn.device);
+    out.port = conn.port;
+    out.qps = conn.qps;
+    copyText(out.link, sizeof(out.link), conn.link);
+    copyText(out.detail, sizeof(out.detail), conn.detail);
+    // The config's request per class; adaptive routing "auto" resolved as the
+    // transports do: on for InfiniBand, off for RoCE and TCP.
+    const IbTraffic& ib = comm->plan.ib;
+    const bool infiniband = strcmp(conn.link, "InfiniBand") == 0;
+    for (int c = 0; c < EP_PEER_TRAFFIC_CLASSES; c++) {
+      out.classes[c].service_level = ib.sl[c];
+      out.classes[c].traffic_class = ib.tclass[c];
+      out.classes[c].adaptive_routing = ib.adaptive_routing[c] < 0 ? int(infiniband) : ib.adaptive_routing[c];
+    }
+  }
+  memcpy(info, &out, out.size);
+  return epSuccess;
+} catch (...) {
+  return apiException("epCommPeerInfo", nullptr);
 }
 
 }  // extern "C"

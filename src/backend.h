@@ -55,6 +55,15 @@ class Backend {
   virtual void releaseHandle(epHandle* h) { (void)h; }
   // Unblocks waits after epCommAbort (the abort flag is already set).
   virtual void abort() {}
+  // The transport that carries this rank's bytes to peer (another rank):
+  // "shm", "cuda_ipc", a network transport's name.
+  virtual const char* peerTransport(int peer) const = 0;
+  // A network peer's connection as its transport describes it (false: peer
+  // is not reached over the network).
+  virtual bool peerConnInfo(int peer, epTransportConnInfo_v2_t* info) const {
+    (void)peer, (void)info;
+    return false;
+  }
 };
 
 // Creates the host backend of comm: registers its buffer with the shm

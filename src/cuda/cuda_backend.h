@@ -89,6 +89,8 @@ class CudaBackend : public Backend {
   // epCommAbort: this rank's waits leave, and the peers' waits for it too
   // (its call log says it aborted: their watchers mark it gone).
   void abort() override;
+  // One node: every peer's memory is mapped through cuda_ipc.
+  const char* peerTransport(int) const override { return "cuda_ipc"; }
 
  private:
   // ---- init's steps, in order (cuda_backend.cc) ----

@@ -61,6 +61,12 @@ class HostBackend : public Backend {
   void releaseHandle(epHandle* h) override {
     if (h->low_latency) host::llRelease(h);
   }
+  const char* peerTransport(int peer) const override {
+    return net_ && net_->remote(peer) ? net_->transportName() : "shm";
+  }
+  bool peerConnInfo(int peer, epTransportConnInfo_v2_t* info) const override {
+    return net_ && net_->connInfo(peer, info);
+  }
 
  private:
   BackendComm comm_;

@@ -78,6 +78,8 @@ std::string loggedPlan(const std::string& log_dir, int rank, bool* from_xml) {
   return plan;
 }
 
+void checkPeerInfo(Tally* t, epComm_t comm, int me);
+
 void run(const LaunchInfo& li, const std::string& log_dir, Tally* t) {
   const int me = li.rank;
   // A bad IB setting is refused before any communication, naming the field.
@@ -126,6 +128,7 @@ void run(const LaunchInfo& li, const std::string& log_dir, Tally* t) {
     paths_ok &= epCommPeerPath(comm, q, &kind, &via) == epSuccess && kind == want_kind && via == want_via;
   }
   t->check(paths_ok, "epCommPeerPath kinds and via ranks (-1 when direct)", me);
+  checkPeerInfo(t, comm, me);
 
   // Per-node counts against the reference.
   std::vector<int64_t> topk = tokensOf(me);
@@ -175,6 +178,56 @@ void run(const LaunchInfo& li, const std::string& log_dir, Tally* t) {
   t->check(num_recv == want_recv, "rows received", me);
   epHandleDestroy(h);
   epCommDestroy(comm);
+}
+
+// epCommPeerInfo: the path as epCommPeerPath gives it, the transport of each
+// peer, and for a network peer its connection and the config's per-class
+// request (ib_sl_low_latency = 3 in config()); bad arguments refused by name.
+void checkPeerInfo(Tally* t, epComm_t comm, int me) {
+  bool ok = true;
+  for (int q = 0; q < kRanks; q++) {
+    epCommPeerInfo_t info = EP_COMM_PEER_INFO_INITIALIZER;
+    epPathKind_t kind = epPathSelf;
+    int via = -7;
+    if (epCommPeerInfo(comm, q, &info) != epSuccess || epCommPeerPath(comm, q, &kind, &via) != epSuccess) {
+      fprintf(stderr, "  rank %d: epCommPeerInfo(%d): %s\n", me, q, epGetLastError(comm));
+      ok = false;
+      continue;
+    }
+    const bool far = q / 2 != me / 2;
+    const std::string transport = info.transport;
+    bool good = info.peer == q && info.node == q / 2 && info.path == kind && info.via_rank == via &&
+                info.size == sizeof(info);
+    if (q == me) good &= transport == "self" && info.qps == 0;
+    else if (!far || transport == "shm") good &= transport == "shm" && info.qps == 0 && info.device[0] == '\0';
+    else  // over the network: the socket transport here (no RDMA device)
+      good &= info.qps >= 1 && info.device[0] != '\0' && info.classes[1].service_level == 3 &&
+              info.classes[0].service_level == 0 && info.detail[0] != '\0' &&
+              (transport != "socket" || (std::string(info.link) == "TCP" && info.classes[0].adaptive_routing == 0));
+    if (!good)
+      fprintf(stderr, "  rank %d peer %d: transport %s node %d path %d via %d device '%s' port %d qps %d link '%s' "
+              "SL %d/%d/%d AR %d/%d/%d detail '%s'\n", me, q, info.transport, info.node, int(info.path),
+              info.via_rank, info.device, info.port, info.qps, info.link, info.classes[0].service_level,
+              info.classes[1].service_level, info.classes[2].service_level, info.classes[0].adaptive_routing,
+              info.classes[1].adaptive_routing, info.classes[2].adaptive_routing, info.detail);
+    if (q == (me + 2) % kRanks)
+      printf("rank %d: peer %d through %s (%s %s, %d QPs)\n", me, q, info.transport, info.device, info.link,
+             info.qps);
+    ok &= good;
+  }
+  t->check(ok, "epCommPeerInfo of every peer (transport, node, path, connection)", me);
+
+  epCommPeerInfo_t bad = EP_COMM_PEER_INFO_INITIALIZER;
+  bool refused = epCommPeerInfo(comm, kRanks, &bad) == epInvalidArgument &&
+                 strstr(epGetLastError(comm), "peer = 4") != nullptr;
+  refused &= epCommPeerInfo(comm, 0, nullptr) == epInvalidArgument;
+  bad.magic = 0;
+  refused &= epCommPeerInfo(comm, 0, &bad) == epInvalidArgument &&
+             strstr(epGetLastError(comm), "EP_COMM_PEER_INFO_INITIALIZER") != nullptr;
+  bad.magic = EP_COMM_PEER_INFO_MAGIC;
+  bad.size = 16;
+  refused &= epCommPeerInfo(comm, 0, &bad) == epInvalidArgument && bad.peer == 0;
+  t->check(refused, "epCommPeerInfo refuses a peer out of range, NULL, a wrong magic, a short struct", me);
 }
 
 std::string defaultXml(const char* argv0) {
