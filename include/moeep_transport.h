@@ -134,7 +134,9 @@ typedef enum {
 typedef struct {
   int service_level;    /* 0..15 */
   int traffic_class;    /* 0..255 */
-  int adaptive_routing; /* 1: the class should use an adaptive-routing service level */
+  int adaptive_routing; /* 1: the class should use an adaptive-routing service level, 0: not;
+                           in comm_open also -1: auto, which the transport resolves (on for
+                           InfiniBand, off for RoCE and TCP) and conn_info reports resolved */
 } epTransportClass_v2_t;
 
 /* What the core tells a transport about one communicator (comm_open). */
@@ -153,6 +155,10 @@ typedef struct {
   int ib_retry_cnt;       /* retries before a QP errors out, 0..7 */
   int timeout_ms;         /* the communicator's timeout: bound for any wait of setup */
   epTransportClass_v2_t classes[EP_TRAFFIC_CLASSES]; /* by epTrafficClass_t */
+  /* Added after the first v2 table; a transport reads it only when size
+   * covers it. */
+  int qp_budget;          /* most QPs (streams) this communicator may create, 0: no cap; an
+                             endpoint beyond it fails with epInvalidUsage naming the budget */
 } epTransportCommInfo_v2_t;
 
 /* What one connection is, as epCommPeerInfo reports it. */
@@ -239,7 +245,9 @@ typedef struct {
   epResult_t (*last_error)(void *comm, int *peer, char *msg, size_t len);
   epResult_t (*close)(void *conn);
   epResult_t (*comm_close)(void *comm);
-  /* Once, when the library is unloaded (never while a communicator lives). */
+  /* Once, when the library is unloaded (the process exits, or the last
+   * dlclose), and only when no communicator context is open: a process that
+   * exits with one open skips it. */
   epResult_t (*finalize)(void *ctx);
 } epTransport_v2_t;
 

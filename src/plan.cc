@@ -250,6 +250,16 @@ epResult_t planDryRun(const Topology& topo, const std::vector<int>& node_sizes, 
   return epSuccess;
 }
 
+int64_t networkQpCount(int ranks_on_other_nodes, int qps_per_peer) {
+  return int64_t(ranks_on_other_nodes) * qps_per_peer;
+}
+
+int64_t planNetworkQps(const Plan& p) {
+  int remote = 0;
+  for (const PeerPath& q : p.peers) remote += q.kind == PathKind::kRail || q.kind == PathKind::kRailForward;
+  return networkQpCount(remote, p.ib.qps_per_peer);
+}
+
 // ---- Printing -------------------------------------------------------------------
 
 std::string planSummary(const Plan& p) {
@@ -296,6 +306,9 @@ void planPrint(FILE* out, const Plan& p) {
           autoOr(ib.adaptive_routing[2]).c_str());
   fprintf(out, "TC %d, GID index %s, QPs per peer %d\n", ib.traffic_class,
           ib.gid_index < 0 ? "auto" : std::to_string(ib.gid_index).c_str(), ib.qps_per_peer);
+  fprintf(out, "  network QPs of this rank: %lld", (long long)planNetworkQps(p));
+  if (ib.qp_budget > 0) fprintf(out, " (budget %d)", ib.qp_budget);
+  fprintf(out, "\n");
   fprintf(out, "  peer node path\n");
   for (int q = 0; q < p.nranks; q++) {
     const PeerPath& path = p.peers[q];

@@ -99,6 +99,13 @@ struct Plan {
   IbTraffic ib;
 };
 
+// Queue pairs (TCP streams) a rank opens on the network (docs/TOPOLOGY.md,
+// "Queue pairs"): a connection of qps_per_peer QPs to every rank on another
+// node, in the one traffic class the host backend uses today.
+int64_t networkQpCount(int ranks_on_other_nodes, int qps_per_peer);
+// The same for the rank of plan p.
+int64_t planNetworkQps(const Plan& p);
+
 // The rank that `rank` talks RDMA to on node n (itself on its own node).
 int railPeer(const NodeMap& m, int rank, int node);
 

@@ -8,6 +8,7 @@
 #include "../bootstrap.h"
 #include "../checks.h"
 #include "../debug.h"
+#include "../plan.h"
 
 namespace ep {
 namespace host {
@@ -25,7 +26,10 @@ NetLinks::~NetLinks() {
   for (void*& c : conns_)
     if (c) t_->close(c), c = nullptr;
   if (mem_) t_->dereg_mem(tcomm_, mem_);
-  if (tcomm_) t_->comm_close(tcomm_);
+  if (tcomm_) {
+    t_->comm_close(tcomm_);
+    transportCommClosed();
+  }
 }
 
 epResult_t NetLinks::fail(epResult_t res, const char* fmt, ...) {
@@ -52,6 +56,13 @@ epResult_t NetLinks::choose(const BackendComm& comm, const TransportEntry** out)
   }
   for (const TransportEntry& e : transportList())  // any other version-2 module
     if (pick == nullptr && e.available && e.net != nullptr) pick = &e;
+  // EP_TRANSPORTS named a network transport that cannot run here: an error,
+  // never a quiet fall-back to another one (or to shm between faked nodes).
+  if (pick == nullptr)
+    for (const TransportEntry& e : transportList())
+      if (e.net != nullptr && transportNamedByUser(e.name))
+        return setError(comm, epNotSupported, "rank %d: EP_TRANSPORTS names %s for the ranks on other nodes, and it "
+                        "is unavailable here: %s", comm.rank(), e.name, e.reason.c_str());
   const int R = comm.nranks(), me = comm.rank();
   std::vector<char> names(size_t(R) * kNameBytes, 0);
   if (pick) snprintf(&names[size_t(me) * kNameBytes], kNameBytes, "%s", pick->name);
@@ -166,14 +177,25 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, void* segment, size_t
   for (int c = 0; c < EP_TRAFFIC_CLASSES; c++) {
     info.classes[c].service_level = cfg.ib.sl[c];
     info.classes[c].traffic_class = cfg.ib.tclass[c];
-    info.classes[c].adaptive_routing = cfg.ib.adaptive_routing[c] == 1 ? 1 : 0;
+    info.classes[c].adaptive_routing = cfg.ib.adaptive_routing[c];  // -1: auto, the transport's rule
   }
+  info.qp_budget = cfg.ib.qp_budget;
+  // The QPs this rank opens (docs/TOPOLOGY.md, "Queue pairs"): one connection
+  // of qps_per_peer QPs to each rank on another node, one traffic class.
+  const int64_t qps = networkQpCount(int(std::count(remote_.begin(), remote_.end(), true)), cfg.ib.qps_per_peer);
+  if (cfg.ib.qp_budget > 0 && qps > cfg.ib.qp_budget)
+    return setError(comm_, epInvalidArgument,
+                    "rank %d would open %lld queue pairs (%d ranks on other nodes x ib_qps_per_peer %d), more than "
+                    "ib_qp_budget = %d (config, else EP_IB_QP_BUDGET): lower ib_qps_per_peer or raise the budget",
+                    me, (long long)qps, int(std::count(remote_.begin(), remote_.end(), true)), cfg.ib.qps_per_peer,
+                    cfg.ib.qp_budget);
   transportClearWarning();
   epResult_t res = t_->comm_open(transport_->ctx, &info, &tcomm_);
   if (res != epSuccess) {
     tcomm_ = nullptr;
     return fail(res, "rank %d: the network transport cannot open", me);
   }
+  transportCommOpened();
 
   std::vector<std::vector<uint8_t>> theirs;
   EPCHECK(exchangeEndpoints(&theirs));

@@ -236,6 +236,28 @@ void summary_and_report(void**) {
   assert_contains(text.c_str(), "IB: SL 0/3/0, adaptive routing on/auto/auto");
   assert_contains(text.c_str(), "GID index 3, QPs per peer 4");
   assert_contains(text.c_str(), "     2    1 rail+fwd via rank 3");
+  assert_contains(text.c_str(), "network QPs of this rank: 8");  // 2 ranks on the other node x 4
+}
+
+// The QP count of docs/TOPOLOGY.md ("Queue pairs") for a 32-node plan of 8
+// GPUs each: every rank connects to the 248 ranks on other nodes, with
+// qps_per_peer QPs each, and no rank more than that.
+void qp_count_of_a_32_node_plan(void**) {
+  Topology t;
+  loadFixture("dgx_h100.xml", &t);
+  for (int q : {1, 2, 4}) {
+    ep::NodeMap m;
+    std::vector<Plan> plans;
+    ep::IbTraffic ib;
+    ib.qps_per_peer = q;
+    assert_ok(ep::planDryRun(t, std::vector<int>(32, 8), ib, allNvlink, &m, &plans));
+    assert_int_equal(plans.size(), 256);
+    for (const Plan& p : plans) assert_int_equal(ep::planNetworkQps(p), int64_t(248) * q);
+  }
+  assert_int_equal(ep::networkQpCount(248, 16), 3968);
+  ep::NodeMap m;  // one node: no network QPs at all
+  std::vector<Plan> plans = dryRun(t, {8}, allNvlink, &m);
+  for (const Plan& p : plans) assert_int_equal(ep::planNetworkQps(p), 0);
 }
 
 void dry_run_report(void**) {
@@ -444,6 +466,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(vm_flat_two_and_four_nodes),
       cmocka_unit_test(plan_without_topology_or_masks),
       cmocka_unit_test(summary_and_report),
+      cmocka_unit_test(qp_count_of_a_32_node_plan),
       cmocka_unit_test(dry_run_report),
       cmocka_unit_test(layout_counts_tokens_per_node),
       cmocka_unit_test(ib_defaults_and_explicit_values),

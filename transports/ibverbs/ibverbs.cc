@@ -136,9 +136,10 @@ epResult_t ibCommOpen(void* ctx, const epTransportCommInfo_v2_t* info, void** ou
   comm->info.timeout_ms = 60000;
   memcpy(&comm->info, info, std::min(info->size, sizeof(comm->info)));
   comm->info.size = sizeof(comm->info);
+  if (info->size < offsetof(epTransportCommInfo_v2_t, qp_budget) + sizeof(int)) comm->info.qp_budget = 0;
   const epTransportCommInfo_v2_t& in = comm->info;
   if (in.nranks < 1 || in.rank < 0 || in.rank >= in.nranks || in.ib_timeout < 0 || in.ib_timeout > 31 ||
-      in.ib_retry_cnt < 0 || in.ib_retry_cnt > 7 || in.timeout_ms <= 0) {
+      in.ib_retry_cnt < 0 || in.ib_retry_cnt > 7 || in.timeout_ms <= 0 || in.qp_budget < 0) {
     const epResult_t res = fail(comm, epInvalidArgument, -1,
                                 "comm_open: rank %d of %d, ib_timeout %d, ib_retry_cnt %d, timeout %d ms: out of range",
                                 in.rank, in.nranks, in.ib_timeout, in.ib_retry_cnt, in.timeout_ms);
@@ -154,6 +155,9 @@ epResult_t ibCommOpen(void* ctx, const epTransportCommInfo_v2_t* info, void** ou
     releaseComm(comm);
     return res;
   }
+  // Adaptive routing "auto": on for InfiniBand, off for RoCE (NCCL's rule).
+  for (epTransportClass_v2_t& k : comm->info.classes)
+    if (k.adaptive_routing < 0) k.adaptive_routing = comm->port.roce ? 0 : 1;
   // Asynchronous events are read without blocking, from progress.
   const int fd = comm->port.ctx->async_fd;
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);

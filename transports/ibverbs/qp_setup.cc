@@ -67,6 +67,11 @@ struct ibv_qp_init_attr qpInitAttr(Conn* conn) {
 epResult_t createConn(Comm* comm, int peer, epTrafficClass_t cls, Conn** out) {
   Context* c = comm->ctx;
   Port& p = comm->port;
+  const int budget = comm->info.qp_budget;
+  if (budget > 0 && comm->qps_made + comm->nqps > budget)
+    return fail(comm, epInvalidUsage, peer, "rank %d (%s): %d more QPs would pass this rank's QP budget of %d "
+                "(%d made; ib_qp_budget, EP_IB_QP_BUDGET)", peer, className(cls), comm->nqps, budget,
+                comm->qps_made);
   auto conn = std::make_unique<Conn>();
   conn->comm = comm;
   conn->peer = peer;
@@ -123,6 +128,7 @@ epResult_t createConn(Comm* comm, int peer, epTrafficClass_t cls, Conn** out) {
       }
     }
   }
+  comm->qps_made += comm->nqps;  // with rdma_cm made at connection, counted now
   *out = conn.release();
   return epSuccess;
 }

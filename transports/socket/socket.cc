@@ -110,6 +110,8 @@ epResult_t commOpen(void* ctx, const epTransportCommInfo_v2_t* info, void** comm
   c->nranks = info->nranks;
   c->timeout_ms = info->timeout_ms > 0 ? info->timeout_ms : 60000;
   memcpy(c->classes, info->classes, sizeof(c->classes));
+  for (epTransportClass_v2_t& k : c->classes)  // adaptive routing "auto": TCP has none to ask for
+    if (k.adaptive_routing < 0) k.adaptive_routing = 0;
   c->nstreams = streamCount(mod, info);
   c->nonce = randomNonce();
 
