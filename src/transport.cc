@@ -5,6 +5,7 @@
 #include <link.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -27,6 +28,26 @@ std::vector<TransportEntry>& registry() {
   static std::vector<TransportEntry> list;
   return list;
 }
+
+std::atomic<int> g_open_net_comms{0};
+
+// Calls each available version-2 transport's finalize once, when the library
+// is unloaded (the process exits, or the last dlclose). Made inside
+// transportsInit after the registry, so destroyed before it. Skipped while a
+// network communicator is open (a process that exits without destroying
+// one, or with a thread still in a call): finalize may free what that
+// communicator's context uses.
+struct NetFinalizer {
+  ~NetFinalizer() {
+    if (g_open_net_comms.load() != 0) return;
+    for (TransportEntry& e : registry())
+      if (e.net != nullptr && e.available && e.net->finalize != nullptr) {
+        e.net->finalize(e.ctx);
+        e.available = false;
+        e.ctx = nullptr;
+      }
+  }
+};
 
 // The last message (warning or info) a transport logged on this thread: the
 // cause shown when its init fails.
@@ -88,12 +109,18 @@ std::vector<std::string> userTransportNames(bool* exclude) {
   return names;
 }
 
+// The built-in transports inside a node. A list that names neither chooses
+// the network only (EP_TRANSPORTS=socket: TCP between nodes), and keeps them:
+// without shm no host-backend communicator could form at all.
+bool intraNode(const std::string& name) { return name == "shm" || name == "cuda_ipc"; }
+
 bool allowedByUser(const char* name) {
   bool exclude = false;
   const std::vector<std::string> names = userTransportNames(&exclude);
   if (names.empty()) return true;  // unset, or only blanks and commas
   const bool listed = std::find(names.begin(), names.end(), name) != names.end();
-  return exclude ? !listed : listed;
+  if (exclude) return !listed;
+  return listed || (intraNode(name) && std::none_of(names.begin(), names.end(), intraNode));
 }
 
 // A name in EP_TRANSPORTS that no transport has is most likely a typo, which
@@ -339,6 +366,9 @@ void transportRegisterBuiltin(const epTransport_v1_t* table) { builtins().push_b
 void transportsInit() {
   static std::once_flag once;
   std::call_once(once, [] {
+    registry();  // before the finalizer: destroyed after it
+    static NetFinalizer finalizer;
+    (void)finalizer;
     for (const epTransport_v1_t* t : builtins()) addEntry(t, "built-in");
     std::string dirs = libraryDir();
     const char* extra = param::TRANSPORT_PATH();
@@ -357,6 +387,15 @@ void transportsInit() {
 const std::vector<TransportEntry>& transportList() {
   transportsInit();
   return registry();
+}
+
+void transportCommOpened() { g_open_net_comms++; }
+void transportCommClosed() { g_open_net_comms--; }
+
+bool transportNamedByUser(const char* name) {
+  bool exclude = false;
+  const std::vector<std::string> names = userTransportNames(&exclude);
+  return !exclude && std::find(names.begin(), names.end(), name) != names.end();
 }
 
 const TransportEntry* transportFind(const char* name, std::string* reason) {

@@ -28,6 +28,13 @@ void transportsInit();
 const std::vector<TransportEntry>& transportList();
 // The available transport called name, or nullptr (with reason, if known).
 const TransportEntry* transportFind(const char* name, std::string* reason = nullptr);
+// A network transport's communicator context was opened / closed
+// (comm_open / comm_close): finalize waits for none to be open.
+void transportCommOpened();
+void transportCommClosed();
+// True when EP_TRANSPORTS is a list (not ^exclusions) that names name: the
+// user asked for that transport, so its absence is an error, not a choice.
+bool transportNamedByUser(const char* name);
 // Clears / returns the last warning a transport logged on this thread: the
 // cause to show when one of its calls fails.
 void transportClearWarning();

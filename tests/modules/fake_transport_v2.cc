@@ -6,6 +6,9 @@
 //                                    (FAKE_BOTH): the core takes v2
 // They move no data: init succeeds, which is all the loader looks at; the
 // other callbacks fail.
+#include <cstdio>
+#include <cstdlib>
+
 #include "moeep_transport.h"
 
 #ifndef FAKE_NAME
@@ -38,6 +41,16 @@ epResult_t fakeLastError(void*, int* peer, char* msg, size_t len) {
 }
 epResult_t fakeClose(void*) { return epSuccess; }
 epResult_t fakeCommClose(void*) { return epSuccess; }
+// Writes "finalize NAME" into the file FAKE_FINALIZE_FILE names: the loader
+// test's proof that the core called it, once, as the process exited.
+epResult_t fakeFinalize(void*) {
+  if (const char* path = getenv("FAKE_FINALIZE_FILE"))
+    if (FILE* f = fopen(path, "a")) {
+      fprintf(f, "finalize %s\n", FAKE_NAME);
+      fclose(f);
+    }
+  return epSuccess;
+}
 
 #ifdef FAKE_NO_PUT
 #define FAKE_PUT nullptr
@@ -48,7 +61,7 @@ epResult_t fakeCommClose(void*) { return epSuccess; }
 const epTransport_v2_t fakeNet = {
     FAKE_NAME,    2,          fakeInit,      nullptr,   nullptr,       fakeCommOpen, fakeEndpoint, fakeConnect,
     fakeRegMem,   fakeMemHandle, fakeDeregMem, FAKE_PUT, fakeTest,     fakeProgress, nullptr,      fakeLastError,
-    fakeClose,    fakeCommClose, nullptr};
+    fakeClose,    fakeCommClose, fakeFinalize};
 
 #ifdef FAKE_BOTH
 epResult_t v1RegMem(void*, size_t, int, void**, void*, void**) { return epInternalError; }

@@ -172,6 +172,46 @@ void ep_transports_list_selects(void**) {
   });
 }
 
+std::string logged(const char* path);
+
+// A version-2 transport's finalize is called once as the process exits (the
+// library's static destruction), for each available module: the fake ones
+// write their names into FAKE_FINALIZE_FILE.
+void version_2_finalize_is_called_at_exit(void**) {
+  char path[] = "/tmp/test_finalize_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("EP_TRANSPORT_PATH", g_modules.c_str(), 1);
+    unsetenv("EP_TRANSPORTS");
+    setenv("FAKE_FINALIZE_FILE", path, 1);
+    const bool loaded = find("fakenet").available && find("both").available;
+    exit(loaded ? 0 : 3);  // exit, not _exit: static destructors run
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  const std::string text = logged(path);
+  unlink(path);
+  if (text != "finalize fakenet\nfinalize both\n" && text != "finalize both\nfinalize fakenet\n")
+    fail_msg("finalize calls: '%s'", text.c_str());
+}
+
+// A list of network transports only chooses the network and keeps the
+// intra-node built-ins (EP_TRANSPORTS=socket: TCP between nodes, shm inside).
+void ep_transports_of_the_network_only_keep_shm(void**) {
+  inChild("fakenet", [] {
+    if (!find("fakenet").available) return "'fakenet' disabled though selected: " + find("fakenet").detail;
+    if (!find("shm").available) return "shm disabled by a list of network transports: " + find("shm").detail;
+    if (find("fake").available) return std::string("'fake' available though not listed");
+    return std::string();
+  });
+}
+
 // What the library logged to EP_DEBUG_FILE path (set before its first call).
 std::string logged(const char* path) {
   std::string text;
@@ -249,6 +289,8 @@ int main(int, char** argv) {
       cmocka_unit_test(symbol_that_is_not_a_table_is_refused),
       cmocka_unit_test(version_2_tables_are_loaded_and_checked),
       cmocka_unit_test(ep_transports_list_selects),
+      cmocka_unit_test(ep_transports_of_the_network_only_keep_shm),
+      cmocka_unit_test(version_2_finalize_is_called_at_exit),
       cmocka_unit_test(ep_transports_exclusion),
       cmocka_unit_test(ep_transports_names_are_trimmed_and_unknown_ones_warned),
       cmocka_unit_test(excluding_shm_fails_host_init_with_reason),
