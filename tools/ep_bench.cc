@@ -392,6 +392,8 @@ ParseResult parseOptions(int argc, char** argv, Options* opt, std::string* error
 
 struct RankReport : tools::RankStatus {
   int64_t recv_rows = -1;  // rows received in the first pass
+  int num_nodes = 1;
+  int64_t tokens = 0, net_rows_hier = 0, net_rows_flat = 0;  // this rank's tokens, their rows across nodes
   double dispatch_bytes = 0, combine_bytes = 0;
   double dispatch_us = -1, combine_us = -1;  // medians; -1: not measured
 };
@@ -421,6 +423,11 @@ class ShapeRun : tools::BenchRankRun {
   int64_t capacity_;
   int64_t num_recv_ = -1, dispatch_capacity_ = 0;
   std::vector<double> dispatch_us_, combine_us_;
+  // Rows this rank's tokens send across nodes: once per destination node
+  // (the hierarchical algorithm), once per destination rank (a flat all-to-all).
+  int num_nodes_ = 1;
+  int64_t net_rows_hier_ = 0, net_rows_flat_ = 0;
+  void countNetworkRows(const std::vector<int64_t>& idx);
 
   // Inputs: x and scales of generation 0 (timed) and 1 (the cached re-dispatch).
   DeviceBuffer x_[2], x_scales_[2], topk_idx_, topk_weights_;
@@ -475,6 +482,33 @@ void ShapeRun::fillInputs() {
   }
   if (!idx.empty()) dev_->upload(topk_idx_.get(), idx.data(), idx.size() * sizeof(int64_t));
   if (!w.empty()) dev_->upload(topk_weights_.get(), w.data(), w.size() * sizeof(float));
+  countNetworkRows(idx);
+}
+
+// From the routing and the communicator's node map: each token's distinct
+// destination nodes and ranks other than this rank's node.
+void ShapeRun::countNetworkRows(const std::vector<int64_t>& idx) {
+  int n = 0;
+  std::vector<int> node_of(size_t(spec_.nranks), 0);
+  if (epCommNodes(comm_, &n, node_of.data()) != epSuccess || n < 1) return;
+  num_nodes_ = n;
+  const size_t K = size_t(spec_.topk);
+  const int mine = node_of[size_t(rank_)];
+  std::vector<int> nodes, ranks;
+  for (int t = 0; t < T_; t++) {
+    nodes.clear();
+    ranks.clear();
+    for (size_t k = 0; k < K; k++) {
+      const int64_t e = idx[size_t(t) * K + k];
+      if (e < 0) continue;
+      const int r = spec_.ownerOf(e);
+      if (node_of[size_t(r)] == mine) continue;
+      if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) ranks.push_back(r);
+      if (std::find(nodes.begin(), nodes.end(), node_of[size_t(r)]) == nodes.end()) nodes.push_back(node_of[size_t(r)]);
+    }
+    net_rows_hier_ += int64_t(nodes.size());
+    net_rows_flat_ += int64_t(ranks.size());
+  }
 }
 
 // Before a checked pass: outputs full of bytes the library would never write
@@ -656,6 +690,10 @@ RankReport ShapeRun::run(const epUniqueId& id) {
   RankReport rep;
   fillStatus(&rep);
   rep.recv_rows = first_rows;
+  rep.num_nodes = num_nodes_;
+  rep.tokens = T_;
+  rep.net_rows_hier = net_rows_hier_;
+  rep.net_rows_flat = net_rows_flat_;
   if (first_rows >= 0) {
     const double scale_bytes = spec_.type == epFloat8E4M3 ? 4.0 * spec_.scaleBlocks() : 0.0;
     rep.dispatch_bytes = double(first_rows) * (double(spec_.rowBytes()) + scale_bytes);
@@ -672,6 +710,10 @@ struct ShapeResult : tools::ShapeStatus {
   Shape shape;
   double recv_rows = -1;  // mean over ranks
   double dispatch_us = -1, combine_us = -1, dispatch_gbps = -1, combine_gbps = -1;
+  // Across nodes: rows per token that cross the network, hierarchical and
+  // flat, and the bytes of one row as dispatched (scales included).
+  int num_nodes = 1;
+  double net_rows_hier = 0, net_rows_flat = 0, row_bytes = 0;
 };
 
 ShapeResult summarize(const Shape& shape, const std::vector<RankReport>& reps) {
@@ -679,14 +721,23 @@ ShapeResult summarize(const Shape& shape, const std::vector<RankReport>& reps) {
   res.shape = shape;
   double rows = 0, d_bytes = 0, c_bytes = 0;
   bool all_timed = true;
+  int64_t tokens = 0, hier = 0, flat = 0;
   for (const RankReport& r : reps) {
     res.add(r);
+    res.num_nodes = std::max(res.num_nodes, r.num_nodes);
+    tokens += r.tokens;
+    hier += r.net_rows_hier;
+    flat += r.net_rows_flat;
     rows += double(r.recv_rows);
     d_bytes += r.dispatch_bytes;
     c_bytes += r.combine_bytes;
     all_timed = all_timed && r.dispatch_us >= 0 && r.combine_us >= 0 && r.recv_rows >= 0;
     res.dispatch_us = std::max(res.dispatch_us, r.dispatch_us);
     res.combine_us = std::max(res.combine_us, r.combine_us);
+  }
+  if (tokens > 0) {
+    res.net_rows_hier = double(hier) / double(tokens);
+    res.net_rows_flat = double(flat) / double(tokens);
   }
   if (!all_timed || reps.empty()) {
     res.dispatch_us = res.combine_us = -1;
@@ -717,13 +768,22 @@ void printHeader(const Options& opt, const LaunchInfo& li, const char* backend) 
   fflush(stdout);
 }
 
+// Bytes of one dispatched row: the elements, and FP8's float scale per 128.
+double dispatchRowBytes(const Options& opt, const Shape& s) {
+  const bool fp8 = opt.type == epFloat8E4M3;
+  return double(s.hidden) * (fp8 ? 1 : 2) + (fp8 ? 4.0 * double((s.hidden + 127) / 128) : 0.0);
+}
+
 void printResult(const Options& opt, const ShapeResult& r, int nranks, const char* backend) {
+  const double row_bytes = dispatchRowBytes(opt, r.shape);
   if (opt.json) {
     printf(
-        "{%s,\"sizing\":\"%s\",\"zero_rank0\":%s,\"warmup\":%d,\"iters\":%d,"
+        "{%s,\"nodes\":%d,\"net_bytes_per_token_hier\":%.1f,\"net_bytes_per_token_flat\":%.1f,"
+        "\"sizing\":\"%s\",\"zero_rank0\":%s,\"warmup\":%d,\"iters\":%d,"
         "\"recv_rows\":%s,\"dispatch_us\":%s,\"dispatch_gbps\":%s,\"combine_us\":%s,"
         "\"combine_gbps\":%s,%s}\n",
-        tools::jsonShape(r.shape, nranks, opt.type, backend).c_str(), opt.exact ? "exact" : "capacity",
+        tools::jsonShape(r.shape, nranks, opt.type, backend).c_str(), r.num_nodes, r.net_rows_hier * row_bytes,
+        r.net_rows_flat * row_bytes, opt.exact ? "exact" : "capacity",
         opt.zero_rank0 ? "true" : "false", opt.warmup, opt.iters, tools::jsonNumber(r.recv_rows, 1).c_str(),
         tools::jsonNumber(r.dispatch_us, 1).c_str(), tools::jsonNumber(r.dispatch_gbps, 3).c_str(),
         tools::jsonNumber(r.combine_us, 1).c_str(), tools::jsonNumber(r.combine_gbps, 3).c_str(),
@@ -733,6 +793,11 @@ void printResult(const Options& opt, const ShapeResult& r, int nranks, const cha
            tools::number(r.recv_rows, 1).c_str(), tools::number(r.dispatch_us, 1).c_str(),
            tools::number(r.dispatch_gbps, 2).c_str(), tools::number(r.combine_us, 1).c_str(),
            tools::number(r.combine_gbps, 2).c_str(), tools::checkWord(r, "-"));
+    if (r.num_nodes > 1)
+      printf("#   network, %d nodes: per token %.2f rows cross it once per node (%.0f bytes), a flat all-to-all "
+             "%.2f (%.0f bytes): %.2fx\n", r.num_nodes, r.net_rows_hier, r.net_rows_hier * row_bytes,
+             r.net_rows_flat, r.net_rows_flat * row_bytes,
+             r.net_rows_flat > 0 ? r.net_rows_hier / r.net_rows_flat : 0.0);
     tools::printStatusNotes(r);
   }
   fflush(stdout);
