@@ -78,6 +78,47 @@ across "mp_dispatch 4 nodes x 2, EP_BUFFER_BYTES_CAP=900000" 8 env EP_BUFFER_BYT
 across "ep_bench --mode ll 2 nodes x 2, EP_BUFFER_BYTES_CAP=600000" 4 env EP_BUFFER_BYTES_CAP=600000 \
   "$BUILD/bin/ep_bench" -n 4 --mode ll --check --iters 2 --warmup 1 --shape 7168:8:288:16
 
+# The QP budget (docs/TOPOLOGY.md, "Queue pairs"): 4 nodes x 2 give each rank
+# 6 ranks on other nodes, 6 connections of one QP (stream set): a budget of 6
+# runs, one of 5 is refused at init by every rank, naming the numbers.
+across "mp_dispatch 4 nodes x 2, EP_IB_QP_BUDGET=6 (= the count)" 8 env EP_IB_QP_BUDGET=6 \
+  "$BUILD/tests/mp_dispatch" -n 8 --cases 1 --seed 4408
+echo "=== socket: EP_IB_QP_BUDGET=5 refused at init"
+start=$SECONDS
+EP_TRANSPORTS=shm,socket EP_NODE_SIZE=2 EP_IB_QP_BUDGET=5 timeout 120 "$BUILD/tests/mp_dispatch" -n 8 --cases 1 \
+  >"$log" 2>&1
+rc=$?
+refusals=$(grep -c 'would open 6 queue pairs (6 ranks on other nodes x ib_qps_per_peer 1), more than ib_qp_budget = 5' "$log")
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$refusals" -eq 8 ]; then
+  passed=$((passed + 1)); echo "=== socket: EP_IB_QP_BUDGET=5 refused at init: PASSED ($((SECONDS - start)) s)"
+else
+  tail -20 "$log"; failed=$((failed + 1))
+  echo "=== socket: EP_IB_QP_BUDGET=5 refused at init: FAILED (exit $rc, $refusals of 8 ranks named the budget)"
+fi
+
+# EP_TRANSPORTS=socket alone chooses TCP between nodes and keeps shm inside
+# them; a network transport named but unavailable is an error, never a quiet
+# fall-back (ibverbs: no RDMA device on the machines that run this).
+across "mp_dispatch 2 nodes x 2, EP_TRANSPORTS=socket alone" 4 env EP_TRANSPORTS=socket \
+  "$BUILD/tests/mp_dispatch" -n 4 --cases 2 --seed 4412
+if [ -n "$(ls /sys/class/infiniband 2>/dev/null)" ]; then
+  echo "=== socket: EP_TRANSPORTS=ibverbs without a device: SKIPPED (this machine has an RDMA device)"
+elif [ ! -f "$BUILD/lib/libmoeep-transport-ibverbs.so" ]; then
+  echo "=== socket: EP_TRANSPORTS=ibverbs without a device: SKIPPED (the ibverbs module is not built)"
+else
+  echo "=== socket: EP_TRANSPORTS=ibverbs without a device refused"
+  start=$SECONDS
+  EP_TRANSPORTS=ibverbs EP_NODE_SIZE=2 timeout 120 "$BUILD/tests/mp_dispatch" -n 4 --cases 1 >"$log" 2>&1
+  rc=$?
+  named=$(grep -c 'EP_TRANSPORTS names ibverbs for the ranks on other nodes, and it is unavailable here' "$log")
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$named" -eq 4 ]; then
+    passed=$((passed + 1)); echo "=== socket: EP_TRANSPORTS=ibverbs without a device refused: PASSED ($((SECONDS - start)) s)"
+  else
+    tail -20 "$log"; failed=$((failed + 1))
+    echo "=== socket: EP_TRANSPORTS=ibverbs without a device refused: FAILED (exit $rc, $named of 4 ranks said why)"
+  fi
+fi
+
 # Errors across nodes (every rank a node of its own): a rank that exits in
 # a call is named, by the socket's error or by the core's check of its pid,
 # whichever comes first; the others end as they do over shm.
