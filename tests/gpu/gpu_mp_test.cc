@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -165,6 +166,16 @@ bool runCase(const MpCase& mc, int R, int rank, const epUniqueId& gpu_id, const 
       int via = -1;
       EK(gpu, epCommPeerPath(gpu, p, &kind, &via));
       paths += " " + std::to_string(p) + ":" + pathName(kind);
+      // epCommPeerInfo agrees, and names the transport: cuda_ipc on one node.
+      epCommPeerInfo_t info = EP_COMM_PEER_INFO_INITIALIZER;
+      EK(gpu, epCommPeerInfo(gpu, p, &info));
+      const char* want = p == rank ? "self" : "cuda_ipc";
+      if (info.path != kind || info.peer != p || strcmp(info.transport, want) != 0 || info.qps != 0) {
+        fprintf(stderr, "FAIL: rank %d: epCommPeerInfo(%d): transport '%s' (want %s), path %d (want %d), qps %d\n",
+                rank, p, info.transport, want, int(info.path), int(kind), info.qps);
+        exit(1);
+      }
+      paths += std::string("/") + info.transport;
     }
     printf("rank %d (pid %d, device %d) paths to the ranks:%s\n", rank, int(getpid()), gpuOf(rank), paths.c_str());
   }
