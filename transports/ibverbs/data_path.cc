@@ -375,15 +375,26 @@ epResult_t progress(Comm* comm) {
   return epSuccess;
 }
 
+int drainBoundMs(const Comm* comm) {
+  const double ack_ms = 4.096e-3 * double(uint64_t(1) << std::min(comm->info.ib_timeout, 31));
+  const double window = ack_ms * double(comm->info.ib_retry_cnt + 1) + 200.0;
+  return int(std::min<double>(window, double(std::max(comm->info.timeout_ms, 200))));
+}
+
 void drainConn(Conn* conn, int ms) {
   Comm* comm = conn->comm;
   if (!conn->connected || comm->failed()) return;
   // A last write on each QP that asks for a completion: once it completes,
   // every write before it on its QP was acknowledged by the peer. QP 0's is
   // the closing mark, after the pending signals.
+  // A peer that closed first wants nothing more (its closing mark came after
+  // everything it sent), and its QP may be gone: nothing to wait for.
+  if (conn->peer_closed || peerMarkedClosed(conn)) return;
   const int64_t flush_end = nowMs() + ms;
-  while (!conn->pending.empty() && nowMs() < flush_end)
+  while (!conn->pending.empty() && nowMs() < flush_end) {
     if (pollConn(conn) != epSuccess) return;
+    if (peerMarkedClosed(conn)) return;
+  }
   for (size_t qi = conn->qps.size(); qi-- > 0;) {
     Qp& q = conn->qps[qi];
     if (room(conn, q) == 0) continue;
@@ -394,6 +405,7 @@ void drainConn(Conn* conn, int ms) {
   const int64_t end = nowMs() + ms;
   while (nowMs() < end) {
     if (pollConn(conn) != epSuccess) return;
+    if (peerMarkedClosed(conn)) return;
     bool idle = conn->pending.empty();
     for (const Qp& q : conn->qps) idle = idle && q.posted == q.completed;
     if (idle) return;

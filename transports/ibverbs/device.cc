@@ -170,7 +170,10 @@ epResult_t openPort(Comm* comm) {
   Port& p = comm->port;
   std::string want;
   int want_port = comm->info.port;
-  const char* spec = comm->info.device ? comm->info.device : c->env->get_param("IB_HCA");
+  // EP_IB_HCA wins over the core's choice (the topology's nearest NIC).
+  const char* hca = c->env->get_param("IB_HCA");
+  const bool from_env = hca != nullptr && *hca != '\0';
+  const char* spec = from_env ? hca : comm->info.device;
   int spec_port = 0;
   parseHca(spec, &want, &spec_port);
   if (want_port <= 0) want_port = spec_port;
@@ -226,7 +229,7 @@ epResult_t openPort(Comm* comm) {
     if (!want.empty())
       return fail(comm, epNotSupported, -1, "device %s%s%s (%s) has no active port%s%s", want.c_str(),
                   want_port > 0 ? ":" : "", want_port > 0 ? std::to_string(want_port).c_str() : "",
-                  comm->info.device ? "the topology's choice" : "EP_IB_HCA", seen.empty() ? " or does not exist" : ": ",
+                  from_env ? "EP_IB_HCA" : "the topology's choice; EP_IB_HCA names another", seen.empty() ? " or does not exist" : ": ",
                   seen.c_str());
     return fail(comm, epNotSupported, -1, "no active RDMA port%s%s%s", seen.empty() ? "" : " (", seen.c_str(),
                 seen.empty() ? "" : ")");

@@ -220,6 +220,12 @@ epResult_t pollConn(Conn* conn);
 // Writes kClosedMark to the peer and waits (at most ms) for the
 // connection's writes to be acknowledged, so that last signals reach it.
 void drainConn(Conn* conn, int ms);
+// How long close waits for a connection's writes to be acknowledged: the
+// QPs' own retry window (4.096 us x 2^ib_timeout per try, ib_retry_cnt + 1
+// tries) and a margin, at most the communicator's timeout. A write still
+// unacknowledged when the QP goes would be lost to a peer that waits for it
+// (and with rdma_cm, the disconnect could overtake it and the closing mark).
+int drainBoundMs(const Comm* comm);
 // Whether the peer's closing mark is in this side's keepalive word.
 bool peerMarkedClosed(const Conn* conn);
 

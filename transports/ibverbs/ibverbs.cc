@@ -307,7 +307,7 @@ epResult_t ibClose(void* vconn) {
   auto* conn = static_cast<Conn*>(vconn);
   if (conn == nullptr) return epSuccess;
   Comm* comm = conn->comm;
-  drainConn(conn, 200);
+  drainConn(conn, drainBoundMs(comm));
   conn->closing = true;
   for (auto& slot : comm->conns)
     if (slot.get() == conn) destroyConn(slot.release());
@@ -319,7 +319,7 @@ epResult_t ibCommClose(void* vcomm) {
   if (comm == nullptr) return epSuccess;
   for (auto& slot : comm->conns)
     if (slot) {
-      drainConn(slot.get(), 200);
+      drainConn(slot.get(), drainBoundMs(comm));
       destroyConn(slot.release());
     }
   releaseComm(comm);

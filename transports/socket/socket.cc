@@ -10,6 +10,7 @@
 //   EP_SOCKET_NSTREAMS  TCP streams per peer and traffic class, 1..16;
 //                       default (or 0): the config's qps_per_peer when above 1,
 //                       else 2
+#include <net/if.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -118,8 +119,8 @@ epResult_t commOpen(void* ctx, const epTransportCommInfo_v2_t* info, void** comm
   std::string spec;
   if (const char* p = mod->env->get_param("SOCKET_IFNAME"))
     spec = p;
-  else if (info->device != nullptr && info->device[0] != '\0')
-    spec = std::string("=") + info->device;
+  else if (info->device != nullptr && info->device[0] != '\0' && if_nametoindex(info->device) != 0)
+    spec = std::string("=") + info->device;  // the core's device, where it is an interface (not "mlx5_0")
   std::string err;
   ep::Fd listener;
   Address bound;
