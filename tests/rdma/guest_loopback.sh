@@ -20,4 +20,18 @@ bench=("$BUILD/bin/ep_bench" -n 2 --check --iters 2 --warmup 1 --shape 2048:4:16
 check ep_bench_2_nodes_exchange env EP_NODE_SIZE=1 EP_IB_TIMEOUT=14 timeout 200 "${bench[@]}"
 check ep_bench_2_nodes_rdma_cm env EP_NODE_SIZE=1 EP_IB_CM=rdma_cm timeout 200 "${bench[@]}"
 check mp_dispatch_3_nodes env EP_NODE_SIZE=1 timeout 200 "$BUILD/tests/mp_dispatch" -n 3 --cases 3 --seed 42
+# The NIC comes from the topology: with the fixture's (mlx5_0, absent here)
+# init fails naming it as the topology's choice; EP_IB_HCA wins over it.
+xml="$MOEEP_ROOT/tests/data/vm_flat.xml"
+topology_nic() {
+  local out rc
+  out=$(EP_NODE_SIZE=1 EP_TOPO_XML="$xml" timeout 100 "$BUILD/tests/mp_dispatch" -n 2 --cases 1 2>&1)
+  rc=$?
+  echo "$out"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+    grep -q "device mlx5_0 (the topology's choice; EP_IB_HCA names another) has no active port" <<<"$out"
+}
+check topology_nic_is_asked_for topology_nic
+check ep_ib_hca_wins_over_the_topology env EP_NODE_SIZE=1 EP_TOPO_XML="$xml" EP_IB_HCA=rxe0 timeout 200 \
+  "$BUILD/tests/mp_dispatch" -n 2 --cases 2 --seed 43
 exit $((failures > 100 ? 100 : failures))
