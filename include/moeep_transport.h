@@ -228,7 +228,9 @@ typedef struct {
    * (a signal alone: credits). *request (NULL: not wanted) is for test.
    * Puts on one connection land in the order they were posted. Returns
    * epInProgress when the connection's queue is full: call progress, post
-   * again. */
+   * again. A put to a peer that closed its end on purpose (destroyed its
+   * communicator) is dropped without error, as that peer takes nothing
+   * more (its last calls' credits, say); a peer that died is an error. */
   epResult_t (*put)(void *conn, void *mem, size_t offset, const void *remote_handle, size_t remote_offset,
                     size_t bytes, size_t signal_offset, uint64_t signal_value, unsigned flags,
                     uint64_t *request);

@@ -19,8 +19,9 @@
 // signal is seen, then acknowledged by a signal back), then a stream of small
 // puts with no wait between them (queue full, selective signalling, test()),
 // whose signal must never go back and whose last slots are checked. Then the
-// connections close without a barrier (a peer's close is not an error) and
-// the module must hold no verbs object.
+// last rank closes first and the others' puts to it must be dropped without
+// error; the others close without a barrier (a peer's close is not an error)
+// and the module must hold no verbs object.
 // Output: "conn" lines (rank, peer, class, conn_info), "qpn" lines for the
 // packet capture check, timings, and "PASS" or "FAIL: why".
 #include <dlfcn.h>
@@ -410,8 +411,24 @@ int main(int argc, char** argv) {
     die("no error naming a peer within %.1f s of the first put (a hang)", expect_peer_error);
   }
 
-  // ---- close without a barrier: a peer that closed first is not an error
+  // ---- the last rank closes first; puts to it are then dropped, not errors
+  // (its closing mark, or rdma_cm's disconnect with it, says it closed on purpose)
   barrier("checked", nranks);
+  const int first_out = nranks - 1;
+  if (g_rank == first_out)
+    for (void*& c : conns)
+      if (c) check(t->close(c), "close"), c = nullptr;
+  barrier("first-closed", nranks);
+  if (g_rank != first_out) {
+    const double end = now() + 0.3;
+    for (int i = 0; now() < end; i++) {
+      for (int c = 0; c < kClasses && i < 8; c++)
+        putRetry(first_out, c, 0, 0, 0, L.ack(g_rank, c), uint64_t(1000 + i), nullptr);
+      check(t->progress(comm), "progress after the last rank closed");
+    }
+    printf("[rank %d] puts to rank %d after it closed: dropped, no error\n", g_rank, first_out);
+  }
+  // ---- the others close without a barrier: a peer that closed first is not an error
   for (void*& c : conns)
     if (c) check(t->close(c), "close"), c = nullptr;
   check(t->dereg_mem(comm, mem), "dereg_mem");

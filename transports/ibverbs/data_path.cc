@@ -236,9 +236,11 @@ epResult_t put(Conn* conn, Mem* mem, size_t offset, const void* remote_handle, s
   Comm* comm = conn->comm;
   if (comm->failed()) return failedResult(comm);
   const int peer = conn->peer;
-  if (conn->peer_closed)
-    return fail(comm, epRemoteError, peer, "put to rank %d, which closed its connection (destroyed its communicator)",
-                peer);
+  if (conn->peer_closed || peerMarkedClosed(conn)) {  // it closed on purpose and wants nothing more: dropped
+    conn->peer_closed = true;
+    if (request) *request = 0;
+    return epSuccess;
+  }
   if (!conn->connected) return fail(comm, epInvalidUsage, peer, "put to rank %d before its connection", peer);
   WireMem rm;
   memcpy(&rm, remote_handle, sizeof(rm));
