@@ -40,7 +40,7 @@ ifeq ($(CUDA),auto)
   endif
 endif
 
-LIB_SRCS := $(wildcard src/*.cc) $(wildcard src/host/*.cc) $(wildcard src/topo/*.cc) \
+LIB_SRCS := $(wildcard src/*.cc) $(wildcard src/host/*.cc) $(wildcard src/topo/*.cc) $(wildcard src/proxy/*.cc) \
             $(wildcard transports/shm/*.cc)
 
 # hwloc (topology) when pkg-config finds it (HWLOC=0 never); without it the

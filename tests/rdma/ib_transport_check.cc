@@ -39,6 +39,9 @@
 #include <vector>
 
 #include "moeep_transport.h"
+#include "proxy/command_ring.h"
+#include "proxy/proxy.h"
+#include "proxy/transport_sink.h"
 
 namespace {
 
@@ -368,6 +371,92 @@ int main(int argc, char** argv) {
          (unsigned long long)round, size_t(nranks - 1) * kClasses, pp_s, 1e3 * pp_s / double(round),
          bytes_moved / pp_s / 1e6);
 
+  // ---- proxy: the proxy's thread (src/proxy) posts, on the throughput
+  // connections, the commands this thread writes into its ring as a kernel
+  // will: kProxyPuts puts of one stream slot to each peer, each slot reused
+  // once the proxy's completed count says its last put is done, then a
+  // flush. The peers' signals reach this rank through the proxy's mirror
+  // flags; the last slots' bytes are checked. Nothing else calls the
+  // transport meanwhile.
+  auto proxyPhase = [&]() {
+    constexpr int kProxyPuts = 300;
+    std::vector<ep::proxy::Command> slots(64);
+    ep::proxy::Ring ring;
+    ring.slots = slots.data();
+    ring.nslots = uint32_t(slots.size());
+    uint64_t flags[ep::proxy::kFlagMirrorFirst + 64] = {};
+    ep::proxy::HostFlags writer(flags);
+    std::vector<void*> tp_conns(size_t(nranks), nullptr);
+    for (int p = 0; p < nranks; p++)
+      if (p != g_rank) tp_conns[size_t(p)] = conn(p, epTrafficThroughput);
+    ep::proxy::TransportSink sink(t, comm, mem, tp_conns, handles);
+    ep::proxy::ProxyOptions o;
+    o.nranks = nranks;
+    o.max_in_flight_per_peer = 16;
+    ep::proxy::Proxy proxy(ring, &sink, &writer, o);
+    std::vector<int> mirror(size_t(nranks), -1);
+    for (int p = 0; p < nranks; p++)
+      if (p != g_rank)
+        mirror[size_t(p)] = proxy.watch(reinterpret_cast<const uint64_t*>(buf.data() + L.streamSig(p, 0)));
+    barrier("proxy-start", nranks);  // every rank's stream signals final before anyone mirrors
+    const double t_proxy = now();
+    if (proxy.start() != epSuccess) die("proxy: start");
+    auto wait = [&](int flag, uint64_t target, const char* what) {
+      int peer = -1;
+      bool stalled = false;
+      const epResult_t res = ep::proxy::waitFlag(flags, flag, target, 120000, 10000, &peer, &stalled);
+      if (res != epSuccess)
+        die("proxy: waiting for %s: %s%s (peer %d): %s", what, resultName(res), stalled ? ", the proxy stopped" : "",
+            peer, proxy.error().c_str());
+    };
+    uint64_t head = 0;
+    std::vector<uint64_t> slot_put(size_t(nranks) * kSlots, 0);  // global put number + 1 that last used a slot
+    uint64_t puts = 0;
+    for (int i = 0; i < kProxyPuts; i++) {
+      const size_t slot = size_t(i) % kSlots;
+      for (int p = 0; p < nranks; p++) {
+        if (p == g_rank) continue;
+        uint64_t& last = slot_put[size_t(p) * kSlots + slot];
+        if (last) wait(ep::proxy::kFlagCompleted, last, "a slot's last put");
+        uint8_t* src = buf.data() + L.streamSend(p, 0) + slot * kSlot;
+        for (size_t k = 0; k < kSlot; k++) src[k] = pattern(g_rank, p, 0, uint64_t(10000 + i), k);
+        ep::proxy::Command c{};
+        c.op = ep::proxy::kOpPut;
+        c.peer = p;
+        c.local_offset = L.streamSend(p, 0) + slot * kSlot;
+        c.remote_offset = L.streamRecv(g_rank, 0) + slot * kSlot;
+        c.bytes = kSlot;
+        c.signal_offset = L.streamSig(g_rank, 0);
+        c.signal_value = uint64_t(stream + 1 + i);
+        while (!ep::proxy::tryPush(ring, &head, __atomic_load_n(&flags[ep::proxy::kFlagConsumed], __ATOMIC_ACQUIRE),
+                                   c))
+          wait(ep::proxy::kFlagConsumed, head - ring.nslots + 1, "room in the ring");
+        last = ++puts;
+      }
+    }
+    ep::proxy::Command f{};
+    f.op = ep::proxy::kOpFlush;
+    f.signal_value = 1;
+    while (!ep::proxy::tryPush(ring, &head, __atomic_load_n(&flags[ep::proxy::kFlagConsumed], __ATOMIC_ACQUIRE), f))
+      wait(ep::proxy::kFlagConsumed, head - ring.nslots + 1, "room in the ring");
+    wait(ep::proxy::kFlagFlushed, 1, "the flush");
+    for (int p = 0; p < nranks; p++) {
+      if (p == g_rank) continue;
+      wait(ep::proxy::kFlagMirrorFirst + mirror[size_t(p)], uint64_t(stream + kProxyPuts), "a peer's last signal");
+      for (int i = std::max(0, kProxyPuts - int(kSlots)); i < kProxyPuts; i++) {
+        const uint8_t* got = buf.data() + L.streamRecv(p, 0) + (size_t(i) % kSlots) * kSlot;
+        for (size_t k = 0; k < kSlot; k++)
+          if (got[k] != pattern(p, g_rank, 0, uint64_t(10000 + i), k))
+            die("proxy: put %d from rank %d, byte %zu wrong", i, p, k);
+      }
+    }
+    barrier("proxy-done", nranks);  // the peers' proxies are done with this rank's memory
+    proxy.stop();
+    printf("[rank %d] proxy: %d puts of %zu bytes to each of %d peers and a flush through the ring in %.3f s; "
+           "at most %d in flight to a peer\n", g_rank, kProxyPuts, kSlot, nranks - 1, now() - t_proxy,
+           proxy.maxInFlight(g_rank == 0 ? 1 : 0));
+  };
+
   // ---- stream: puts back to back, slots reused once test() says so
   const double t_stream = now();
   std::vector<uint64_t> reqs(size_t(nranks) * kClasses * kSlots, 0);
@@ -402,6 +491,8 @@ int main(int argc, char** argv) {
   }
   printf("[rank %d] stream: %d puts of %zu bytes per connection in %.3f s\n", g_rank, stream, kSlot,
          now() - t_stream);
+  if (expect_peer_error == 0) proxyPhase();
+
   if (expect_peer_error > 0) {  // the fault's rank must have failed by now; keep waiting for its end to show
     const double end = now() + expect_peer_error + 30;
     while (now() < end) {

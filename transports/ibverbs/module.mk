@@ -14,9 +14,10 @@ $(IBVERBS_MODULE): $(IBVERBS_OBJS)
 	@mkdir -p $(dir $@)
 	$(CXX) -shared -Wl,--no-undefined -pthread -o $@ $^ -ldl $(LDFLAGS)
 
-$(IBVERBS_CHECK): tests/rdma/ib_transport_check.cc include/moeep_transport.h
+# It runs the proxy (src/proxy) over the module too: its sources are compiled in.
+$(IBVERBS_CHECK): tests/rdma/ib_transport_check.cc include/moeep_transport.h $(wildcard src/proxy/*)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) $(CXXFLAGS) $< -o $@ -ldl $(LDFLAGS)
+	$(CXX) $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) $(CXXFLAGS) $< src/proxy/proxy.cc -o $@ -ldl -pthread $(LDFLAGS)
 else
 $(info transports/ibverbs not built: no <infiniband/verbs.h> or <rdma/rdma_cma.h> (scripts/install-deps.sh installs libibverbs-dev and librdmacm-dev))
 endif
