@@ -1,5 +1,5 @@
 """The C ABI of libmoeep as ctypes declarations (include/moeep.h: epConfig_t at
-version 2, every other struct at version 1). Field names and order follow the header exactly; the layout is
+version 2, every other struct at version 1; epCommPeerInfo_t, epPeerClassInfo_t). Field names and order follow the header exactly; the layout is
 checked against the C compiler's by tests/ffi/python_layout_check.py.
 """
 import ctypes as C
@@ -25,6 +25,8 @@ DISPATCH_ARGS_MAGIC = 0x65704469
 COMBINE_ARGS_MAGIC = 0x6570436F
 LL_DISPATCH_ARGS_MAGIC = 0x65704C64
 LL_COMBINE_ARGS_MAGIC = 0x65704C63
+COMM_PEER_INFO_MAGIC = 0x65705069
+PEER_TRAFFIC_CLASSES = 3
 
 DISPATCH_NO_HOST_SYNC = 0x1
 COMBINE_DETERMINISTIC = 0x1
@@ -93,15 +95,27 @@ class LowLatencyCombineArgs(C.Structure):
                 ("y", C.c_void_p), ("out", C.c_void_p)]
 
 
+class PeerClassInfo(C.Structure):
+    _fields_ = [("service_level", C.c_int), ("traffic_class", C.c_int), ("adaptive_routing", C.c_int)]
+
+
+class CommPeerInfo(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("magic", C.c_uint), ("version", C.c_uint), ("peer", C.c_int),
+                ("node", C.c_int), ("path", C.c_int), ("via_rank", C.c_int), ("transport", C.c_char * 32),
+                ("device", C.c_char * 64), ("port", C.c_int), ("qps", C.c_int), ("link", C.c_char * 32),
+                ("classes", PeerClassInfo * PEER_TRAFFIC_CLASSES), ("detail", C.c_char * 128)]
+
+
 # The header's struct names, for the layout check.
 STRUCTS = {
     "epUniqueId": UniqueIdStruct, "epConfig_t": Config, "epLayoutArgs_t": LayoutArgs,
     "epDispatchArgs_t": DispatchArgs, "epCombineArgs_t": CombineArgs,
     "epLowLatencyDispatchArgs_t": LowLatencyDispatchArgs, "epLowLatencyCombineArgs_t": LowLatencyCombineArgs,
+    "epPeerClassInfo_t": PeerClassInfo, "epCommPeerInfo_t": CommPeerInfo,
 }
 _MAGIC = {Config: CONFIG_MAGIC, LayoutArgs: LAYOUT_ARGS_MAGIC, DispatchArgs: DISPATCH_ARGS_MAGIC,
           CombineArgs: COMBINE_ARGS_MAGIC, LowLatencyDispatchArgs: LL_DISPATCH_ARGS_MAGIC,
-          LowLatencyCombineArgs: LL_COMBINE_ARGS_MAGIC}
+          LowLatencyCombineArgs: LL_COMBINE_ARGS_MAGIC, CommPeerInfo: COMM_PEER_INFO_MAGIC}
 
 
 def initialized(cls):
@@ -119,6 +133,8 @@ def initialized(cls):
         s.topk_idx_type = INT64
         if cls is LowLatencyDispatchArgs:
             s.wire_type = FLOAT8_E4M3
+    elif cls is CommPeerInfo:
+        s.via_rank = -1
     return s
 
 
@@ -141,6 +157,7 @@ _PROTOTYPES = {
     "epCommBufferBytes": [_handle, C.POINTER(C.c_size_t)],
     "epCommNodes": [_handle, C.POINTER(C.c_int), C.POINTER(C.c_int)],
     "epCommPlanReport": [_handle, C.c_char_p, C.POINTER(C.c_size_t)],
+    "epCommPeerInfo": [_handle, C.c_int, C.POINTER(CommPeerInfo)],
     "epLayout": [_handle, C.POINTER(LayoutArgs), C.c_void_p],
     "epDispatchPrepare": [_handle, C.POINTER(DispatchArgs), C.POINTER(_handle), C.c_void_p],
     "epDispatch": [_handle, C.POINTER(DispatchArgs), C.POINTER(_handle), C.c_void_p],

@@ -23,6 +23,7 @@ const epBackend_t = Cint
 const epBackendAuto = Cint(0)
 const epBackendHost = Cint(1)
 const epBackendCuda = Cint(2)
+const epPathKind_t = Cint
 
 const EP_CONFIG_MAGIC = Cuint(0x65704366)
 const EP_CONFIG_VERSION = 2  # every other struct is at version 1
@@ -31,6 +32,8 @@ const EP_COMBINE_ARGS_MAGIC = Cuint(0x6570436f)
 const EP_LAYOUT_ARGS_MAGIC = Cuint(0x65704c61)
 const EP_LL_DISPATCH_ARGS_MAGIC = Cuint(0x65704c64)
 const EP_LL_COMBINE_ARGS_MAGIC = Cuint(0x65704c63)
+const EP_COMM_PEER_INFO_MAGIC = Cuint(0x65705069)
+const EP_PEER_TRAFFIC_CLASSES = 3
 const EP_DISPATCH_NO_HOST_SYNC = Cuint(0x1)
 const EP_LL_SEND_ONLY = Cuint(0x1)
 const EP_LL_ROUND_SCALE_POW2 = Cuint(0x2)
@@ -78,6 +81,30 @@ struct epConfig_t
     ib_timeout::Cint
     ib_retry_cnt::Cint
     ib_qp_budget::Cint
+end
+
+struct epPeerClassInfo_t
+    service_level::Cint
+    traffic_class::Cint
+    adaptive_routing::Cint
+end
+
+# What epCommPeerInfo fills (classes: 3 epPeerClassInfo_t, as 9 Cint in a row).
+struct epCommPeerInfo_t
+    size::Csize_t
+    magic::Cuint
+    version::Cuint
+    peer::Cint
+    node::Cint
+    path::epPathKind_t
+    via_rank::Cint
+    transport::NTuple{32,UInt8}
+    device::NTuple{64,UInt8}
+    port::Cint
+    qps::Cint
+    link::NTuple{32,UInt8}
+    classes::NTuple{9,Cint}
+    detail::NTuple{128,UInt8}
 end
 
 struct epLayoutArgs_t

@@ -83,6 +83,9 @@ pub const EP_LL_COMBINE_ARGS_MAGIC: c_uint = 0x6570_4c63;
 
 pub const EP_CONFIG_VERSION: c_uint = 2;
 pub const EP_LAYOUT_ARGS_VERSION: c_uint = 1;
+pub const EP_COMM_PEER_INFO_MAGIC: c_uint = 0x6570_5069;
+pub const EP_COMM_PEER_INFO_VERSION: c_uint = 1;
+pub const EP_PEER_TRAFFIC_CLASSES: usize = 3;
 pub const EP_DISPATCH_ARGS_VERSION: c_uint = 1;
 pub const EP_COMBINE_ARGS_VERSION: c_uint = 1;
 pub const EP_LL_DISPATCH_ARGS_VERSION: c_uint = 1;
@@ -164,6 +167,57 @@ impl epConfig_t {
             ib_timeout: -1,
             ib_retry_cnt: -1,
             ib_qp_budget: -1,
+        }
+    }
+}
+
+/// What is asked of the fabric for one traffic class of a network peer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct epPeerClassInfo_t {
+    pub service_level: c_int,
+    pub traffic_class: c_int,
+    pub adaptive_routing: c_int,
+}
+
+/// How this rank reaches one peer (epCommPeerInfo).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct epCommPeerInfo_t {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub peer: c_int,
+    pub node: c_int,
+    pub path: epPathKind_t,
+    pub via_rank: c_int,
+    pub transport: [c_char; 32],
+    pub device: [c_char; 64],
+    pub port: c_int,
+    pub qps: c_int,
+    pub link: [c_char; 32],
+    pub classes: [epPeerClassInfo_t; EP_PEER_TRAFFIC_CLASSES],
+    pub detail: [c_char; 128],
+}
+
+impl epCommPeerInfo_t {
+    /// EP_COMM_PEER_INFO_INITIALIZER
+    pub fn initializer() -> Self {
+        epCommPeerInfo_t {
+            size: size_of::<Self>(),
+            magic: EP_COMM_PEER_INFO_MAGIC,
+            version: EP_COMM_PEER_INFO_VERSION,
+            peer: 0,
+            node: 0,
+            path: epPathSelf,
+            via_rank: -1,
+            transport: [0; 32],
+            device: [0; 64],
+            port: 0,
+            qps: 0,
+            link: [0; 32],
+            classes: [epPeerClassInfo_t::default(); EP_PEER_TRAFFIC_CLASSES],
+            detail: [0; 128],
         }
     }
 }
@@ -406,6 +460,7 @@ extern "C" {
     ) -> epResult_t;
     pub fn epCommPlanReport(comm: epComm_t, buf: *mut c_char, bytes: *mut usize) -> epResult_t;
     pub fn epCommPeerPath(comm: epComm_t, peer: c_int, kind: *mut epPathKind_t, via_rank: *mut c_int) -> epResult_t;
+    pub fn epCommPeerInfo(comm: epComm_t, peer: c_int, info: *mut epCommPeerInfo_t) -> epResult_t;
     pub fn epLayout(comm: epComm_t, args: *const epLayoutArgs_t, stream: epStream_t) -> epResult_t;
     pub fn epDispatchPrepare(
         comm: epComm_t,

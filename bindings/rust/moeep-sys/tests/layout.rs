@@ -57,6 +57,10 @@ fn rust_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize, usize)>
             wire_type, recv_x, recv_scales, recv_count, recv_src
         }),
         rust_layout!(epLowLatencyCombineArgs_t { size, magic, version, flags, y, out }),
+        rust_layout!(epPeerClassInfo_t { service_level, traffic_class, adaptive_routing }),
+        rust_layout!(epCommPeerInfo_t {
+            size, magic, version, peer, node, path, via_rank, transport, device, port, qps, link, classes, detail
+        }),
     ]
 }
 
@@ -84,7 +88,7 @@ fn every_struct_matches_the_c_header() {
         }
     }
     assert!(problems.is_empty(), "layout differences:\n{}", problems.join("\n"));
-    assert_eq!(C_LAYOUT.len(), 7, "moeep.h's structs: {:?}", C_LAYOUT.iter().map(|s| s.0).collect::<Vec<_>>());
+    assert_eq!(C_LAYOUT.len(), 9, "moeep.h's structs: {:?}", C_LAYOUT.iter().map(|s| s.0).collect::<Vec<_>>());
 }
 
 #[test]
