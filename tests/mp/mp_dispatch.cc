@@ -3,11 +3,22 @@
 //   mp_dispatch -n RANKS [--cases C] [--seed S]     forks RANKS processes, C shapes
 //   mpirun -n RANKS mp_dispatch --case I [--seed S]  one shape per launch under MPI
 //   mp_dispatch -n RANKS --threads [--cases C]       ranks as threads (epCommInitAll)
+//   mp_dispatch -n RANKS --soak ROUNDS [--warmup W] [--rss-slack-kb K]
+//       one communicator for ROUNDS rounds of dispatch, cached re-dispatch and
+//       combine, each on new routing and data, each checked; after W warm-up
+//       rounds (default 20) a rank's open descriptors, threads and (where the
+//       ibverbs module is loaded) verbs objects must stay exactly the same to
+//       the end, and its resident memory within K KiB (default 4096)
 //
 // Every rank regenerates every rank's inputs (mp_common.h), so each checks
 // every element it receives and every element combine returns to it.
+#include <dirent.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -228,6 +239,107 @@ void checkCase(const Shape& s, int rank, epComm_t comm, bool exact, Tally* tally
   epHandleDestroy(handle);
 }
 
+// ---- soak --------------------------------------------------------------------
+
+// What a process holds: open descriptors, threads, resident memory, and the
+// ibverbs module's verbs objects (QPs, CQs, MRs, ...; -1: module not loaded).
+struct Usage {
+  int fds = 0, threads = 0;
+  long rss_kb = 0, verbs = -1;
+};
+
+int entries(const char* dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (const dirent* e = readdir(d))
+      if (e->d_name[0] != '.') n++;
+    closedir(d);
+  }
+  return n;
+}
+
+long verbsObjects() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const size_t at = line.find('/');
+    if (at == std::string::npos || line.find("libmoeep-transport-ibverbs.so") == std::string::npos) continue;
+    void* lib = dlopen(line.substr(at).c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) return -1;
+    auto live = reinterpret_cast<long (*)()>(dlsym(lib, "epIbverbsLiveObjects"));
+    const long n = live ? live() : -1;
+    dlclose(lib);
+    return n;
+  }
+  return -1;
+}
+
+Usage usageNow() {
+  Usage u;
+  u.fds = entries("/proc/self/fd") - 1;  // opendir's own
+  u.threads = entries("/proc/self/task");
+  long pages = 0, resident = 0;
+  if (FILE* f = fopen("/proc/self/statm", "r")) {
+    if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    fclose(f);
+  }
+  u.rss_kb = resident * (sysconf(_SC_PAGESIZE) / 1024);
+  u.verbs = verbsObjects();
+  return u;
+}
+
+// Round r of a soak: the base shape with new token counts, data and routing.
+Shape soakRound(const Shape& base, uint64_t seed, int r) {
+  Shape s = base;
+  Rng rng(seed * 7919 + uint64_t(r));
+  for (int q = 0; q < s.nranks; q++) s.tokens[q] = rng.below(base.tokens[0] + 1);
+  if (r % 5 == 4) s.tokens[rng.below(s.nranks)] = 0;
+  s.alignment = r % 3 == 2 ? 1 + rng.below(8) : 0;
+  s.minus_one = r % 2 == 0;
+  s.seed = seed * 104729 + uint64_t(r);
+  return s;
+}
+
+int runSoak(int nranks, uint64_t seed, int rounds, int warmup, long rss_slack_kb) {
+  epUniqueId id;
+  LaunchInfo li;
+  if (launchRanksWithIds(nranks, 3600, 1, &id, &li) != 0) return 1;
+  Shape base{};
+  base.nranks = li.nranks;
+  base.hidden = 1000;
+  base.topk = 6;
+  base.experts = 8 * li.nranks;
+  base.type = epBfloat16;
+  for (int r = 0; r < li.nranks; r++) base.tokens[r] = 48;  // the most a round draws
+  epConfig_t cfg = configOf(base);
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, li.nranks, id, li.rank, &cfg) != epSuccess) {
+    fprintf(stderr, "rank %d: init failed: %s\n", li.rank, epGetLastError(nullptr));
+    return 1;
+  }
+  Tally tally;
+  Usage after_warmup;
+  for (int r = 0; r < rounds && tally.failed == 0; r++) {
+    if (r == warmup) after_warmup = usageNow();
+    checkCase(soakRound(base, seed, r), li.rank, comm, r % 2 == 1, &tally);
+  }
+  const Usage end = usageNow();
+  bool ok = tally.failed == 0;
+  if (rounds > warmup) {
+    const bool same = end.fds == after_warmup.fds && end.threads == after_warmup.threads &&
+                      end.verbs == after_warmup.verbs && end.rss_kb - after_warmup.rss_kb <= rss_slack_kb;
+    printf("soak rank %d: %d rounds (%d warm-up): descriptors %d -> %d, threads %d -> %d, verbs objects %ld -> %ld, "
+           "resident %ld -> %ld KiB (+%ld, slack %ld)%s\n", li.rank, rounds, warmup, after_warmup.fds, end.fds,
+           after_warmup.threads, end.threads, after_warmup.verbs, end.verbs, after_warmup.rss_kb, end.rss_kb,
+           end.rss_kb - after_warmup.rss_kb, rss_slack_kb, same ? "" : "  GREW");
+    tally.check(same, "nothing grows after the warm-up", li.rank);
+    ok = ok && same;
+  }
+  tally.check(epCommDestroy(comm) == epSuccess, "destroy", li.rank);
+  printf("mp_dispatch soak rank %d/%d: %d passed, %d failed\n", li.rank, li.nranks, tally.passed, tally.failed);
+  return ok && tally.failed == 0 ? 0 : 1;
+}
+
 // One process per rank.
 void runCase(const Shape& s, int rank, const epUniqueId& id, bool exact, Tally* tally) {
   epConfig_t cfg = configOf(s);
@@ -271,7 +383,8 @@ int runThreads(int nranks, uint64_t seed, int cases) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int nranks = 2, cases = 12, only_case = -1;
+  int nranks = 2, cases = 12, only_case = -1, soak = 0, warmup = 20;
+  long rss_slack_kb = 4096;
   bool threads = false;
   uint64_t seed = 1;
   for (int i = 1; i < argc; i++) {
@@ -281,8 +394,12 @@ int main(int argc, char** argv) {
     else if (arg == "--case" && i + 1 < argc) only_case = atoi(argv[++i]);
     else if (arg == "--seed" && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (arg == "--threads") threads = true;
+    else if (arg == "--soak" && i + 1 < argc) soak = atoi(argv[++i]);
+    else if (arg == "--warmup" && i + 1 < argc) warmup = atoi(argv[++i]);
+    else if (arg == "--rss-slack-kb" && i + 1 < argc) rss_slack_kb = atol(argv[++i]);
     else {
-      fprintf(stderr, "usage: %s [-n RANKS] [--threads] [--cases C | --case I] [--seed S]\n", argv[0]);
+      fprintf(stderr, "usage: %s [-n RANKS] [--threads] [--cases C | --case I | --soak ROUNDS [--warmup W] "
+              "[--rss-slack-kb K]] [--seed S]\n", argv[0]);
       return 2;
     }
   }
@@ -291,6 +408,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (threads) return runThreads(nranks, seed, cases);
+  if (soak > 0) return runSoak(nranks, seed, soak, warmup, rss_slack_kb);
   // One unique id per shape: made before the fork, so every child has them all.
   const bool under_mpi = tools::launcherEnv().started;
   if (under_mpi && only_case < 0) only_case = 0;

@@ -78,6 +78,12 @@ across "mp_dispatch 4 nodes x 2, EP_BUFFER_BYTES_CAP=900000" 8 env EP_BUFFER_BYT
 across "ep_bench --mode ll 2 nodes x 2, EP_BUFFER_BYTES_CAP=600000" 4 env EP_BUFFER_BYTES_CAP=600000 \
   "$BUILD/bin/ep_bench" -n 4 --mode ll --check --iters 2 --warmup 1 --shape 7168:8:288:16
 
+# A soak: one communicator, 400 rounds each checked; descriptors and threads
+# the same after the warm-up, resident memory within 4 MiB (docs/BENCHMARKS.md
+# has the 10,000-round run).
+EXPECT='soak rank 3: 400 rounds' across "mp_dispatch --soak 400, 2 nodes x 2" 4 \
+  "$BUILD/tests/mp_dispatch" -n 4 --soak 400 --warmup 20
+
 # The QP budget (docs/TOPOLOGY.md, "Queue pairs"): 4 nodes x 2 give each rank
 # 6 ranks on other nodes, 6 connections of one QP (stream set): a budget of 6
 # runs, one of 5 is refused at init by every rank, naming the numbers.
