@@ -175,7 +175,9 @@ void checkCase(const Shape& s, int rank, epComm_t comm, bool exact, Tally* tally
   c.recv_topk_idx = nullptr;
   c.recv_topk_weights = nullptr;
   c.recv_tokens_per_expert = nullptr;
-  tally->check(epDispatch(comm, &c, &handle, nullptr) == epSuccess, "cached dispatch", rank);
+  res = epDispatch(comm, &c, &handle, nullptr);
+  tally->check(res == epSuccess, "cached dispatch", rank);
+  if (res != epSuccess) fprintf(stderr, "rank %d: cached dispatch: %s\n", rank, epGetLastError(comm));
   bool cached_ok = true;
   for (int64_t i = 0; i < nrecv && cached_ok; i++) {
     const RowSource& src = rows[i];

@@ -20,6 +20,7 @@ bench=("$BUILD/bin/ep_bench" -n 2 --check --iters 2 --warmup 1 --shape 2048:4:16
 check ep_bench_2_nodes_exchange env EP_NODE_SIZE=1 EP_IB_TIMEOUT=14 timeout 200 "${bench[@]}"
 check ep_bench_2_nodes_rdma_cm env EP_NODE_SIZE=1 EP_IB_CM=rdma_cm timeout 200 "${bench[@]}"
 check mp_dispatch_3_nodes env EP_NODE_SIZE=1 timeout 200 "$BUILD/tests/mp_dispatch" -n 3 --cases 3 --seed 42
+check soak_3_nodes env EP_NODE_SIZE=1 timeout 300 "$BUILD/tests/mp_dispatch" -n 3 --soak 150 --warmup 10
 # The NIC comes from the topology: with the fixture's (mlx5_0, absent here)
 # init fails naming it as the topology's choice; EP_IB_HCA wins over it.
 xml="$MOEEP_ROOT/tests/data/vm_flat.xml"
