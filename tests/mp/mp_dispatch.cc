@@ -338,6 +338,9 @@ int runSoak(int nranks, uint64_t seed, int rounds, int warmup, long rss_slack_kb
     ok = ok && same;
   }
   tally.check(epCommDestroy(comm) == epSuccess, "destroy", li.rank);
+  const long verbs_left = verbsObjects();
+  if (verbs_left >= 0) printf("soak rank %d: %ld verbs objects after destroy\n", li.rank, verbs_left);
+  tally.check(verbs_left <= 0, "no verbs object left after destroy", li.rank);
   printf("mp_dispatch soak rank %d/%d: %d passed, %d failed\n", li.rank, li.nranks, tally.passed, tally.failed);
   return ok && tally.failed == 0 ? 0 : 1;
 }

@@ -13,17 +13,6 @@ check pair_verbs_rdma_cm EP_IB_CM=rdma_cm driver p.cm 4 "$mine" "${small[@]}" --
 export EP_HOST_ID=vm$VM_NODE EP_COMM_SECRET=rdma-vm-test EP_IB_TIMEOUT=14
 # The library's own traffic class, told apart on the wire from the module checks' (DSCP 10, 46, 48).
 export EP_IB_TC=104
-ranks() {  # ranks PORT N "R..." CMD...: launcher variables for each rank here
-  local port=$1 n=$2 list=$3 pids=() rc=0 r
-  shift 3
-  for r in $list; do
-    EP_COMM_ID=10.77.0.1:$port OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_SIZE=$n timeout 200 "$@" >"$OUT/rank$r.$port.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  cat "$OUT"/rank*."$port".log
-  return $rc
-}
 bench=("$BUILD/bin/ep_bench" --check --iters 1 --warmup 1 --shape 2048:4:16:96 --shape 1000:3:8:31 --timeout-ms 30000)
 check pair_ep_bench_4_ranks_exchange ranks 29501 4 "$mine" "${bench[@]}"
 check pair_ep_bench_4_ranks_rdma_cm EP_IB_CM=rdma_cm ranks 29502 4 "$mine" "${bench[@]}"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The ibverbs transport on real verbs: Soft-RoCE (rdma_rxe) in small qemu VMs
 # booted from Debian's kernel, the host's / mounted read-only inside.
-#   tests/rdma/run.sh [loopback|pair|all]      (default all)
+#   tests/rdma/run.sh [loopback|pair|links|all]      (default all)
 #   loopback: one VM (frames loop back in rxe): the module's checks, its
 #             faults, the library's ranks as nodes of their own
 #   pair:     two VMs (two nodes): the module's checks and the library's ranks
 #             across the link, the DSCP of each traffic class in a capture of
 #             the link, a rank killed mid-call
+#   links:    two VMs whose link a relay on this machine cuts: an outage
+#             shorter than the retry window survived, a longer one named
 # Exit 0: passed; 1: failed; 77: cannot run here (the last line says why).
 # BUILD (default build) holds the library, the module and the test programs;
 # RDMA_VM_WORK (default /tmp/moeep-rdma-vm) the kernel and the job folders.
@@ -79,6 +81,10 @@ if [ "$what" = all ] || [ "$what" = pair ]; then
   [ "$lib_frames" -gt 0 ] || status=1
   rm -f "$job"/net.*.pcap  # large; the counts are in dscp.txt
   fi
+fi
+if [ "$what" = all ] || [ "$what" = links ]; then
+  stage links 2 -t 300 -r
+  cat "$LAST_JOB"/out/times.* "$LAST_JOB"/relay.log 2>/dev/null
 fi
 printf 'rdma: image %.1f s, total %.1f s: %s\n' "$image_s" "$(echo "$(date +%s.%N) - $start" | bc)" \
   "$([ $status = 0 ] && echo passed || echo FAILED)"
