@@ -11,7 +11,7 @@ check gid_index_out_of_range "$CHECK" --rank 0 --nranks 2 --dir "$JOB_DIR" --gid
 check gid_index_empty "$CHECK" --rank 0 --nranks 2 --dir "$JOB_DIR" --gid-index 200 \
   --expect-open-error "of device rxe0 port 1 is empty"
 # A fault at rank 0's 8th put: both ranks must fail naming the other within 30 s.
-for f in qp_error cqe_error bad_rkey device_lost; do
+for f in qp_error cqe_error bad_rkey device_lost port_down; do
   check "fault_$f" EP_IB_FAULT_RANK=0 EP_IB_FAULT_SPEC=$f:8 driver "d.$f" 2 "0 1" --expect-peer-error 30
 done
 check fault_qp_error_rdma_cm EP_IB_CM=rdma_cm EP_IB_FAULT_RANK=1 EP_IB_FAULT_SPEC=qp_error:20 \

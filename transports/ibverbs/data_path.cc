@@ -166,9 +166,19 @@ epResult_t asyncEvents(Comm* comm) {
         if (peer < 0) break;  // a connection closed meanwhile
         return fail(comm, epRemoteError, peer, "rank %d (%s): its QP on %s port %d went to the error state (%s)", peer,
                     cls, comm->port.device.c_str(), comm->port.port, c->v.event_type_str(type));
-      case IBV_EVENT_PORT_ERR:
-        return fail(comm, epRemoteError, -1, "port %d of %s went down (%s)", comm->port.port,
-                    comm->port.device.c_str(), c->v.event_type_str(type));
+      case IBV_EVENT_PORT_ERR: {
+        // Every peer is reached through this port: the first one is named
+        // (an error names one rank), the count says there are others.
+        int first = -1, reached = 0;
+        for (const auto& conn : comm->conns)
+          if (conn && conn->connected) {
+            if (first < 0 || conn->peer < first) first = conn->peer;
+            reached++;
+          }
+        return fail(comm, epRemoteError, first, "port %d of %s went down (%s): rank %d and the others reached through "
+                    "it (%d connections) are cut off", comm->port.port, comm->port.device.c_str(),
+                    c->v.event_type_str(type), first, reached);
+      }
       case IBV_EVENT_DEVICE_FATAL:
         return fail(comm, epRemoteError, -1, "device %s was lost (%s)", comm->port.device.c_str(),
                     c->v.event_type_str(type));

@@ -9,6 +9,8 @@
 //                write (a real remote access error, both sides' QPs fail)
 //   device_lost  the device stops answering: posts fail, completion queues
 //                cannot be polled, as after a NIC reset or a hot unplug
+//   port_down    the port's asynchronous event IBV_EVENT_PORT_ERR, as when
+//                its link goes down (a cable, a switch port)
 // The peer sees the faulted rank go (its QPs fail or vanish) through its
 // keepalive writes, or rdma_cm's DISCONNECTED.
 #include <cerrno>
@@ -23,6 +25,30 @@ namespace ibv {
 namespace {
 
 std::atomic<bool> g_lost{false};
+
+// port_down: one made-up IBV_EVENT_PORT_ERR comes before the device's own events.
+std::atomic<int> g_port_down{0};  // the port, until the event was read
+int (*g_real_get_async_event)(struct ibv_context*, struct ibv_async_event*) = nullptr;
+void (*g_real_ack_async_event)(struct ibv_async_event*) = nullptr;
+struct ibv_async_event g_made_up;
+
+int portDownGetAsyncEvent(struct ibv_context* ctx, struct ibv_async_event* ev) {
+  const int port = g_port_down.exchange(0);
+  if (port == 0) return g_real_get_async_event(ctx, ev);
+  memset(ev, 0, sizeof(*ev));
+  ev->event_type = IBV_EVENT_PORT_ERR;
+  ev->element.port_num = port;
+  g_made_up = *ev;
+  return 0;
+}
+void portDownAckAsyncEvent(struct ibv_async_event* ev) {
+  if (ev->event_type == IBV_EVENT_PORT_ERR && ev->element.port_num == g_made_up.element.port_num &&
+      g_made_up.event_type == IBV_EVENT_PORT_ERR) {
+    g_made_up.event_type = IBV_EVENT_DEVICE_FATAL;  // acknowledged: forget it
+    return;
+  }
+  g_real_ack_async_event(ev);
+}
 
 int lostPostSend(struct ibv_qp*, struct ibv_send_wr* wr, struct ibv_send_wr** bad) {
   *bad = wr;
@@ -41,6 +67,7 @@ const char* faultName(Fault f) {
     case Fault::kCqeError: return "cqe_error";
     case Fault::kBadRkey: return "bad_rkey";
     case Fault::kDeviceLost: return "device_lost";
+    case Fault::kPortDown: return "port_down";
     default: return "none";
   }
 }
@@ -56,10 +83,10 @@ void parseFault(Context* c, const char* spec) {
     if (n >= 1) c->fault_after = uint64_t(n);
     s.resize(colon);
   }
-  for (Fault f : {Fault::kQpError, Fault::kCqeError, Fault::kBadRkey, Fault::kDeviceLost})
+  for (Fault f : {Fault::kQpError, Fault::kCqeError, Fault::kBadRkey, Fault::kDeviceLost, Fault::kPortDown})
     if (s == faultName(f)) c->fault = f;
   if (c->fault == Fault::kNone)
-    logf(c, epTransportLogWarn, "EP_IB_FAULT=%s: not a fault (qp_error, cqe_error, bad_rkey, device_lost[:N]); ignored",
+    logf(c, epTransportLogWarn, "EP_IB_FAULT=%s: not a fault (qp_error, cqe_error, bad_rkey, device_lost, port_down[:N]); ignored",
          spec);
   else
     logf(c, epTransportLogWarn, "EP_IB_FAULT: %s at put %llu of each communicator (testing)", faultName(c->fault),
@@ -94,6 +121,15 @@ void faultAtPut(Conn* conn, uint32_t* rkey, bool* force_signal) {
       g_lost = true;
       c->v.post_send = lostPostSend;
       c->v.poll_cq = lostPollCq;
+      break;
+    case Fault::kPortDown:
+      if (g_real_get_async_event == nullptr) {
+        g_real_get_async_event = c->v.get_async_event;
+        g_real_ack_async_event = c->v.ack_async_event;
+      }
+      c->v.get_async_event = portDownGetAsyncEvent;
+      c->v.ack_async_event = portDownAckAsyncEvent;
+      g_port_down = comm->port.port;
       break;
     default:
       break;

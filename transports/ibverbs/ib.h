@@ -36,7 +36,7 @@ constexpr int kKeepaliveMs = 200;      // an idle connection's liveness write, w
 // then takes the connection's end for a close, not a failure.
 constexpr uint64_t kClosedMark = ~uint64_t(0);
 
-enum class Fault { kNone, kQpError, kCqeError, kBadRkey, kDeviceLost };
+enum class Fault { kNone, kQpError, kCqeError, kBadRkey, kDeviceLost, kPortDown };
 
 // Process-wide state: the bound libraries and what init found.
 struct Context {
