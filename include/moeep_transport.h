@@ -136,7 +136,8 @@ typedef struct {
   int traffic_class;    /* 0..255 */
   int adaptive_routing; /* 1: the class should use an adaptive-routing service level, 0: not;
                            in comm_open also -1: auto, which the transport resolves (on for
-                           InfiniBand, off for RoCE and TCP) and conn_info reports resolved */
+                           InfiniBand, off for RoCE and TCP) and conn_info reports resolved;
+                           -1 is part of version 2 as first released (0.1.0) */
 } epTransportClass_v2_t;
 
 /* What the core tells a transport about one communicator (comm_open). */

@@ -30,6 +30,9 @@ std::vector<TransportEntry>& registry() {
 }
 
 std::atomic<int> g_open_net_comms{0};
+// Set while the library unloads: the thread-locals may be gone by then, so a
+// transport that logs from finalize must not reach the last-warning store.
+std::atomic<bool> g_unloading{false};
 
 // Calls each available version-2 transport's finalize once, when the library
 // is unloaded (the process exits, or the last dlclose). Made inside
@@ -40,6 +43,7 @@ std::atomic<int> g_open_net_comms{0};
 struct NetFinalizer {
   ~NetFinalizer() {
     if (g_open_net_comms.load() != 0) return;
+    g_unloading = true;
     for (TransportEntry& e : registry())
       if (e.net != nullptr && e.available && e.net->finalize != nullptr) {
         e.net->finalize(e.ctx);
@@ -54,6 +58,7 @@ struct NetFinalizer {
 thread_local std::string tls_last_transport_warning;
 
 void transportLog(epTransportLogLevel_t level, const char* transport, const char* fmt, ...) {
+  if (g_unloading.load(std::memory_order_relaxed)) return;  // finalize at exit: the log may be gone
   if (level != epTransportLogTrace) {
     char msg[512];
     va_list ap;

@@ -26,13 +26,14 @@ Proxy::Proxy(const Ring& ring, PutSink* sink, FlagWriter* flags, const ProxyOpti
 Proxy::~Proxy() { stop(); }
 
 int Proxy::watch(const uint64_t* word) {
+  if (started_) return -1;  // its thread reads the list without a lock
   watched_.push_back(word);
   last_seen_.push_back(__atomic_load_n(word, __ATOMIC_ACQUIRE));
   return int(watched_.size()) - 1;
 }
 
 epResult_t Proxy::start() {
-  if (thread_.joinable()) return epInvalidUsage;
+  if (started_) return epInvalidUsage;  // once: a stopped proxy's counts are not for a second run
   if (ring_.slots == nullptr || !isPowerOfTwo(ring_.nslots) || sink_ == nullptr || flags_ == nullptr ||
       opt_.nranks < 1 || opt_.max_in_flight_per_peer < 1 || opt_.heartbeat_ms < 1)
     return epInvalidArgument;
@@ -42,6 +43,7 @@ epResult_t Proxy::start() {
   flags_->write(kFlagHeartbeat, ++beats_);
   last_beat_us_ = nowUs();
   stop_ = false;
+  started_ = true;
   thread_ = std::thread([this] { run(); });
   return epSuccess;
 }

@@ -90,9 +90,11 @@ class Proxy {
   Proxy& operator=(const Proxy&) = delete;
 
   // Before start: mirror the 8-byte word at *word (where peers' signals
-  // land) into flag kFlagMirrorFirst + the returned index whenever it changes.
+  // land) into flag kFlagMirrorFirst + the returned index whenever it
+  // changes. -1 after start.
   int watch(const uint64_t* word);
-  // Starts the thread; epInvalidArgument for a ring or options it cannot use.
+  // Starts the thread, once (epInvalidUsage after); epInvalidArgument for a
+  // ring or options it cannot use.
   epResult_t start();
   // Stops the thread (it finishes no command it has not posted); its flags
   // stop changing, the heartbeat included.
@@ -125,6 +127,7 @@ class Proxy {
   ProxyOptions opt_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  bool started_ = false;
   bool failed_ = false;
   mutable std::mutex err_mu_;
   std::string error_;

@@ -22,10 +22,12 @@ class TransportSink : public PutSink {
 
   epResult_t put(int peer, size_t local, size_t remote, size_t bytes, size_t sig, uint64_t value,
                  uint64_t* request) override {
+    if (conns_[size_t(peer)] == nullptr) return epInvalidArgument;  // this rank, or a peer not connected
     return t_->put(conns_[size_t(peer)], mem_, local, handles_[size_t(peer)].data(), remote, bytes, sig, value,
                    EP_PUT_SIGNAL, request);
   }
   epResult_t test(int peer, uint64_t request, int* done) override {
+    if (conns_[size_t(peer)] == nullptr) return epInvalidArgument;
     return t_->test(conns_[size_t(peer)], request, done);
   }
   epResult_t progress(int* peer, std::string* why) override {

@@ -102,7 +102,9 @@ void checkCase(const Shape& s, int rank, epComm_t comm, bool exact, Tally* tally
   epHandle_t handle = nullptr;
   int64_t capacity = exact ? 0 : int64_t(s.nranks) * maxTokens(s);
   if (exact) {
-    tally->check(epDispatchPrepare(comm, &a, &handle, nullptr) == epSuccess, "prepare", rank);
+    const epResult_t prepared = epDispatchPrepare(comm, &a, &handle, nullptr);
+    tally->check(prepared == epSuccess, "prepare", rank);
+    if (prepared != epSuccess) fprintf(stderr, "rank %d: prepare: %s\n", rank, epGetLastError(comm));
     int64_t n = -1;
     tally->check(handle && epHandleRecvCount(handle, &n) == epSuccess && n == nrecv, "exact count", rank);
     capacity = nrecv;

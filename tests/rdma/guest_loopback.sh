@@ -30,7 +30,7 @@ topology_nic() {
   rc=$?
   echo "$out"
   [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
-    grep -q "device mlx5_0 (the topology's choice; EP_IB_HCA names another) has no active port" <<<"$out"
+    grep -q "device mlx5_0 (the topology's choice; EP_IB_HCA=NAME picks another) has no active port" <<<"$out"
 }
 check topology_nic_is_asked_for topology_nic
 check ep_ib_hca_wins_over_the_topology env EP_NODE_SIZE=1 EP_TOPO_XML="$xml" EP_IB_HCA=rxe0 timeout 200 \

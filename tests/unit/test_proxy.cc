@@ -75,7 +75,7 @@ class FakeSink : public PutSink {
     for (Queued& q : queue_)
       if (!q.landed) {
         uint8_t* seg = segments_[size_t(q.peer)].data();
-        memcpy(seg + q.remote, q.data.data(), q.data.size());
+        if (!q.data.empty()) memcpy(seg + q.remote, q.data.data(), q.data.size());
         __atomic_store_n(reinterpret_cast<uint64_t*>(seg + q.sig), q.value, __ATOMIC_RELEASE);
         q.landed = true;
         q.landed_at = progresses_;
@@ -203,6 +203,9 @@ void puts_land_in_ring_order(void**) {
     for (int i = 0; i < kPuts; i++)
       if (sent[size_t(i)].peer == peer) last = i;
     assert_int_equal(rig.sink.word(peer, 64 + 8 * size_t(peer)), uint64_t(last + 1));
+    // The last put's bytes, from its source slot, at its destination.
+    const uint8_t* got = rig.sink.segments_[size_t(peer)].data() + 8192 + size_t(peer) * 4096;
+    for (size_t k = 0; k < sent[size_t(last)].bytes; k++) assert_int_equal(got[k], uint8_t(last * 31 + int(k)));
     assert_true(rig.proxy->maxInFlight(peer) <= 4);
     assert_true(rig.proxy->maxInFlight(peer) >= 1);
   }
@@ -308,6 +311,22 @@ void a_stopped_proxy_is_seen_by_its_heartbeat(void**) {
   assert_true(s < 2.0);
 }
 
+// A live proxy with nothing to do keeps its heartbeat: a wait that cannot
+// be met ends at its own timeout, never as a stall.
+void an_idle_proxy_is_not_taken_for_stopped(void**) {
+  Rig rig(16);
+  assert_int_equal(rig.proxy->start(), epSuccess);
+  usleep(300 * 1000);  // idle well past the stall bound below
+  int peer = -1;
+  bool stalled = true;
+  assert_int_equal(waitFlag(rig.flags, kFlagCompleted, 1, 500, 100, &peer, &stalled), epTimeout);
+  assert_false(stalled);
+  assert_true(rig.flag(kFlagHeartbeat) > 10);
+  assert_int_equal(rig.proxy->start(), epInvalidUsage);  // once
+  uint64_t word = 0;
+  assert_int_equal(rig.proxy->watch(&word), -1);  // not after start
+}
+
 // A signal word in this rank's memory (where peers' puts land) is mirrored
 // into its flag as it changes.
 void signal_words_are_mirrored(void**) {
@@ -365,6 +384,7 @@ int main() {
       cmocka_unit_test(a_failed_completion_names_its_peer),
       cmocka_unit_test(a_transport_error_names_its_peer),
       cmocka_unit_test(a_stopped_proxy_is_seen_by_its_heartbeat),
+      cmocka_unit_test(an_idle_proxy_is_not_taken_for_stopped),
       cmocka_unit_test(signal_words_are_mirrored),
       cmocka_unit_test(bad_commands_and_options_are_refused),
   };

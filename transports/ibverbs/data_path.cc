@@ -167,6 +167,11 @@ epResult_t asyncEvents(Comm* comm) {
         return fail(comm, epRemoteError, peer, "rank %d (%s): its QP on %s port %d went to the error state (%s)", peer,
                     cls, comm->port.device.c_str(), comm->port.port, c->v.event_type_str(type));
       case IBV_EVENT_PORT_ERR: {
+        if (int(ev.element.port_num) != comm->port.port) {  // another port of the device
+          logf(c, epTransportLogInfo, "%s: port %d went down (not this communicator's)", comm->port.device.c_str(),
+               int(ev.element.port_num));
+          break;
+        }
         // Every peer is reached through this port: the first one is named
         // (an error names one rank), the count says there are others.
         int first = -1, reached = 0;
@@ -175,6 +180,9 @@ epResult_t asyncEvents(Comm* comm) {
             if (first < 0 || conn->peer < first) first = conn->peer;
             reached++;
           }
+        if (first < 0)
+          return fail(comm, epRemoteError, -1, "port %d of %s went down (%s)", comm->port.port,
+                      comm->port.device.c_str(), c->v.event_type_str(type));
         return fail(comm, epRemoteError, first, "port %d of %s went down (%s): rank %d and the others reached through "
                     "it (%d connections) are cut off", comm->port.port, comm->port.device.c_str(),
                     c->v.event_type_str(type), first, reached);
@@ -346,7 +354,9 @@ epResult_t test(Conn* conn, uint64_t request, int* done) {
   if (comm->failed()) return failedResult(comm);
   const epResult_t res = pollConn(conn);
   if (res != epSuccess) return res;
-  if (request == 0) {
+  // A peer that closed on purpose takes nothing more: what was in flight to
+  // it is done (its completions flushed with an error, or never come).
+  if (request == 0 || conn->peer_closed) {
     *done = 1;
     return epSuccess;
   }

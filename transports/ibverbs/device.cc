@@ -1,8 +1,9 @@
 // Which NIC, port and GID a communicator uses.
 //
-// The NIC: the core's choice (info->device, from the topology), else
-// EP_IB_HCA ("mlx5_0" or "mlx5_0:1"), else the first device with an active
-// port. On RoCE the GID must be a RoCE v2 one (routable over UDP/IP, and the
+// The NIC: EP_IB_HCA ("mlx5_0" or "mlx5_0:1"), else the core's choice
+// (info->device: the topology's NIC for the rank), else the first device
+// with an active port. A named NIC without an active port is an error, not
+// a quiet move to another NIC (which would leave the rank's rail). On RoCE the GID must be a RoCE v2 one (routable over UDP/IP, and the
 // one whose frames carry the DSCP of the traffic class); an IPv4-mapped GID
 // is preferred, because that is the address rdma_cm and most fabrics use.
 // ib_gid_index overrides the choice; an index past the table's end or an
@@ -229,7 +230,7 @@ epResult_t openPort(Comm* comm) {
     if (!want.empty())
       return fail(comm, epNotSupported, -1, "device %s%s%s (%s) has no active port%s%s", want.c_str(),
                   want_port > 0 ? ":" : "", want_port > 0 ? std::to_string(want_port).c_str() : "",
-                  from_env ? "EP_IB_HCA" : "the topology's choice; EP_IB_HCA names another", seen.empty() ? " or does not exist" : ": ",
+                  from_env ? "EP_IB_HCA" : "the topology's choice; EP_IB_HCA=NAME picks another", seen.empty() ? " or does not exist" : ": ",
                   seen.c_str());
     return fail(comm, epNotSupported, -1, "no active RDMA port%s%s%s", seen.empty() ? "" : " (", seen.c_str(),
                 seen.empty() ? "" : ")");

@@ -145,7 +145,6 @@ struct Comm {
   Port port;
   bool use_cm = false;
   int nqps = 1;
-  int qps_made = 0;  // QPs this communicator created (counted against info.qp_budget)
   std::vector<std::unique_ptr<Conn>> conns;  // every connection, owned; [peer * 3 + cls]
   uint64_t puts = 0;                         // for the fault's trigger
   bool fault_done = false;

@@ -155,6 +155,7 @@ epResult_t ibCommOpen(void* ctx, const epTransportCommInfo_v2_t* info, void** ou
     releaseComm(comm);
     return res;
   }
+  comm->info.device = nullptr;  // the caller's string; the port says which device it became
   // Adaptive routing "auto": on for InfiniBand, off for RoCE (NCCL's rule).
   for (epTransportClass_v2_t& k : comm->info.classes)
     if (k.adaptive_routing < 0) k.adaptive_routing = comm->port.roce ? 0 : 1;

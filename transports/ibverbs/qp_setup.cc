@@ -68,10 +68,13 @@ epResult_t createConn(Comm* comm, int peer, epTrafficClass_t cls, Conn** out) {
   Context* c = comm->ctx;
   Port& p = comm->port;
   const int budget = comm->info.qp_budget;
-  if (budget > 0 && comm->qps_made + comm->nqps > budget)
+  int made = 0;  // the QPs of this communicator's live connections (closed ones give theirs back)
+  for (const auto& k : comm->conns)
+    if (k) made += int(k->qps.size());
+  if (budget > 0 && made + comm->nqps > budget)
     return fail(comm, epInvalidUsage, peer, "rank %d (%s): %d more QPs would pass this rank's QP budget of %d "
                 "(%d made; ib_qp_budget, EP_IB_QP_BUDGET)", peer, className(cls), comm->nqps, budget,
-                comm->qps_made);
+                made);
   auto conn = std::make_unique<Conn>();
   conn->comm = comm;
   conn->peer = peer;
@@ -128,7 +131,6 @@ epResult_t createConn(Comm* comm, int peer, epTrafficClass_t cls, Conn** out) {
       }
     }
   }
-  comm->qps_made += comm->nqps;  // with rdma_cm made at connection, counted now
   *out = conn.release();
   return epSuccess;
 }
