@@ -343,6 +343,8 @@ int commPlans(int host_ranks) {
       }
       static const char* names[] = {"self", "nvlink", "host-staged", "rail", "rail+fwd"};
       printf(" %d:%s", q, int(kind) >= 0 && int(kind) < 5 ? names[int(kind)] : "?");
+      epCommPeerInfo_t info = EP_COMM_PEER_INFO_INITIALIZER;
+      if (q != r && epCommPeerInfo(comms[size_t(r)], q, &info) == epSuccess) printf("/%s", info.transport);
     }
     printf("\n");
     rc |= printReport("epCommPlanReport",

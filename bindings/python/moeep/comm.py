@@ -187,6 +187,23 @@ class Communicator(_Released):
         self._check(_capi.lib().epCommPlanReport(self.ptr, buf, C.byref(size)), "epCommPlanReport")
         return buf.value.decode()
 
+    _PATHS = {0: "self", 1: "nvlink", 2: "host-staged", 3: "rail", 4: "rail+fwd"}
+    _CLASSES = ("throughput", "low_latency", "control")
+
+    def peer_info(self, peer):
+        """How this rank reaches peer (epCommPeerInfo), as a dict: node, path,
+        via_rank, transport, and for a network peer device, port, qps, link,
+        detail and per traffic class what was asked of the fabric."""
+        info = _capi.initialized(_capi.CommPeerInfo)
+        self._check(_capi.lib().epCommPeerInfo(self.ptr, int(peer), C.byref(info)), "epCommPeerInfo")
+        out = {"peer": info.peer, "node": info.node, "path": self._PATHS.get(info.path, str(info.path)),
+               "via_rank": info.via_rank, "transport": info.transport.decode(), "device": info.device.decode(),
+               "port": info.port, "qps": info.qps, "link": info.link.decode(), "detail": info.detail.decode()}
+        out["classes"] = {name: {"service_level": c.service_level, "traffic_class": c.traffic_class,
+                                 "adaptive_routing": c.adaptive_routing}
+                          for name, c in zip(self._CLASSES, info.classes)}
+        return out
+
     # ---- argument helpers -------------------------------------------------------
     def _rows(self, name, obj, dtype, width=None, optional=False, stream=None, rows=None):
         """The view of a [rows, width] argument whose rows must be packed."""

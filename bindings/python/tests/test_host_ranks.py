@@ -221,6 +221,15 @@ def rank_main(args):
     fp8_comm = moeep.Communicator(R, rank, uids[1], hidden=H_FP8, dispatch_type="float8_e4m3", **common)
     check(comm.rank == rank and comm.size == R and comm.first_local_expert == rank * E_PER_RANK
           and comm.num_local_experts == E_PER_RANK, "rank, size and local experts")
+    me = comm.peer_info(rank)
+    other = comm.peer_info((rank + 1) % R)
+    check(me["transport"] == "self" and me["path"] == "self" and me["via_rank"] == -1 and
+          (R == 1 or other["transport"] in ("shm", "socket", "ibverbs")), "peer_info: %s / %s" % (me, other))
+    try:
+        comm.peer_info(R)
+        check(False, "peer_info of a rank outside the communicator must fail")
+    except moeep.MoeepError as e:
+        check("outside" in str(e), "peer_info message: %s" % e)
     for case in range(args.cases):
         all_in = [inputs(args.seed, case, s, R) for s in range(R)]
         check_ht(comm, fp8_comm, all_in, rank, R, case, check)
