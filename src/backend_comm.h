@@ -10,6 +10,7 @@
 #include "config.h"
 #include "moeep_transport.h"
 #include "node_map.h"
+#include "plan.h"
 #include "routing.h"
 
 struct epComm;
@@ -30,6 +31,7 @@ struct CommFacts {
   NodeMap nodes;
   std::vector<epPeerInfo_v1_t> peers;  // [R]
   std::vector<bool> pid_visible;       // [R]: peers[r].pid names that rank's process here (peerExited)
+  Plan plan;  // path to every peer, rail peers, this rank's NIC (built before the backend)
 };
 
 // A backend's view of its communicator: a few pointers into it, copied
@@ -46,6 +48,7 @@ class BackendComm {
   int rank() const { return facts_->rank; }
   int nranks() const { return facts_->nranks; }
   const Config& config() const { return facts_->cfg; }
+  const Plan& plan() const { return facts_->plan; }
   int firstExpert() const { return facts_->first_expert; }
   int localExperts() const { return facts_->num_local_experts; }
   const Placement& placement() const { return facts_->placement; }

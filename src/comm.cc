@@ -191,10 +191,12 @@ epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* 
   if (param::TEST_FAIL_INIT() != 0)
     return setError(comm, epInternalError, "init failed on purpose (EP_TEST_FAIL_INIT=%lld)",
                     (long long)param::TEST_FAIL_INIT());
+  // The plan needs no backend (peer access comes from the CUDA hook, set at
+  // load), and the backends read it: the NIC each rank's network traffic uses.
+  EPCHECK(buildPlanOf(comm));
   const BackendComm view(comm, comm, comm->bootstrap, &comm->abort_flag, &comm->broken);
   if (kind == epBackendCuda) EPCHECK(createCudaBackend(view, &comm->backend));
   else EPCHECK(createHostBackend(view, &comm->backend));
-  EPCHECK(buildPlanOf(comm));
   EPCHECK(bootstrapBarrier(comm->bootstrap));
   EP_INFO(kSubsysInit, "rank %d/%d ready: %s backend, %d nodes, experts [%d, %d), buffer %zu bytes",
           comm->rank, comm->nranks, comm->backend->name(), comm->nodes.num_nodes, comm->first_expert,

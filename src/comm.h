@@ -28,7 +28,7 @@ class Backend;
 constexpr uint32_t kCommMagic = 0x6570436du;    // 'epCm'
 
 // A new communicator of rank `rank` of nranks, config resolved: the
-// bootstrap, the peer exchange, the node map, the backend, the plan
+// bootstrap, the peer exchange, the node map, the plan, the backend
 // (epCommInitRank, epCommInitAll). init_abort (may be NULL) gives up the
 // bootstrap. On failure the peers are told why and *out stays NULL.
 epResult_t commCreate(int nranks, const epUniqueId& id, int rank, const Config& cfg,
@@ -55,7 +55,6 @@ std::mutex& handleLinkMutex();
 // ep::CommFacts; the rest is the core's.
 struct epComm : ep::CommFacts {
   uint32_t magic = ep::kCommMagic;
-  ep::Plan plan;  // path to every peer, rail peers, NIC (built at init, after the backend)
   ep::Bootstrap* bootstrap = nullptr;
   std::atomic<int> abort_flag{0};
   // Non-zero (an epResult_t) once a peer failed or timed out: the comm is unusable.

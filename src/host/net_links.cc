@@ -4,7 +4,6 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 
 #include "../bootstrap.h"
 #include "../checks.h"
@@ -44,26 +43,6 @@ epResult_t NetLinks::fail(epResult_t res, const char* fmt, ...) {
   if (tcomm_) t_->last_error(tcomm_, &peer, why, sizeof(why));
   if (why[0] == '\0' && !transportLastWarning().empty()) snprintf(why, sizeof(why), "%s", transportLastWarning().c_str());
   return setError(comm_, res, "%s (transport %s%s%s)", msg, transport_->name, why[0] ? ": " : "", why);
-}
-
-// The NIC the plan gives this rank (nearest its GPU by PCI distance, else
-// the machine's NICs in turn by local rank), "" where the topology has none.
-std::string NetLinks::planNic() const {
-  std::shared_ptr<const Topology> topo;
-  if (topoLocal(&topo) != epSuccess || topo == nullptr || !topo->available) return "";
-  PlanInput in;
-  in.nodes = &comm_.nodes();
-  in.rank = comm_.rank();
-  in.topo = topo.get();
-  in.ib = comm_.config().ib;
-  for (const epPeerInfo_v1_t& peer : comm_.peers())
-    in.bus_id.emplace_back(peer.bus_id, strnlen(peer.bus_id, sizeof(peer.bus_id)));
-  Plan plan;
-  if (buildPlan(in, &plan) != epSuccess) return "";
-  if (!plan.nic_name.empty())
-    EP_INFO(kSubsysInit, "host backend: rank %d, NIC %s from the topology (%s)", comm_.rank(),
-            plan.nic_name.c_str(), plan.nic_why.c_str());
-  return plan.nic_name;
 }
 
 epResult_t NetLinks::choose(const BackendComm& comm, const TransportEntry** out) {
@@ -188,8 +167,8 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, void* segment, size_t
   info.nranks = R;
   info.node = nodes.node_of_rank[size_t(me)];
   info.num_nodes = nodes.num_nodes;
-  // The topology's NIC; EP_IB_HCA / EP_SOCKET_IFNAME still win in the transport.
-  const std::string nic = planNic();
+  // The plan's NIC (nearest the rank's GPU); EP_IB_HCA / EP_SOCKET_IFNAME still win in the transport.
+  const std::string& nic = comm_.plan().nic_name;
   info.device = nic.empty() ? nullptr : nic.c_str();
   info.port = 0;
   info.gid_index = cfg.ib.gid_index;

@@ -65,7 +65,6 @@ class NetLinks {
   epResult_t fail(epResult_t res, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
   epResult_t exchangeEndpoints(std::vector<std::vector<uint8_t>>* theirs);
   epResult_t exchangeHandles();
-  std::string planNic() const;
 
   const TransportEntry* transport_;
   const epTransport_v2_t* t_;

@@ -410,6 +410,10 @@ int main(int argc, char** argv) {
             peer, proxy.error().c_str());
     };
     uint64_t head = 0;
+    auto push = [&](const ep::proxy::Command& c) {  // as a kernel does: wait for room, then write
+      while (!ep::proxy::tryPush(ring, &head, __atomic_load_n(&flags[ep::proxy::kFlagConsumed], __ATOMIC_ACQUIRE), c))
+        wait(ep::proxy::kFlagConsumed, head - ring.nslots + 1, "room in the ring");
+    };
     std::vector<uint64_t> slot_put(size_t(nranks) * kSlots, 0);  // global put number + 1 that last used a slot
     uint64_t puts = 0;
     for (int i = 0; i < kProxyPuts; i++) {
@@ -428,17 +432,14 @@ int main(int argc, char** argv) {
         c.bytes = kSlot;
         c.signal_offset = L.streamSig(g_rank, 0);
         c.signal_value = uint64_t(stream + 1 + i);
-        while (!ep::proxy::tryPush(ring, &head, __atomic_load_n(&flags[ep::proxy::kFlagConsumed], __ATOMIC_ACQUIRE),
-                                   c))
-          wait(ep::proxy::kFlagConsumed, head - ring.nslots + 1, "room in the ring");
+        push(c);
         last = ++puts;
       }
     }
     ep::proxy::Command f{};
     f.op = ep::proxy::kOpFlush;
     f.signal_value = 1;
-    while (!ep::proxy::tryPush(ring, &head, __atomic_load_n(&flags[ep::proxy::kFlagConsumed], __ATOMIC_ACQUIRE), f))
-      wait(ep::proxy::kFlagConsumed, head - ring.nslots + 1, "room in the ring");
+    push(f);
     wait(ep::proxy::kFlagFlushed, 1, "the flush");
     for (int p = 0; p < nranks; p++) {
       if (p == g_rank) continue;
