@@ -8,16 +8,30 @@ BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.."
 passed=0; failed=0; skipped=0
 failures=()
+# The last lines of each failed test's output, printed again at the end: a
+# log read from its end then shows why, not only which.
+failure_tails=$(mktemp -d)
+trap 'rm -rf "$failure_tails"' EXIT
+keep_tail() {  # keep_tail NAME LOG
+  { echo "--- the last lines of '$1':"; tail -n 40 "$2"; } >"$failure_tails/$(printf '%03d' ${#failures[@]})"
+}
 
 run() {  # run NAME CMD...: one test program, counted by its exit status
   local name=$1; shift
   echo "=== $name: $*"
-  local start=$SECONDS
-  if "$@"; then
+  local start=$SECONDS log rc
+  log=$(mktemp)
+  # To a file, not a pipe: a process a test leaves behind cannot hold it open.
+  "$@" >"$log" 2>&1
+  rc=$?
+  cat "$log"
+  if [ "$rc" -eq 0 ]; then
     passed=$((passed + 1)); echo "=== $name: PASSED ($((SECONDS - start)) s)"
   else
-    failed=$((failed + 1)); failures+=("$name"); echo "=== $name: FAILED ($((SECONDS - start)) s)"
+    failed=$((failed + 1)); failures+=("$name"); keep_tail "$name" "$log"
+    echo "=== $name: FAILED ($((SECONDS - start)) s)"
   fi
+  rm -f "$log"
 }
 skip() { skipped=$((skipped + 1)); echo "=== $1: SKIPPED ($2)"; }
 run_or_skip() {  # like run; exit status 77 means SKIPPED, the output's last line saying why
@@ -30,7 +44,8 @@ run_or_skip() {  # like run; exit status 77 means SKIPPED, the output's last lin
   case $rc in
     0) passed=$((passed + 1)); echo "=== $name: PASSED ($((SECONDS - start)) s)" ;;
     77) skip "$name" "$(tail -n 1 "$log")" ;;
-    *) failed=$((failed + 1)); failures+=("$name"); echo "=== $name: FAILED ($((SECONDS - start)) s)" ;;
+    *) failed=$((failed + 1)); failures+=("$name"); keep_tail "$name" "$log"
+       echo "=== $name: FAILED ($((SECONDS - start)) s)" ;;
   esac
   rm -f "$log"
 }
@@ -204,6 +219,10 @@ else
 fi
 
 echo
-if [ ${#failures[@]} -gt 0 ]; then printf 'failed: %s\n' "${failures[@]}"; fi
+if [ ${#failures[@]} -gt 0 ]; then
+  cat "$failure_tails"/* 2>/dev/null
+  echo
+  printf 'failed: %s\n' "${failures[@]}"
+fi
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 [ "$failed" -eq 0 ]

@@ -24,14 +24,18 @@ if ! grep -q '^ *lo:' /proc/net/dev; then echo "SKIPPED: no loopback interface";
 export EP_SOCKET_IFNAME=lo
 passed=0; failed=0
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+notes=$(mktemp)  # each failed check's name and last lines, printed again at the end
+trap 'rm -f "$log" "$notes"' EXIT
+note_failure() {  # note_failure NAME [LOG]
+  { echo "--- socket: $1 failed"; [ -n "${2:-}" ] && tail -15 "$2"; } >>"$notes"
+}
 
 run() {  # run NAME CMD...: the module's own test program
   local name=$1; shift
   echo "=== socket: $name: $*"
   local start=$SECONDS
   if timeout 120 "$@"; then passed=$((passed + 1)); echo "=== socket: $name: PASSED ($((SECONDS - start)) s)"
-  else failed=$((failed + 1)); echo "=== socket: $name: FAILED ($((SECONDS - start)) s)"; fi
+  else failed=$((failed + 1)); note_failure "$name"; echo "=== socket: $name: FAILED ($((SECONDS - start)) s)"; fi
 }
 
 # across NAME RANKS CMD...: the host backend with nodes of NODE ranks (2
@@ -54,7 +58,8 @@ across() {
   if [ $rc -eq 0 ] && [ "$through" -ge "$ranks" ] && [ "$connected" -ge "$ranks" ]; then
     passed=$((passed + 1)); echo "=== socket: $name: PASSED ($((SECONDS - start)) s)"
   else
-    tail -20 "$log"; failed=$((failed + 1)); echo "=== socket: $name: FAILED (exit $rc, $((SECONDS - start)) s)"
+    tail -20 "$log"; failed=$((failed + 1)); note_failure "$name (exit $rc)" "$log"
+    echo "=== socket: $name: FAILED (exit $rc, $((SECONDS - start)) s)"
   fi
 }
 
@@ -98,7 +103,7 @@ refusals=$(grep -c 'would open 6 queue pairs (6 ranks on other nodes x ib_qps_pe
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$refusals" -eq 8 ]; then
   passed=$((passed + 1)); echo "=== socket: EP_IB_QP_BUDGET=5 refused at init: PASSED ($((SECONDS - start)) s)"
 else
-  tail -20 "$log"; failed=$((failed + 1))
+  tail -20 "$log"; failed=$((failed + 1)); note_failure "EP_IB_QP_BUDGET=5 refused at init (exit $rc)" "$log"
   echo "=== socket: EP_IB_QP_BUDGET=5 refused at init: FAILED (exit $rc, $refusals of 8 ranks named the budget)"
 fi
 
@@ -120,7 +125,7 @@ else
   if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$named" -eq 4 ]; then
     passed=$((passed + 1)); echo "=== socket: EP_TRANSPORTS=ibverbs without a device refused: PASSED ($((SECONDS - start)) s)"
   else
-    tail -20 "$log"; failed=$((failed + 1))
+    tail -20 "$log"; failed=$((failed + 1)); note_failure "EP_TRANSPORTS=ibverbs without a device (exit $rc)" "$log"
     echo "=== socket: EP_TRANSPORTS=ibverbs without a device refused: FAILED (exit $rc, $named of 4 ranks said why)"
   fi
 fi
@@ -134,5 +139,6 @@ for sc in abort rank-skips-call order-mismatch; do
   NODE=1 across "mp_errors $sc, a node per rank" 2 "$BUILD/tests/mp_errors" --only "$sc"
 done
 
+cat "$notes"
 echo "socket transport: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
