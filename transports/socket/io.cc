@@ -49,6 +49,7 @@ void sendFailed(Conn* k, size_t stream, int err) {
     k->tx_broken = true;
     k->tx_broken_at = Clock::now();
     k->tx_error = "send on stream " + std::to_string(stream) + " failed: " + strerror(err);
+    if (err == EPIPE || err == ECONNRESET) k->tx_error += " without a goodbye: its process exited or failed";
   }
   dropQueued(k);
 }
