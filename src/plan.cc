@@ -144,6 +144,11 @@ int railPeer(const NodeMap& m, int rank, int node) {
   return m.node_ranks[node][m.local_rank[rank] % m.node_size[node]];
 }
 
+bool railPair(const NodeMap& m, int a, int b) {
+  const int na = m.node_of_rank[size_t(a)], nb = m.node_of_rank[size_t(b)];
+  return na != nb && (railPeer(m, a, nb) == b || railPeer(m, b, na) == a);
+}
+
 epResult_t buildPlan(const PlanInput& in, Plan* out) {
   const NodeMap& m = *in.nodes;
   const int R = int(m.node_of_rank.size());
@@ -214,6 +219,7 @@ epResult_t buildPlan(const PlanInput& in, Plan* out) {
     } else {
       path.via = p.rail_peer[path.node];
       path.kind = path.via == q ? PathKind::kRail : PathKind::kRailForward;
+      p.rail_pairs += railPair(m, in.rank, q);
     }
   }
   *out = std::move(p);
@@ -250,14 +256,16 @@ epResult_t planDryRun(const Topology& topo, const std::vector<int>& node_sizes, 
   return epSuccess;
 }
 
-int64_t networkQpCount(int ranks_on_other_nodes, int qps_per_peer) {
-  return int64_t(ranks_on_other_nodes) * qps_per_peer;
+int64_t networkQpCount(int throughput_peers, int ranks_on_other_nodes, int qps_per_peer) {
+  return int64_t(throughput_peers) * qps_per_peer + int64_t(ranks_on_other_nodes) * qps_per_peer +
+         int64_t(ranks_on_other_nodes);
 }
 
 int64_t planNetworkQps(const Plan& p) {
   int remote = 0;
   for (const PeerPath& q : p.peers) remote += q.kind == PathKind::kRail || q.kind == PathKind::kRailForward;
-  return networkQpCount(remote, p.ib.qps_per_peer);
+  // Nodes too large for masks: no forwarding, throughput goes to every remote rank.
+  return networkQpCount(p.masks_valid ? p.rail_pairs : remote, remote, p.ib.qps_per_peer);
 }
 
 // ---- Printing -------------------------------------------------------------------
@@ -306,7 +314,12 @@ void planPrint(FILE* out, const Plan& p) {
           autoOr(ib.adaptive_routing[2]).c_str());
   fprintf(out, "TC %d, GID index %s, QPs per peer %d\n", ib.traffic_class,
           ib.gid_index < 0 ? "auto" : std::to_string(ib.gid_index).c_str(), ib.qps_per_peer);
+  int remote = 0;
+  for (const PeerPath& q : p.peers) remote += q.kind == PathKind::kRail || q.kind == PathKind::kRailForward;
   fprintf(out, "  network QPs of this rank: %lld", (long long)planNetworkQps(p));
+  if (remote > 0)
+    fprintf(out, " (throughput %d x %d, low latency %d x %d, control %d x 1)", p.masks_valid ? p.rail_pairs : remote,
+            ib.qps_per_peer, remote, ib.qps_per_peer, remote);
   if (ib.qp_budget > 0) fprintf(out, " (budget %d)", ib.qp_budget);
   fprintf(out, "\n");
   fprintf(out, "  peer node path\n");

@@ -87,6 +87,7 @@ struct Plan {
   // Bit i of rail_sources[n]: local rank i of node n has this rank as its rail
   // peer, so its RDMA arrives here and is forwarded from here.
   std::vector<uint64_t> rail_sources;  // [N]
+  int rail_pairs = 0;  // ranks on other nodes it exchanges high-throughput traffic with (railPair)
   uint64_t nvlink_mask = 0;            // bit i: local rank i of this node is reachable by peer access
   bool masks_valid = true;
   // Where this rank's network traffic leaves.
@@ -99,15 +100,22 @@ struct Plan {
   IbTraffic ib;
 };
 
-// Queue pairs (TCP streams) a rank opens on the network (docs/TOPOLOGY.md,
-// "Queue pairs"): a connection of qps_per_peer QPs to every rank on another
-// node, in the one traffic class the host backend uses today.
-int64_t networkQpCount(int ranks_on_other_nodes, int qps_per_peer);
-// The same for the rank of plan p.
+// Queue pairs (TCP stream sets) a rank opens on the network once every
+// traffic class is connected (docs/TOPOLOGY.md, "Queue pairs"):
+//   throughput   qps_per_peer to each of its throughput peers (its rail pairs)
+//   low latency  qps_per_peer to every rank on another node (at the first
+//                low-latency call)
+//   control      1 to every rank on another node
+int64_t networkQpCount(int throughput_peers, int ranks_on_other_nodes, int qps_per_peer);
+// The same for the rank of plan p (its throughput peers: its rail pairs).
 int64_t planNetworkQps(const Plan& p);
 
 // The rank that `rank` talks RDMA to on node n (itself on its own node).
 int railPeer(const NodeMap& m, int rank, int node);
+// Ranks a and b on different nodes exchange high-throughput traffic: one is
+// the other's rail peer (equal local indices; with nodes of unequal sizes the
+// relation is not symmetric, so either way counts).
+bool railPair(const NodeMap& m, int a, int b);
 
 // Everything buildPlan needs, so that tests and dry runs can fake any part.
 struct PlanInput {

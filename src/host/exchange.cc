@@ -19,6 +19,10 @@ namespace host {
 namespace {
 using Clock = std::chrono::steady_clock;
 
+bool lowLatencyKind(ChunkKind kind) {
+  return kind == kChunkLLCounts || kind == kChunkLLDispatch || kind == kChunkLLCombine;
+}
+
 const char* kindName(uint32_t kind) {
   switch (kind) {
     case kChunkCounts: return "counts";
@@ -39,8 +43,13 @@ Exchanger::Exchanger(const BackendComm& comm, std::vector<void*> segments, const
                      NetLinks* net, std::vector<int> staging)
     : comm_(comm), segments_(std::move(segments)), geo_(geometry),
       scratch_(size_t(geometry.chunk_records) * geometry.record_bytes), net_(net), staging_(std::move(staging)),
-      credited_(size_t(comm.nranks()), 0) {
+      credited_(size_t(comm.nranks()), 0), ring_cls_(size_t(comm.nranks()), -1) {
   staging_.resize(size_t(comm.nranks()), -1);
+}
+
+epTrafficClass_t Exchanger::classFor(ChunkKind kind, int d) const {
+  if (lowLatencyKind(kind)) return epTrafficLowLatency;
+  return net_->connected(d, epTrafficThroughput) ? epTrafficThroughput : epTrafficControl;
 }
 
 bool Exchanger::peerClosed(int rank) const {
@@ -57,7 +66,11 @@ void Exchanger::announceClose() {
   for (int r = 0; r < comm_.nranks(); r++) {
     if (r == me) continue;
     if (remote(r)) {  // best effort: a peer that misses it still sees the connection close
-      net_->signal(r, geo_.ctrlOffset(me) + offsetof(RingCtrl, source_closed), 1);
+      // The source's flag on the connection of its ring's last chunk, so that
+      // it lands after that chunk (a peer that saw it first would take this
+      // rank for gone with its last data still on the way).
+      net_->signal(r, geo_.ctrlOffset(me) + offsetof(RingCtrl, source_closed), 1,
+                   ring_cls_[size_t(r)] >= 0 ? epTrafficClass_t(ring_cls_[size_t(r)]) : epTrafficControl);
       net_->signal(r, geo_.shadowOffset(me) + offsetof(RingCtrl, owner_closed), 1);
       continue;
     }
@@ -88,9 +101,15 @@ epResult_t Exchanger::sendRemote(int d, ChunkKind kind, uint64_t call_seq, Strea
   const int me = comm_.rank();
   void* mine = segments_[me];
   RingCtrl* sh = geo_.shadow(mine, d);
+  const epTrafficClass_t cls = classFor(kind, d);
   while (*sent < spec.records) {
     const uint64_t head = sh->head;  // only this rank writes it
-    if (head - loadAcquire(&sh->tail) >= uint64_t(geo_.slots)) break;
+    const uint64_t tail = loadAcquire(&sh->tail);
+    if (head - tail >= uint64_t(geo_.slots)) break;
+    // Connections do not keep order between them: a ring moves to another
+    // class's connection only once d took every chunk sent on the old one,
+    // so that no older head (or chunk) can land after a newer one.
+    if (ring_cls_[size_t(d)] != int(cls) && ring_cls_[size_t(d)] >= 0 && head != tail) break;
     const int n = std::min(geo_.chunk_records, spec.records - *sent);
     ChunkHeader* slot = geo_.staging(mine, staging_[size_t(d)], head);
     slot->call_seq = call_seq;
@@ -99,7 +118,7 @@ epResult_t Exchanger::sendRemote(int d, ChunkKind kind, uint64_t call_seq, Strea
     slot->count = uint32_t(n);
     spec.pack(*sent, n, reinterpret_cast<uint8_t*>(slot + 1));
     const epResult_t res =
-        net_->put(d, geo_.stagingOffset(staging_[size_t(d)], head), geo_.slotOffset(me, head),
+        net_->put(d, cls, geo_.stagingOffset(staging_[size_t(d)], head), geo_.slotOffset(me, head),
                   sizeof(ChunkHeader) + size_t(n) * geo_.record_bytes, geo_.ctrlOffset(me) + offsetof(RingCtrl, head),
                   head + 1);
     if (res == epInProgress) break;  // the connection's queue is full: packed again next round
@@ -110,6 +129,7 @@ epResult_t Exchanger::sendRemote(int d, ChunkKind kind, uint64_t call_seq, Strea
       return netFailed(res, d, why.empty() ? epGetErrorString(res) : why, what, call_seq);
     }
     sh->head = head + 1;
+    ring_cls_[size_t(d)] = int(cls);
     *sent += n;
     *moved = true;
   }
@@ -185,6 +205,15 @@ epResult_t Exchanger::run(ChunkKind kind, std::vector<StreamSpec>& sends, std::v
 epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
                               std::vector<StreamSpec>& recvs, const char* what, const std::vector<int>* order) {
   const int R = comm_.nranks(), me = comm_.rank(), per_chunk = geo_.chunk_records;
+  if (net_ != nullptr && lowLatencyKind(kind) && !net_->classConnected(epTrafficLowLatency)) {
+    // The first low-latency call of every rank: its connections are made
+    // now (collective), so a job that never makes one opens none.
+    const epResult_t res = net_->connectClass(epTrafficLowLatency);
+    if (res != epSuccess) {
+      comm_.markFailed(res);
+      return res;
+    }
+  }
   std::vector<int> sent(R, 0), received(R, 0);
   void* my_segment = segments_[me];
   for (int d = 0; d < R; d++) {  // where this rank is, for a peer's timeout report (failTimeout)

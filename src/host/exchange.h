@@ -53,6 +53,11 @@ class Exchanger {
                      std::vector<StreamSpec>& recvs, const char* what, const std::vector<int>* order);
   bool peerClosed(int rank) const;
   bool remote(int rank) const { return net_ != nullptr && net_->remote(rank); }
+  // The connection class of kind's chunks to rank d (on another node): low
+  // latency for the low-latency calls, else throughput where the pair has a
+  // throughput connection (rail pairs), else control (the counts of a
+  // dispatch, which every pair exchanges).
+  epTrafficClass_t classFor(ChunkKind kind, int d) const;
   // Sends to a rank on another node what fits in its ring; *moved when a
   // chunk went. Errors name the peer.
   epResult_t sendRemote(int d, ChunkKind kind, uint64_t call_seq, StreamSpec& spec, int* sent, bool* moved,
@@ -74,6 +79,7 @@ class Exchanger {
   NetLinks* net_ = nullptr;
   std::vector<int> staging_;        // [R]
   std::vector<uint64_t> credited_;  // [R] the tail each remote source was last told
+  std::vector<int> ring_cls_;       // [R] the class of the last chunk put into d's ring (-1: none yet)
 };
 
 }  // namespace host

@@ -11,6 +11,7 @@
 #include "../checks.h"
 #include "../data_types.h"
 #include "../params.h"
+#include "../plan.h"
 #include "../peer_buffers.h"
 #include "../sizes.h"
 #include "../transport.h"
@@ -181,8 +182,14 @@ epResult_t HostBackend::init() {
   // Every peer mapped every segment: the names can go.
   EPCHECK(segments_->finish(comm_.bootstrap()));
   if (net != nullptr) {
-    net_ = std::make_unique<NetLinks>(net, comm_, epTrafficThroughput);
-    EPCHECK(net_->open(remote, segments_->localPtr(), geo_.segmentBytes()));
+    // High-throughput traffic crosses the network between rail pairs only
+    // (hier.h); without forwarding (nodes of more than 64 ranks) it goes to
+    // every rank on another node.
+    std::vector<bool> throughput(size_t(R), false);
+    for (int r = 0; r < R; r++)
+      throughput[size_t(r)] = remote[size_t(r)] && (!hier_ || railPair(comm_.nodes(), me, r));
+    net_ = std::make_unique<NetLinks>(net, comm_);
+    EPCHECK(net_->open(remote, throughput, segments_->localPtr(), geo_.segmentBytes()));
   }
   std::vector<void*> mapped(R, nullptr);
   for (int r = 0; r < R; r++) mapped[size_t(r)] = remote[size_t(r)] ? nullptr : segments_->peerPtr(r);

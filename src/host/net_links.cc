@@ -19,8 +19,12 @@ namespace {
 constexpr size_t kNameBytes = 32;
 }  // namespace
 
-NetLinks::NetLinks(const TransportEntry* transport, const BackendComm& comm, epTrafficClass_t cls)
-    : transport_(transport), t_(transport->net), comm_(comm), cls_(cls) {}
+NetLinks::NetLinks(const TransportEntry* transport, const BackendComm& comm)
+    : transport_(transport), t_(transport->net), comm_(comm) {}
+
+const char* trafficClassName(epTrafficClass_t cls) {
+  return cls == epTrafficThroughput ? "throughput" : cls == epTrafficLowLatency ? "low-latency" : "control";
+}
 
 NetLinks::~NetLinks() {
   for (void*& c : conns_)
@@ -85,17 +89,18 @@ epResult_t NetLinks::choose(const BackendComm& comm, const TransportEntry** out)
 
 // Each rank's endpoint for each of its remote peers, in slots of the largest
 // endpoint size any rank has; theirs[r] is what rank r made for this rank.
-epResult_t NetLinks::exchangeEndpoints(std::vector<std::vector<uint8_t>>* theirs) {
+epResult_t NetLinks::exchangeEndpoints(epTrafficClass_t cls, const std::vector<bool>& peers,
+                                       std::vector<std::vector<uint8_t>>* theirs) {
   const int R = comm_.nranks(), me = comm_.rank();
   std::vector<std::vector<uint8_t>> mine(static_cast<size_t>(R));
   uint64_t largest = 0;
   for (int r = 0; r < R; r++) {
-    if (!remote(r)) continue;
+    if (!peers[size_t(r)]) continue;
     std::vector<uint8_t> buf(EP_TRANSPORT_ENDPOINT_MAX_BYTES);
     size_t bytes = buf.size();
     transportClearWarning();
-    const epResult_t res = t_->endpoint(tcomm_, r, cls_, buf.data(), &bytes);
-    if (res != epSuccess) return fail(res, "rank %d: cannot make an endpoint for rank %d", me, r);
+    const epResult_t res = t_->endpoint(tcomm_, r, cls, buf.data(), &bytes);
+    if (res != epSuccess) return fail(res, "rank %d: cannot make a %s endpoint for rank %d", me, trafficClassName(cls), r);
     if (bytes > buf.size()) return fail(epInternalError, "rank %d: an endpoint of %zu bytes", me, bytes);
     buf.resize(bytes);
     largest = std::max<uint64_t>(largest, bytes);
@@ -117,13 +122,13 @@ epResult_t NetLinks::exchangeEndpoints(std::vector<std::vector<uint8_t>>* theirs
   EPCHECK(bootstrapAllGather(comm_.bootstrap(), all.data(), block));
   theirs->assign(size_t(R), {});
   for (int r = 0; r < R; r++) {
-    if (!remote(r)) continue;
+    if (!peers[size_t(r)]) continue;
     const uint8_t* p = &all[size_t(r) * block + size_t(me) * slot];
     uint32_t n = 0;
     memcpy(&n, p, 4);
     if (n == 0 || n > slot - 4)
-      return setError(comm_, epInvalidUsage, "rank %d made no %s endpoint for rank %d: the ranks disagree on "
-                      "which ranks are on other nodes", r, transport_->name, me);
+      return setError(comm_, epInvalidUsage, "rank %d made no %s %s endpoint for rank %d: the ranks disagree on "
+                      "which ranks it connects to", r, transport_->name, trafficClassName(cls), me);
     (*theirs)[size_t(r)].assign(p + 4, p + 4 + n);
   }
   return epSuccess;
@@ -151,12 +156,16 @@ epResult_t NetLinks::exchangeHandles() {
   return epSuccess;
 }
 
-epResult_t NetLinks::open(const std::vector<bool>& remote, void* segment, size_t bytes) {
+epResult_t NetLinks::open(const std::vector<bool>& remote, const std::vector<bool>& throughput, void* segment,
+                          size_t bytes) {
   const int R = comm_.nranks(), me = comm_.rank();
   remote_ = remote;
   remote_.resize(size_t(R), false);
   remote_[size_t(me)] = false;
-  conns_.assign(size_t(R), nullptr);
+  std::vector<bool> ht(throughput);
+  ht.resize(size_t(R), false);
+  for (int r = 0; r < R; r++) ht[size_t(r)] = ht[size_t(r)] && remote_[size_t(r)];
+  conns_.assign(size_t(R) * EP_TRAFFIC_CLASSES, nullptr);
 
   const Config& cfg = comm_.config();
   const NodeMap& nodes = comm_.nodes();
@@ -182,14 +191,18 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, void* segment, size_t
     info.classes[c].adaptive_routing = cfg.ib.adaptive_routing[c];  // -1: auto, the transport's rule
   }
   info.qp_budget = cfg.ib.qp_budget;
-  // The QPs this rank opens (docs/TOPOLOGY.md, "Queue pairs"): one connection
-  // of qps_per_peer QPs to each rank on another node, one traffic class.
-  const int64_t qps = networkQpCount(int(std::count(remote_.begin(), remote_.end(), true)), cfg.ib.qps_per_peer);
+  // The QPs this rank opens once every class is connected (docs/TOPOLOGY.md,
+  // "Queue pairs"), checked before any: a budget the first low-latency call
+  // would break fails here, not in the middle of a job.
+  const int nremote = int(std::count(remote_.begin(), remote_.end(), true));
+  const int nht = int(std::count(ht.begin(), ht.end(), true));
+  const int64_t qps = networkQpCount(nht, nremote, cfg.ib.qps_per_peer);
   if (cfg.ib.qp_budget > 0 && qps > cfg.ib.qp_budget)
     return setError(comm_, epInvalidArgument,
-                    "rank %d would open %lld queue pairs (%d ranks on other nodes x ib_qps_per_peer %d), more than "
-                    "ib_qp_budget = %d (config, else EP_IB_QP_BUDGET): lower ib_qps_per_peer or raise the budget",
-                    me, (long long)qps, int(std::count(remote_.begin(), remote_.end(), true)), cfg.ib.qps_per_peer,
+                    "rank %d would open %lld queue pairs (throughput %d peers x %d, low latency %d ranks on other "
+                    "nodes x %d, control %d x 1), more than ib_qp_budget = %d (config, else EP_IB_QP_BUDGET): "
+                    "lower ib_qps_per_peer or raise the budget",
+                    me, (long long)qps, nht, cfg.ib.qps_per_peer, nremote, cfg.ib.qps_per_peer, nremote,
                     cfg.ib.qp_budget);
   transportClearWarning();
   epResult_t res = t_->comm_open(transport_->ctx, &info, &tcomm_);
@@ -199,18 +212,8 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, void* segment, size_t
   }
   transportCommOpened();
 
-  std::vector<std::vector<uint8_t>> theirs;
-  EPCHECK(exchangeEndpoints(&theirs));
-  for (int r = 0; r < R; r++) {  // ascending on every rank: each pair's two connects meet
-    if (!remote_[size_t(r)]) continue;
-    transportClearWarning();
-    res = t_->connect(tcomm_, r, cls_, theirs[size_t(r)].data(), theirs[size_t(r)].size(), &conns_[size_t(r)]);
-    if (res != epSuccess) {
-      conns_[size_t(r)] = nullptr;
-      return fail(res == epTimeout ? epRemoteError : res, "rank %d cannot connect to rank %d (node %d)", me, r,
-                  nodes.node_of_rank[size_t(r)]);
-    }
-  }
+  EPCHECK(connectPeers(epTrafficControl, remote_));
+  EPCHECK(connectPeers(epTrafficThroughput, ht));
   transportClearWarning();
   res = t_->reg_mem(tcomm_, segment, bytes, EP_TRANSPORT_MEM_HOST, -1, 0, &mem_);
   if (res != epSuccess) {
@@ -218,14 +221,44 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, void* segment, size_t
     return fail(res, "rank %d cannot register its %zu-byte segment", me, bytes);
   }
   EPCHECK(exchangeHandles());
-  EP_INFO(kSubsysInit, "host backend: rank %d reaches %d ranks on other nodes through %s", me,
-          int(std::count(remote_.begin(), remote_.end(), true)), transport_->name);
+  EP_INFO(kSubsysInit, "host backend: rank %d reaches %d ranks on other nodes through %s (throughput to %d of them; "
+          "low latency at the first low-latency call)", me, nremote, transport_->name, nht);
   return epSuccess;
 }
 
-epResult_t NetLinks::put(int peer, size_t local_offset, size_t remote_offset, size_t bytes, size_t signal_offset,
-                         uint64_t value) {
-  const epResult_t res = t_->put(conns_[size_t(peer)], mem_, local_offset, handles_[size_t(peer)].data(),
+epResult_t NetLinks::connectClass(epTrafficClass_t cls) {
+  if (class_connected_[cls]) return epSuccess;
+  EPCHECK(connectPeers(cls, remote_));
+  EP_INFO(kSubsysInit, "host backend: rank %d connected its %s class to %d ranks on other nodes", comm_.rank(),
+          trafficClassName(cls), int(std::count(remote_.begin(), remote_.end(), true)));
+  return epSuccess;
+}
+
+epResult_t NetLinks::connectPeers(epTrafficClass_t cls, const std::vector<bool>& peers) {
+  const int R = comm_.nranks(), me = comm_.rank();
+  std::vector<std::vector<uint8_t>> theirs;
+  EPCHECK(exchangeEndpoints(cls, peers, &theirs));
+  for (int r = 0; r < R; r++) {  // ascending on every rank: each pair's two connects meet
+    if (!peers[size_t(r)]) continue;
+    transportClearWarning();
+    void*& conn = conns_[slot(r, cls)];
+    const epResult_t res = t_->connect(tcomm_, r, cls, theirs[size_t(r)].data(), theirs[size_t(r)].size(), &conn);
+    if (res != epSuccess) {
+      conn = nullptr;
+      return fail(res == epTimeout ? epRemoteError : res, "rank %d cannot connect to rank %d (node %d, %s class)",
+                  me, r, comm_.nodes().node_of_rank[size_t(r)], trafficClassName(cls));
+    }
+  }
+  class_connected_[cls] = true;
+  return epSuccess;
+}
+
+epResult_t NetLinks::put(int peer, epTrafficClass_t cls, size_t local_offset, size_t remote_offset, size_t bytes,
+                         size_t signal_offset, uint64_t value) {
+  void* conn = conns_[slot(peer, cls)];
+  if (conn == nullptr)  // a caller's bug: classFor chose a class this pair never connected
+    return fail(epInternalError, "rank %d has no %s connection to rank %d", comm_.rank(), trafficClassName(cls), peer);
+  const epResult_t res = t_->put(conn, mem_, local_offset, handles_[size_t(peer)].data(),
                                  remote_offset, bytes, signal_offset, value, EP_PUT_SIGNAL, nullptr);
   if (res == epSuccess || res == epInProgress) return res;
   int p = peer;
@@ -246,8 +279,13 @@ epResult_t NetLinks::progress(int* peer, std::string* why) {
 }
 
 bool NetLinks::connInfo(int peer, epTransportConnInfo_v2_t* info) const {
-  if (!remote(peer) || conns_[size_t(peer)] == nullptr || t_->conn_info == nullptr) return false;
-  return t_->conn_info(conns_[size_t(peer)], info) == epSuccess;
+  // Connections made at open only (the low-latency ones come later, on the
+  // calling thread): throughput where there is one, else control.
+  void* conn = !remote(peer) ? nullptr
+               : conns_[slot(peer, epTrafficThroughput)] ? conns_[slot(peer, epTrafficThroughput)]
+                                                         : conns_[slot(peer, epTrafficControl)];
+  if (conn == nullptr || t_->conn_info == nullptr) return false;
+  return t_->conn_info(conn, info) == epSuccess;
 }
 
 }  // namespace host

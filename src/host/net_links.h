@@ -1,12 +1,21 @@
 // The host backend's connections across nodes: one network transport (a
-// version-2 table: ibverbs, socket) joining this rank to each peer on another
-// node, over which the rings of ring.h run as puts with a signal.
+// version-2 table: ibverbs, socket) joining this rank to its peers on other
+// nodes, over which the rings of ring.h run as puts with a signal.
 //
-// Setup is collective (every rank calls open with the same peer sets, which
-// the node map decides): the ranks agree on the transport, each makes an
-// endpoint per remote peer, the endpoints cross the bootstrap, each rank
-// connects to its remote peers in ascending rank order, then registers its
-// segment and the segments' handles cross the bootstrap too.
+// Each traffic class has connections of its own, so that the fabric can keep
+// them apart (service level, traffic class / DSCP):
+//   throughput   to the rank's throughput peers (its rail pairs: a token
+//                crosses the network once per node, to its rail peer)
+//   low latency  to every rank on another node, made at the first
+//                low-latency call (a rank that never makes one opens none)
+//   control      to every rank on another node: credits, closing flags,
+//                call numbers, and the counts of ranks with no throughput
+//                connection between them
+// Setup is collective per class (every rank calls open, and connectClass,
+// with the same peer sets, which the node map decides): each rank makes an
+// endpoint per (peer, class), the endpoints cross the bootstrap, each rank
+// connects in ascending rank order. The segment is registered once, its
+// handles crossing the bootstrap at open.
 #pragma once
 
 #include <cstddef>
@@ -20,11 +29,13 @@
 namespace ep {
 namespace host {
 
+// "throughput", "low-latency", "control" (for messages).
+const char* trafficClassName(epTrafficClass_t cls);
+
 class NetLinks {
  public:
-  // transport: an available version-2 entry. cls: the traffic class of
-  // every connection these links make.
-  NetLinks(const TransportEntry* transport, const BackendComm& comm, epTrafficClass_t cls);
+  // transport: an available version-2 entry.
+  NetLinks(const TransportEntry* transport, const BackendComm& comm);
   // Closes the connections, deregisters the segment, closes the transport's
   // communicator context.
   ~NetLinks();
@@ -38,42 +49,59 @@ class NetLinks {
   // hanging in a later collective.
   static epResult_t choose(const BackendComm& comm, const TransportEntry** out);
 
-  // Collective. remote[r]: rank r is reached through these links. segment:
-  // this rank's memory (the caller's, kept for the links' life) that peers
-  // put into.
-  epResult_t open(const std::vector<bool>& remote, void* segment, size_t bytes);
+  // Collective. remote[r]: rank r is reached through these links;
+  // throughput[r]: high-throughput traffic goes to r (a subset of remote).
+  // Connects the control and throughput classes (the QP budget is checked
+  // for all three first). segment: this rank's memory (the caller's, kept
+  // for the links' life) that peers put into.
+  epResult_t open(const std::vector<bool>& remote, const std::vector<bool>& throughput, void* segment,
+                  size_t bytes);
+  // Collective: connects cls to every remote rank, unless done already
+  // (the low-latency class, at the first low-latency call of every rank).
+  epResult_t connectClass(epTrafficClass_t cls);
+  bool classConnected(epTrafficClass_t cls) const { return class_connected_[cls]; }
 
   bool remote(int r) const { return r >= 0 && r < int(remote_.size()) && remote_[size_t(r)]; }
+  bool connected(int peer, epTrafficClass_t cls) const {
+    return remote(peer) && conns_[slot(peer, cls)] != nullptr;
+  }
   const char* transportName() const { return transport_->name; }
 
   // Puts bytes at local_offset of this rank's segment to peer's segment at
-  // remote_offset, then (signal) value into the word at signal_offset there.
+  // remote_offset on peer's connection of class cls (connected), then
+  // (signal) value into the word at signal_offset there.
   // epInProgress: the connection's queue is full; progress, then try again.
-  epResult_t put(int peer, size_t local_offset, size_t remote_offset, size_t bytes, size_t signal_offset,
-                 uint64_t value);
-  // A signal alone (credits, closing flags).
-  epResult_t signal(int peer, size_t signal_offset, uint64_t value) {
-    return put(peer, 0, 0, 0, signal_offset, value);
+  epResult_t put(int peer, epTrafficClass_t cls, size_t local_offset, size_t remote_offset, size_t bytes,
+                 size_t signal_offset, uint64_t value);
+  // A signal alone (credits, closing flags), on the control class unless said.
+  epResult_t signal(int peer, size_t signal_offset, uint64_t value, epTrafficClass_t cls = epTrafficControl) {
+    return put(peer, cls, 0, 0, 0, signal_offset, value);
   }
   // Lets the transport move data. On a transport error, says which peer
   // (-1: none in particular) and why.
   epResult_t progress(int* peer, std::string* why);
-  // Connection details of peer for epCommPeerInfo (false: not a network peer).
+  // Connection details of peer for epCommPeerInfo (false: not a network
+  // peer): its throughput connection, else its control one.
   bool connInfo(int peer, epTransportConnInfo_v2_t* info) const;
 
  private:
+  static size_t slot(int peer, epTrafficClass_t cls) { return size_t(peer) * EP_TRAFFIC_CLASSES + size_t(cls); }
   epResult_t fail(epResult_t res, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-  epResult_t exchangeEndpoints(std::vector<std::vector<uint8_t>>* theirs);
+  // Collective: connects cls to the ranks of peers (each rank's set must
+  // hold it where it holds that rank).
+  epResult_t connectPeers(epTrafficClass_t cls, const std::vector<bool>& peers);
+  epResult_t exchangeEndpoints(epTrafficClass_t cls, const std::vector<bool>& peers,
+                               std::vector<std::vector<uint8_t>>* theirs);
   epResult_t exchangeHandles();
 
   const TransportEntry* transport_;
   const epTransport_v2_t* t_;
   BackendComm comm_;
-  epTrafficClass_t cls_;
   void* tcomm_ = nullptr;                        // comm_open's context
   void* mem_ = nullptr;                          // reg_mem of the segment
   std::vector<bool> remote_;                     // [R]
-  std::vector<void*> conns_;                     // [R], null where not remote
+  std::vector<void*> conns_;                     // [R * classes], null where not connected
+  bool class_connected_[EP_TRAFFIC_CLASSES] = {false, false, false};
   std::vector<std::vector<uint8_t>> handles_;    // [R] each rank's segment handle
 };
 

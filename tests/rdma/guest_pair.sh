@@ -11,10 +11,15 @@ check pair_verbs_rdma_cm EP_IB_CM=rdma_cm driver p.cm 4 "$mine" "${small[@]}" --
 
 # The library: ranks 2N-2 and 2N-1 here, rank 0's bootstrap at 10.77.0.1.
 export EP_HOST_ID=vm$VM_NODE EP_COMM_SECRET=rdma-vm-test EP_IB_TIMEOUT=14
-# The library's own traffic class, told apart on the wire from the module checks' (DSCP 10, 46, 48).
-export EP_IB_TC=104
+# The library's own traffic classes, told apart on the wire from one another
+# and from the module checks' (DSCP 10, 46, 48): throughput DSCP 26, low
+# latency 30, control 28. The ranks of two runs log their connections (each
+# class's local QPs), which run.sh matches against the capture.
+export EP_IB_TC_THROUGHPUT=104 EP_IB_TC_LOW_LATENCY=120 EP_IB_TC_CONTROL=112
 bench=("$BUILD/bin/ep_bench" --check --iters 1 --warmup 1 --shape 2048:4:16:96 --shape 1000:3:8:31 --timeout-ms 30000)
-check pair_ep_bench_4_ranks_exchange ranks 29501 4 "$mine" "${bench[@]}"
+check pair_ep_bench_4_ranks_exchange EP_DEBUG=INFO EP_DEBUG_SUBSYS=TRANSPORT ranks 29501 4 "$mine" "${bench[@]}"
+check pair_ep_bench_ll_4_ranks EP_DEBUG=INFO EP_DEBUG_SUBSYS=TRANSPORT ranks 29506 4 "$mine" "$BUILD/bin/ep_bench" \
+  --mode ll --check --iters 1 --warmup 1 --shape 1024:4:16:8 --timeout-ms 30000
 check pair_ep_bench_4_ranks_rdma_cm EP_IB_CM=rdma_cm ranks 29502 4 "$mine" "${bench[@]}"
 check pair_mp_dispatch_4_ranks ranks 29503 4 "$mine" "$BUILD/tests/mp_dispatch" --case 5 --seed 7
 # One communicator, rounds checked each time: descriptors, threads and verbs

@@ -5,7 +5,8 @@
 
 Counts RoCE v2 frames (UDP port 4791) by (destination address, destination
 QP number, DSCP). With the logs of ib_transport_check, whose "conn" lines
-name each connection's class, its traffic class and its local QP, it checks
+name each connection's class, its traffic class and its local QP (and those of
+the library's ranks, whose ibverbs module logs the same at EP_DEBUG=INFO), it checks
 that every frame to a QP carries the DSCP of that QP's class, and that each
 class was seen on the wire; exit 1 otherwise. Node N's ranks have address
 10.77.0.N (ranks 2N-2 and 2N-1)."""
@@ -45,11 +46,21 @@ def main():
     counts = Counter(r for r in map(roce, frames(sys.argv[1])) if r)
     expect = {}  # (ip, qpn) -> (class, dscp)
     line = re.compile(r'\[rank (\d+)\] conn peer \d+ class (\d): .* TC (\d+) .*QP (\d+),')
+    # The library's ranks (EP_DEBUG=INFO): the ibverbs module's connection lines.
+    names = {'throughput': 0, 'low-latency': 1, 'control': 2}
+    lib = re.compile(r'transport ibverbs: rank (\d+): connected to rank \d+ \(([a-z-]+)\) .*'
+                     r'\[local QPs ([\d ]+)\], TC (\d+),')
     for log in sys.argv[2:]:
-        for m in map(line.search, open(log, errors='replace')):
+        for text in open(log, errors='replace'):
+            m = line.search(text)
             if m:
                 rank, cls, tc, qpn = map(int, m.groups())
                 expect[('10.77.0.%d' % (rank // 2 + 1), qpn)] = (cls, tc >> 2)
+            m = lib.search(text)
+            if m:
+                rank, tc = int(m.group(1)), int(m.group(4))
+                for qpn in m.group(3).split():
+                    expect[('10.77.0.%d' % (rank // 2 + 1), int(qpn))] = (names[m.group(2)], tc >> 2)
     bad, seen = 0, Counter()
     for (ip, qpn, dscp), n in sorted(counts.items()):
         want = expect.get((ip, qpn))

@@ -65,20 +65,25 @@ if [ "$what" = all ] || [ "$what" = pair ]; then
   stage pair 2 -t 400 -p
   job=$LAST_JOB
   cat "$job"/out/times.* 2>/dev/null
-  # The module checks' frames: each QP's class's DSCP (10, 46, 48); the library's: DSCP 26.
+  # The module checks' frames: each QP's class's DSCP (10, 46, 48); the
+  # library's (its ranks' logs of ports 29501 and 29506): throughput 26, low
+  # latency 30, control 28, each class on QPs of its own.
   if [ -n "${RDMA_ONLY:-}" ]; then
     rm -f "$job"/net.*.pcap
   else
   echo "=== DSCP on the wire (capture of VM 1's link)"
   if /usr/bin/python3 "$ROOT/tests/rdma/pcap_dscp.py" "$job/net.1.pcap" "$job"/p.ex/r*.log "$job"/p.cm/r*.log \
-      >"$job/dscp.txt"; then
+      "$job"/out/rank*.29501.log "$job"/out/rank*.29506.log >"$job/dscp.txt"; then
     grep -E "^class|^PASS" "$job/dscp.txt"
   else
     tail -n 20 "$job/dscp.txt"; status=1
   fi
-  lib_frames=$(awk '/DSCP 26,/ {n += $(NF - 1) + 0} END {print n + 0}' "$job/dscp.txt")
-  echo "library (EP_IB_TC=104): $lib_frames frames with DSCP 26"
-  [ "$lib_frames" -gt 0 ] || status=1
+  for c in "0 26 throughput" "1 30 low-latency" "2 28 control"; do
+    read -r cls dscp cname <<<"$c"
+    lib_frames=$(awk -v c="class $cls (DSCP $dscp):" 'index($0, c) == 1 {print $(NF - 1)}' "$job/dscp.txt")
+    echo "library, $cname class: ${lib_frames:-no} frames with DSCP $dscp on its QPs"
+    [ "${lib_frames:-0}" -gt 0 ] || status=1
+  done
   rm -f "$job"/net.*.pcap  # large; the counts are in dscp.txt
   fi
 fi

@@ -236,7 +236,8 @@ void summary_and_report(void**) {
   assert_contains(text.c_str(), "IB: SL 0/3/0, adaptive routing on/auto/auto");
   assert_contains(text.c_str(), "GID index 3, QPs per peer 4");
   assert_contains(text.c_str(), "     2    1 rail+fwd via rank 3");
-  assert_contains(text.c_str(), "network QPs of this rank: 8");  // 2 ranks on the other node x 4
+  // throughput to 1 rail peer x 4, low latency to 2 ranks on the other node x 4, control 2 x 1
+  assert_contains(text.c_str(), "network QPs of this rank: 14 (throughput 1 x 4, low latency 2 x 4, control 2 x 1)");
 }
 
 // The QP count of docs/TOPOLOGY.md ("Queue pairs") for a 32-node plan of 8
@@ -252,9 +253,23 @@ void qp_count_of_a_32_node_plan(void**) {
     ib.qps_per_peer = q;
     assert_ok(ep::planDryRun(t, std::vector<int>(32, 8), ib, allNvlink, &m, &plans));
     assert_int_equal(plans.size(), 256);
-    for (const Plan& p : plans) assert_int_equal(ep::planNetworkQps(p), int64_t(248) * q);
+    // Throughput: q to each of the 31 rail peers; low latency: q to each of
+    // the 248 ranks on other nodes; control: 1 to each of them.
+    for (const Plan& p : plans) {
+      assert_int_equal(p.rail_pairs, 31);
+      assert_int_equal(ep::planNetworkQps(p), int64_t(31) * q + int64_t(248) * q + 248);
+    }
   }
-  assert_int_equal(ep::networkQpCount(248, 16), 3968);
+  assert_int_equal(ep::networkQpCount(31, 248, 16), 31 * 16 + 248 * 16 + 248);
+  {  // nodes of 8 and 4: local 1 of the small node is the rail peer of locals 1 and 5 of the large one
+    ep::NodeMap m2;
+    std::vector<Plan> uneven = dryRun(t, {8, 4}, allNvlink, &m2);
+    assert_int_equal(uneven[9].rail_pairs, 2);  // rank 9 = node 1, local 1
+    assert_int_equal(uneven[1].rail_pairs, 1);
+    assert_int_equal(uneven[5].rail_pairs, 1);
+    assert_int_equal(ep::planNetworkQps(uneven[9]), 2 + 8 + 8);
+    assert_int_equal(ep::planNetworkQps(uneven[5]), 1 + 4 + 4);
+  }
   ep::NodeMap m;  // one node: no network QPs at all
   std::vector<Plan> plans = dryRun(t, {8}, allNvlink, &m);
   for (const Plan& p : plans) assert_int_equal(ep::planNetworkQps(p), 0);

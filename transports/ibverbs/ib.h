@@ -144,7 +144,9 @@ struct Comm {
   epTransportCommInfo_v2_t info{};
   Port port;
   bool use_cm = false;
-  int nqps = 1;
+  int nqps = 1;  // ib_qps_per_peer: QPs of a throughput or low-latency connection
+  // Control traffic (credits, flags, small counts) needs no striping: one QP.
+  int qpsOf(epTrafficClass_t cls) const { return cls == epTrafficControl ? 1 : nqps; }
   std::vector<std::unique_ptr<Conn>> conns;  // every connection, owned; [peer * 3 + cls]
   uint64_t puts = 0;                         // for the fault's trigger
   bool fault_done = false;

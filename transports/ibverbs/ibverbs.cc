@@ -17,6 +17,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <new>
 
 #include "ib.h"
@@ -202,8 +203,14 @@ epResult_t ibConnect(void* vcomm, int peer, epTrafficClass_t cls, const void* ep
   if (conn->connected) return fail(comm, epInvalidUsage, peer, "rank %d (%s) connected twice", peer, className(cls));
   const epResult_t res = comm->use_cm ? cmConnect(conn, ep, bytes) : connectExchange(conn, ep, bytes);
   if (res != epSuccess) return res;
-  logf(comm->ctx, epTransportLogInfo, "rank %d: connected to rank %d (%s) at %s, %zu QP(s), inline up to %u bytes",
-       comm->info.rank, peer, className(cls), conn->remote_desc, conn->qps.size(), conn->max_inline);
+  // The local QP numbers and the class's traffic class: a capture can then
+  // tell each class's frames apart (tests/rdma/pcap_dscp.py).
+  std::string qpns;
+  for (const Qp& q : conn->qps) qpns += (qpns.empty() ? "" : " ") + std::to_string(q.qp ? q.qp->qp_num : 0);
+  logf(comm->ctx, epTransportLogInfo,
+       "rank %d: connected to rank %d (%s) at %s, %zu QP(s) [local QPs %s], TC %d, SL %d, inline up to %u bytes",
+       comm->info.rank, peer, className(cls), conn->remote_desc, conn->qps.size(), qpns.c_str(),
+       comm->info.classes[cls].traffic_class, comm->info.classes[cls].service_level, conn->max_inline);
   *out = conn;
   return epSuccess;
 }

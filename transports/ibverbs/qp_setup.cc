@@ -71,16 +71,17 @@ epResult_t createConn(Comm* comm, int peer, epTrafficClass_t cls, Conn** out) {
   int made = 0;  // the QPs of this communicator's live connections (closed ones give theirs back)
   for (const auto& k : comm->conns)
     if (k) made += int(k->qps.size());
-  if (budget > 0 && made + comm->nqps > budget)
+  const int nqps = comm->qpsOf(cls);
+  if (budget > 0 && made + nqps > budget)
     return fail(comm, epInvalidUsage, peer, "rank %d (%s): %d more QPs would pass this rank's QP budget of %d "
-                "(%d made; ib_qp_budget, EP_IB_QP_BUDGET)", peer, className(cls), comm->nqps, budget,
+                "(%d made; ib_qp_budget, EP_IB_QP_BUDGET)", peer, className(cls), nqps, budget,
                 made);
   auto conn = std::make_unique<Conn>();
   conn->comm = comm;
   conn->peer = peer;
   conn->cls = cls;
   conn->depth = std::min<uint32_t>(kSendDepth, uint32_t(std::max(16, p.dev_attr.max_qp_wr)));
-  const int cqe = std::min<int>(int(conn->depth) * comm->nqps + 16, std::max(64, p.dev_attr.max_cqe));
+  const int cqe = std::min<int>(int(conn->depth) * nqps + 16, std::max(64, p.dev_attr.max_cqe));
   conn->cq = c->v.create_cq(p.ctx, cqe, conn.get(), nullptr, 0);
   if (conn->cq == nullptr)
     return fail(comm, epSystemError, peer, "rank %d (%s): ibv_create_cq of %d entries failed on %s: %s", peer,
@@ -97,7 +98,7 @@ epResult_t createConn(Comm* comm, int peer, epTrafficClass_t cls, Conn** out) {
                 p.device.c_str(), strerror(e));
   }
   g_live_objects++;
-  conn->qps.resize(size_t(comm->nqps));
+  conn->qps.resize(size_t(nqps));
   if (!comm->use_cm) {  // rdma_cm makes its QPs on its ids, at connection
     for (Qp& q : conn->qps) {
       struct ibv_qp_init_attr a = qpInitAttr(conn.get());
@@ -179,7 +180,7 @@ epResult_t makeEndpoint(Conn* conn, void* buf, size_t* bytes) {
   w.rank = comm->info.rank;
   w.peer = conn->peer;
   w.cls = int32_t(conn->cls);
-  w.nqps = uint32_t(comm->nqps);
+  w.nqps = uint32_t(conn->qps.size());
   w.lid = p.attr.lid;
   w.port = uint8_t(p.port);
   w.mtu = uint8_t(p.attr.active_mtu);
@@ -218,9 +219,9 @@ epResult_t checkEndpoint(Conn* conn, const void* blob, size_t bytes, WireEndpoin
                 "rank %d sets up connections %s, this rank %s: EP_IB_CM must be the same on every rank", peer,
                 w->mode ? "through rdma_cm" : "by endpoint exchange",
                 comm->use_cm ? "through rdma_cm" : "by endpoint exchange");
-  if (int(w->nqps) != comm->nqps)
-    return fail(comm, epInvalidUsage, peer, "rank %d opens %u QPs per connection, this rank %d (ib_qps_per_peer)",
-                peer, w->nqps, comm->nqps);
+  if (w->nqps != conn->qps.size())
+    return fail(comm, epInvalidUsage, peer, "rank %d opens %u QPs per connection, this rank %zu (ib_qps_per_peer)",
+                peer, w->nqps, conn->qps.size());
   if ((w->roce != 0) != comm->port.roce)
     return fail(comm, epNotSupported, peer, "rank %d's port (%s) is %s, this rank's (%s) %s: they cannot connect",
                 peer, w->device, w->roce ? "RoCE" : "InfiniBand", comm->port.device.c_str(),

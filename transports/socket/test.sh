@@ -90,23 +90,43 @@ EXPECT='soak rank 3: 400 rounds' across "mp_dispatch --soak 400, 2 nodes x 2" 4 
   "$BUILD/tests/mp_dispatch" -n 4 --soak 400 --warmup 20
 
 # The QP budget (docs/TOPOLOGY.md, "Queue pairs"): 4 nodes x 2 give each rank
-# 6 ranks on other nodes, 6 connections of one QP (stream set): a budget of 6
-# runs, one of 5 is refused at init by every rank, naming the numbers.
-across "mp_dispatch 4 nodes x 2, EP_IB_QP_BUDGET=6 (= the count)" 8 env EP_IB_QP_BUDGET=6 \
+# 6 ranks on other nodes, 3 of them its rail peers: throughput 3 x 1, low
+# latency 6 x 1, control 6 x 1 = 15 QPs (stream sets). A budget of 15 runs,
+# one of 14 is refused at init by every rank, naming the numbers. The run of
+# high-throughput calls connects each class to whom it should: throughput to
+# the 3 rail peers, control to all 6, low latency to none (no such call).
+across "mp_dispatch 4 nodes x 2, EP_IB_QP_BUDGET=15 (= the count)" 8 env EP_IB_QP_BUDGET=15 \
   "$BUILD/tests/mp_dispatch" -n 8 --cases 1 --seed 4408
-echo "=== socket: EP_IB_QP_BUDGET=5 refused at init"
+classes=$(for c in 0 1 2; do grep -c "connected to rank .*, class $c:" "$log"; done | tr '\n' ' ')
+echo "=== socket: connections per class (throughput, low latency, control) of 8 ranks: $classes(want 24 0 48)"
+if [ "$classes" = "24 0 48 " ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); note_failure "connections per class: $classes, not 24 0 48"; fi
+echo "=== socket: EP_IB_QP_BUDGET=14 refused at init"
 start=$SECONDS
-EP_TRANSPORTS=shm,socket EP_NODE_SIZE=2 EP_IB_QP_BUDGET=5 timeout 120 "$BUILD/tests/mp_dispatch" -n 8 --cases 1 \
+EP_TRANSPORTS=shm,socket EP_NODE_SIZE=2 EP_IB_QP_BUDGET=14 timeout 120 "$BUILD/tests/mp_dispatch" -n 8 --cases 1 \
   >"$log" 2>&1
 rc=$?
-refusals=$(grep -c 'would open 6 queue pairs (6 ranks on other nodes x ib_qps_per_peer 1), more than ib_qp_budget = 5' "$log")
+refusals=$(grep -c 'would open 15 queue pairs (throughput 3 peers x 1, low latency 6 ranks on other nodes x 1, control 6 x 1), more than ib_qp_budget = 14' "$log")
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$refusals" -eq 8 ]; then
-  passed=$((passed + 1)); echo "=== socket: EP_IB_QP_BUDGET=5 refused at init: PASSED ($((SECONDS - start)) s)"
+  passed=$((passed + 1)); echo "=== socket: EP_IB_QP_BUDGET=14 refused at init: PASSED ($((SECONDS - start)) s)"
 else
-  tail -20 "$log"; failed=$((failed + 1)); note_failure "EP_IB_QP_BUDGET=5 refused at init (exit $rc)" "$log"
-  echo "=== socket: EP_IB_QP_BUDGET=5 refused at init: FAILED (exit $rc, $refusals of 8 ranks named the budget)"
+  tail -20 "$log"; failed=$((failed + 1)); note_failure "EP_IB_QP_BUDGET=14 refused at init (exit $rc)" "$log"
+  echo "=== socket: EP_IB_QP_BUDGET=14 refused at init: FAILED (exit $rc, $refusals of 8 ranks named the budget)"
 fi
 
+# Low-latency calls connect their class at the first call, to every rank on
+# another node (2 x 2 ranks: 2 each), and only then: of ep_bench's two
+# communicators (the one of the timed calls, and the one its barriers run on), only the one that
+# makes low-latency calls opens them. Connections in all: throughput 4 x 1 per
+# communicator, control 4 x 2, low latency 4 x 2 once.
+across "ep_bench 2 nodes x 2 --mode ll, one shape: low-latency connections at the first call" 4 \
+  "$BUILD/bin/ep_bench" -n 4 --mode ll --check --iters 1 --warmup 0 --shape 2064:5:12:37
+classes=$(for c in 0 1 2; do grep -c "connected to rank .*, class $c:" "$log"; done | tr '\n' ' ')
+lazy=$(grep -c 'connected its low-latency class to 2 ranks on other nodes' "$log")
+echo "=== socket: low-latency run: connections per class $classes(want 8 8 16); $lazy ranks (want 4) connected" \
+  "low latency at a call"
+if [ "$classes" = "8 8 16 " ] && [ "$lazy" -eq 4 ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); note_failure "low-latency connections: $classes, $lazy ranks, not 8 8 16 and 4"; fi
 # EP_TRANSPORTS=socket alone chooses TCP between nodes and keeps shm inside
 # them; a network transport named but unavailable is an error, never a quiet
 # fall-back (ibverbs: no RDMA device on the machines that run this).
