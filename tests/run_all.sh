@@ -111,6 +111,8 @@ run "mp_dispatch 4 threads (epCommInitAll)" timeout 600 "$BUILD/tests/mp_dispatc
 for n in 1 2 3 4; do
   run "mp_lowlat $n ranks" timeout 600 "$BUILD/tests/mp_lowlat" -n "$n" --cases 10 --seed $((2000 + n))
 done
+run "mp_lowlat 3 ranks, high-throughput calls between the low-latency ones" timeout 600 "$BUILD/tests/mp_lowlat" \
+  -n 3 --cases 6 --seed 2010 --interleave-ht
 run "test_fuzz_api 4 ranks (threads, the same random arguments on every rank)" timeout 300 \
   "$BUILD/tests/test_fuzz_api" --ranks 4 --iters 2000 --seed 4
 run "mp_topo (4 ranks as 2 nodes of 2)" timeout 300 "$BUILD/tests/mp_topo"

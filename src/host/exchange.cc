@@ -66,12 +66,13 @@ void Exchanger::announceClose() {
   for (int r = 0; r < comm_.nranks(); r++) {
     if (r == me) continue;
     if (remote(r)) {  // best effort: a peer that misses it still sees the connection close
-      // The source's flag on the connection of its ring's last chunk, so that
-      // it lands after that chunk (a peer that saw it first would take this
-      // rank for gone with its last data still on the way).
-      net_->signal(r, geo_.ctrlOffset(me) + offsetof(RingCtrl, source_closed), 1,
-                   ring_cls_[size_t(r)] >= 0 ? epTrafficClass_t(ring_cls_[size_t(r)]) : epTrafficControl);
-      net_->signal(r, geo_.shadowOffset(me) + offsetof(RingCtrl, owner_closed), 1);
+      // Both flags on the connection of the last chunk this rank put into r's
+      // ring, so that they land after it: r, still waiting for that chunk,
+      // would otherwise take this rank for gone with its data on the way.
+      const epTrafficClass_t last =
+          ring_cls_[size_t(r)] >= 0 ? epTrafficClass_t(ring_cls_[size_t(r)]) : epTrafficControl;
+      net_->signal(r, geo_.ctrlOffset(me) + offsetof(RingCtrl, source_closed), 1, last);
+      net_->signal(r, geo_.shadowOffset(me) + offsetof(RingCtrl, owner_closed), 1, last);
       continue;
     }
     storeRelease(&geo_.ctrl(segments_[r], me)->source_closed, 1);  // the ring this rank writes, in r's segment

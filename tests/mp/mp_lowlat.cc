@@ -1,7 +1,8 @@
 // Low-latency dispatch / combine on the host backend against a reference
 // written from docs/SEMANTICS.md, on random shapes, whole and split into send / receive halves.
 //
-//   mp_lowlat -n RANKS [--cases C] [--seed S]
+//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht]
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -88,6 +89,77 @@ float yValue(uint64_t seed, int rank, int expert, int src, int token, int j) {
   return combineValue(seed ^ (uint64_t(expert) << 24), rank, src, token, j);
 }
 
+// --interleave-ht: between the low-latency dispatch and its combine, a
+// high-throughput dispatch of the same tokens and a combine of the rows as
+// received (no weights): each output row is x times the number of ranks that
+// received the token. Across nodes the two kinds of call travel on
+// connections of different traffic classes through the same rings, so this
+// is where a ring that changed class too early would show.
+bool g_interleave_ht = false;
+
+void interleavedHighThroughput(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm,
+                               Tally* tally) {
+  const int R = s.nranks, L = s.experts / R, H = s.hidden, K = s.topk_of[rank], T = s.tokens[rank];
+  const Input& mine = all[size_t(rank)];
+  auto ranksOf = [&](int src, int t) {  // the ranks token t of src goes to
+    std::vector<bool> to(size_t(R), false);
+    const int Ks = s.topk_of[src];
+    for (int k = 0; k < Ks; k++) {
+      const int64_t e = all[size_t(src)].topk[size_t(t) * Ks + k];
+      if (e >= 0) to[size_t(e / L)] = true;
+    }
+    return to;
+  };
+  int64_t want_recv = 0;
+  for (int src = 0; src < R; src++)
+    for (int t = 0; t < s.tokens[src]; t++) want_recv += ranksOf(src, t)[size_t(rank)];
+  const int64_t cap = int64_t(R) * s.max_tokens;
+  std::vector<uint16_t> recv(size_t(cap) * H + 1, 0xeeee);
+  int64_t num_recv = -1;
+  // Every rank passes the config's top-k columns (-1 beyond its own): high
+  // throughput takes no rank with more columns than another.
+  std::vector<int64_t> topk(size_t(T) * s.topk, -1);
+  for (int t = 0; t < T; t++)
+    for (int k = 0; k < K; k++) topk[size_t(t) * s.topk + k] = mine.topk[size_t(t) * K + k];
+  epDispatchArgs_t a = EP_DISPATCH_ARGS_INITIALIZER;
+  a.x = mine.x.data();
+  a.x_type = epBfloat16;
+  a.topk_idx = topk.data();
+  a.topk_idx_type = epInt64;
+  a.num_tokens = T;
+  a.num_topk = s.topk;
+  a.recv_x = recv.data();
+  a.recv_capacity = cap;
+  a.num_recv = &num_recv;
+  epHandle_t h = nullptr;
+  const bool dispatched = epDispatch(comm, &a, &h, nullptr) == epSuccess;
+  tally->check(dispatched, "high-throughput dispatch between low-latency calls", rank);
+  if (!dispatched) {
+    fprintf(stderr, "  rank %d: %s\n", rank, epGetLastError(comm));
+    return;
+  }
+  tally->check(num_recv == want_recv, "its row count", rank);
+  std::vector<uint16_t> out(size_t(std::max(T, 1)) * H, 0xffff);
+  epCombineArgs_t c = EP_COMBINE_ARGS_INITIALIZER;
+  c.y = recv.data();
+  c.out = out.data();
+  tally->check(epCombine(comm, &c, h, nullptr) == epSuccess, "its combine", rank);
+  bool ok = true;
+  for (int t = 0; t < T && ok; t++) {
+    const std::vector<bool> to = ranksOf(rank, t);
+    const float n = float(std::count(to.begin(), to.end(), true));
+    for (int j = 0; j < H && ok; j++) {
+      // As values: a token that went nowhere is +0 (no -0 from 0 x a negative x).
+      ok = fromBf16(out[size_t(t) * H + j]) == fromBf16(toBf16(n * fromBf16(mine.x[size_t(t) * H + j])));
+      if (!ok)
+        fprintf(stderr, "  rank %d token %d [%d]: %g, want %g x %g\n", rank, t, j, fromBf16(out[size_t(t) * H + j]), n,
+                fromBf16(mine.x[size_t(t) * H + j]));
+    }
+  }
+  tally->check(ok, "its combine output (x times the ranks that received it)", rank);
+  epHandleDestroy(h);
+}
+
 void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally* tally) {
   const int rank = li.rank, R = s.nranks, L = s.experts / R, M = s.max_tokens, H = s.hidden, K = s.topk_of[rank];
   const size_t cap = size_t(R) * M;
@@ -168,6 +240,8 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally
   tally->check(layout_ok, "ll expert-major layout, counts and sources", rank);
   tally->check(values_ok, "ll received values and scales", rank);
 
+  if (g_interleave_ht) interleavedHighThroughput(s, all, rank, comm, tally);
+
   // Combine: y[e][slot] from (rank, expert, source, token); expected sum as docs/SEMANTICS.md states it.
   std::vector<uint16_t> y(size_t(L) * cap * H, 0);
   for (int e = 0; e < L; e++)
@@ -217,8 +291,9 @@ int main(int argc, char** argv) {
     if (arg == "-n" && i + 1 < argc) nranks = atoi(argv[++i]);
     else if (arg == "--cases" && i + 1 < argc) cases = atoi(argv[++i]);
     else if (arg == "--seed" && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
+    else if (arg == "--interleave-ht") g_interleave_ht = true;
     else {
-      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S]\n", argv[0]);
+      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht]\n", argv[0]);
       return 2;
     }
   }

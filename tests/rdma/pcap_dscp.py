@@ -47,8 +47,8 @@ def main():
     expect = {}  # (ip, qpn) -> (class, dscp)
     line = re.compile(r'\[rank (\d+)\] conn peer \d+ class (\d): .* TC (\d+) .*QP (\d+),')
     # The library's ranks (EP_DEBUG=INFO): the ibverbs module's connection lines.
-    names = {'throughput': 0, 'low-latency': 1, 'control': 2}
-    lib = re.compile(r'transport ibverbs: rank (\d+): connected to rank \d+ \(([a-z-]+)\) .*'
+    names = {'throughput': 0, 'low latency': 1, 'control': 2}
+    lib = re.compile(r'transport ibverbs: rank (\d+): connected to rank \d+ \(([a-z ]+)\) .*'
                      r'\[local QPs ([\d ]+)\], TC (\d+),')
     for log in sys.argv[2:]:
         for text in open(log, errors='replace'):

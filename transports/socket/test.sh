@@ -9,7 +9,9 @@
 #      ep_bench --check (high throughput and low latency), and tiny buffers
 #      (EP_BUFFER_BYTES_CAP) so that the rings wrap many times; each run's log
 #      must show that ranks on other nodes went through socket; mp_errors
-#      cases with every rank a node (a rank that exits is named by socket)
+#      cases with every rank a node (a rank that exits is named by socket);
+#      low-latency and high-throughput calls interleaved (mp_lowlat
+#      --interleave-ht); connections per traffic class; the QP budget
 # Builds nothing: `make` (or `make modules tests tools`) first.
 set -u
 BUILD=${BUILD:-build}
@@ -82,6 +84,14 @@ across "mp_dispatch 4 nodes x 2, EP_BUFFER_BYTES_CAP=900000" 8 env EP_BUFFER_BYT
   "$BUILD/tests/mp_dispatch" -n 8 --cases 3 --seed 4308
 across "ep_bench --mode ll 2 nodes x 2, EP_BUFFER_BYTES_CAP=600000" 4 env EP_BUFFER_BYTES_CAP=600000 \
   "$BUILD/bin/ep_bench" -n 4 --mode ll --check --iters 2 --warmup 1 --shape 7168:8:288:16
+
+# Low-latency and high-throughput calls interleaved on one communicator: the
+# rings change connection (traffic class) at each switch, which is safe only
+# once the old connection's chunks were taken (a test that failed with that
+# wait removed). Tiny buffers: every ring wraps.
+across "mp_lowlat 2 nodes x 2 --interleave-ht, EP_BUFFER_BYTES_CAP=400000" 4 env EP_BUFFER_BYTES_CAP=400000 \
+  "$BUILD/tests/mp_lowlat" -n 4 --cases 8 --seed 71 --interleave-ht
+across "mp_lowlat 4 nodes x 2 --interleave-ht" 8 "$BUILD/tests/mp_lowlat" -n 8 --cases 4 --seed 72 --interleave-ht
 
 # A soak: one communicator, 400 rounds each checked; descriptors and threads
 # the same after the warm-up, resident memory within 4 MiB (docs/BENCHMARKS.md
