@@ -1,6 +1,6 @@
 #!/bin/bash
 # Builds the GPU test programs (gpu_test, gpu_arch_test, gpu_mp_test, gpu_ll_test,
-# fp8_soft_test, pdl_streams, gpu_host_test, notice_probe) and the GPU benchmark
+# fp8_soft_test, pdl_streams, gpu_host_test, notice_probe, proxy_gpu_test) and the GPU benchmark
 # (tools/gpu/ep_bench_gpu.cu) into $BUILD/tests, against $BUILD/lib/libmoeep.so, as
 # tests/gpu/run.sh runs them. The helpers they share are in tools/gpu/ (-Itools).
 #   tests/gpu/build.sh [--no-mp] [--no-ll]
@@ -45,4 +45,7 @@ fi
 "$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -arch=sm_90 -Iinclude -Itools tests/gpu/gpu_host_test.cu tests/gpu/alloc_count.cc -o "$BUILD/tests/gpu_host_test" \
   -L"$BUILD/lib" -lmoeep -Xlinker -rpath -Xlinker "$RPATH" -Xlinker --export-dynamic || fail gpu_host_test
 "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 tests/gpu/notice_probe.cu -o "$BUILD/tests/notice_probe" || fail notice_probe
+# The proxy with a kernel as its producer: the proxy's own sources, not the library.
+"$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -arch=sm_90 -Isrc -Iinclude tests/gpu/proxy_gpu_test.cu src/proxy/proxy.cc \
+  src/proxy/stream_flags.cc -o "$BUILD/tests/proxy_gpu_test" || fail proxy_gpu_test
 exit 0

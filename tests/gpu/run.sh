@@ -98,6 +98,10 @@ if [ "$LL" != 0 ]; then
     tee "$LOGS/gpu_ll_test_node_limit.log" | tail -3
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_ll_test --node-limit: FAILED"; status=1; }
 fi
+# The proxy protocol with a kernel as producer: ring, device flags written by
+# stream writes, errors and a stopped proxy seen by the kernel's waits.
+timeout 120 "$BUILD/tests/proxy_gpu_test" 2>&1 | tee "$LOGS/proxy_gpu_test.log" | grep -E "round trip|stream writes|FAIL|proxy_gpu_test:"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "proxy_gpu_test: FAILED"; status=1; }
 # EP4 / EP8: on fewer GPUs the ranks share GPUs (each a share of the SMs);
 # gpu_ll_test's EP8 on one GPU takes ~450 s (its host side: inputs and the
 # reference of 8 ranks), hence its own timeout.

@@ -3,12 +3,15 @@
 //   mp_dispatch -n RANKS [--cases C] [--seed S]     forks RANKS processes, C shapes
 //   mpirun -n RANKS mp_dispatch --case I [--seed S]  one shape per launch under MPI
 //   mp_dispatch -n RANKS --threads [--cases C]       ranks as threads (epCommInitAll)
-//   mp_dispatch -n RANKS --soak ROUNDS [--warmup W] [--rss-slack-kb K]
+//   mp_dispatch -n RANKS --soak ROUNDS [--warmup W] [--rss-slack-kb K] [--rdma-resource]
 //       one communicator for ROUNDS rounds of dispatch, cached re-dispatch and
 //       combine, each on new routing and data, each checked; after W warm-up
 //       rounds (default 20) a rank's open descriptors, threads and (where the
 //       ibverbs module is loaded) verbs objects must stay exactly the same to
-//       the end, and its resident memory within K KiB (default 4096)
+//       the end, and its resident memory within K KiB (default 4096);
+//       --rdma-resource: also what `rdma resource show` says of the
+//       machine's RDMA objects (pd, cq, qp, mr), the same after the warm-up
+//       and before the last round
 //
 // Every rank regenerates every rank's inputs (mp_common.h), so each checks
 // every element it receives and every element combine returns to it.
@@ -304,7 +307,19 @@ Shape soakRound(const Shape& base, uint64_t seed, int r) {
   return s;
 }
 
-int runSoak(int nranks, uint64_t seed, int rounds, int warmup, long rss_slack_kb) {
+// --rdma-resource: what `rdma resource show` (iproute2) says of the
+// machine's RDMA devices (pd, cq, qp, mr counts), "" where it cannot run.
+std::string rdmaResources() {
+  std::string out;
+  if (FILE* p = popen("rdma resource show 2>/dev/null", "r")) {
+    char buf[512];
+    while (fgets(buf, sizeof(buf), p)) out += buf;
+    pclose(p);
+  }
+  return out;
+}
+
+int runSoak(int nranks, uint64_t seed, int rounds, int warmup, long rss_slack_kb, bool rdma_resource) {
   epUniqueId id;
   LaunchInfo li;
   if (launchRanksWithIds(nranks, 3600, 1, &id, &li) != 0) return 1;
@@ -323,9 +338,20 @@ int runSoak(int nranks, uint64_t seed, int rounds, int warmup, long rss_slack_kb
   }
   Tally tally;
   Usage after_warmup;
+  // The machine's RDMA objects, taken at the start of a round (every rank is
+  // inside the loop then: none has made or destroyed anything since the
+  // previous round, nor will before the next).
+  std::string res_after_warmup, res_end;
   for (int r = 0; r < rounds && tally.failed == 0; r++) {
     if (r == warmup) after_warmup = usageNow();
+    if (rdma_resource && r == warmup) res_after_warmup = rdmaResources();
+    if (rdma_resource && r == rounds - 1) res_end = rdmaResources();
     checkCase(soakRound(base, seed, r), li.rank, comm, r % 2 == 1, &tally);
+  }
+  if (rdma_resource && rounds > warmup) {
+    printf("soak rank %d: rdma resource show after the warm-up:\n%ssoak rank %d: before the last round:\n%s", li.rank,
+           res_after_warmup.c_str(), li.rank, res_end.c_str());
+    tally.check(!res_end.empty() && res_end == res_after_warmup, "rdma resource show: the same objects", li.rank);
   }
   const Usage end = usageNow();
   bool ok = tally.failed == 0;
@@ -392,7 +418,7 @@ int runThreads(int nranks, uint64_t seed, int cases) {
 int main(int argc, char** argv) {
   int nranks = 2, cases = 12, only_case = -1, soak = 0, warmup = 20;
   long rss_slack_kb = 4096;
-  bool threads = false;
+  bool threads = false, rdma_resource = false;
   uint64_t seed = 1;
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
@@ -404,9 +430,10 @@ int main(int argc, char** argv) {
     else if (arg == "--soak" && i + 1 < argc) soak = atoi(argv[++i]);
     else if (arg == "--warmup" && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (arg == "--rss-slack-kb" && i + 1 < argc) rss_slack_kb = atol(argv[++i]);
+    else if (arg == "--rdma-resource") rdma_resource = true;
     else {
       fprintf(stderr, "usage: %s [-n RANKS] [--threads] [--cases C | --case I | --soak ROUNDS [--warmup W] "
-              "[--rss-slack-kb K]] [--seed S]\n", argv[0]);
+              "[--rss-slack-kb K] [--rdma-resource]] [--seed S]\n", argv[0]);
       return 2;
     }
   }
@@ -415,7 +442,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (threads) return runThreads(nranks, seed, cases);
-  if (soak > 0) return runSoak(nranks, seed, soak, warmup, rss_slack_kb);
+  if (soak > 0) return runSoak(nranks, seed, soak, warmup, rss_slack_kb, rdma_resource);
   // One unique id per shape: made before the fork, so every child has them all.
   const bool under_mpi = tools::launcherEnv().started;
   if (under_mpi && only_case < 0) only_case = 0;

@@ -54,7 +54,8 @@ ranks() {  # ranks PORT N "R..." CMD...: launcher variables for each rank here
   local port=$1 n=$2 list=$3 pids=() rc=0 r
   shift 3
   for r in $list; do
-    EP_COMM_ID=10.77.0.1:$port OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_SIZE=$n timeout 200 "$@" >"$OUT/rank$r.$port.log" 2>&1 &
+    EP_COMM_ID=10.77.0.1:$port OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_SIZE=$n timeout "${RANKS_TIMEOUT:-200}" "$@" \
+      >"$OUT/rank$r.$port.log" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || rc=1; done

@@ -31,7 +31,10 @@ check pair_mp_lowlat_interleaved ranks 29507 4 "$mine" "$BUILD/tests/mp_lowlat" 
 # One communicator, rounds checked each time: descriptors, threads and verbs
 # objects (QPs, CQs, MRs) the same after the warm-up, resident memory within
 # 4 MiB.
-check pair_soak_4_ranks ranks 29504 4 "$mine" "$BUILD/tests/mp_dispatch" --soak 100 --warmup 10
+# RDMA_SOAK_ROUNDS (default 100) sets the count; `rdma resource show` in
+# each VM must say the same after the warm-up as before the last round.
+check pair_soak_4_ranks RANKS_TIMEOUT=$((200 + ${RDMA_SOAK_ROUNDS:-100})) ranks 29504 4 "$mine" \
+  "$BUILD/tests/mp_dispatch" --soak "${RDMA_SOAK_ROUNDS:-100}" --warmup 10 --rdma-resource
 
 # A rank killed mid-call: ranks 0 and 1 here (VM 1), rank 2 in VM 2. VM 1
 # gives the word (a file in the shared job folder) and times from it; VM 2

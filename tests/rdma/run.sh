@@ -13,6 +13,8 @@
 # BUILD (default build) holds the library, the module and the test programs;
 # RDMA_VM_WORK (default /tmp/moeep-rdma-vm) the kernel and the job folders.
 # RDMA_ONLY=REGEX runs only the checks whose names match.
+# RDMA_SOAK_ROUNDS=N: rounds of the pair soak (default 100; the VMs do about
+# 4 a second).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -38,8 +40,8 @@ stage() {  # stage NAME VMS [vm_run options]: runs tests/rdma/guest_NAME.sh in e
   local name=$1 vms=$2 job t0 rc
   shift 2
   job=$(mktemp -d "$W/jobs/$name.XXXXXX")
-  printf 'export MOEEP_ROOT=%q BUILD=%q JOB_DIR=%q RDMA_ONLY=%q\n' "$ROOT" "$BUILD" "$job" "${RDMA_ONLY:-}" \
-    >"$job/env"
+  printf 'export MOEEP_ROOT=%q BUILD=%q JOB_DIR=%q RDMA_ONLY=%q RDMA_SOAK_ROUNDS=%q\n' "$ROOT" "$BUILD" "$job" \
+    "${RDMA_ONLY:-}" "${RDMA_SOAK_ROUNDS:-100}" >"$job/env"
   printf 'exec /bin/bash %q\n' "$ROOT/tests/rdma/guest_$name.sh" >"$job/job.sh"
   t0=$(date +%s.%N)
   "$ROOT/tests/rdma/vm_run.sh" -n "$vms" "$@" "$job"
@@ -62,7 +64,7 @@ if [ "$what" = all ] || [ "$what" = loopback ]; then
   stage loopback 1 -t 300
 fi
 if [ "$what" = all ] || [ "$what" = pair ]; then
-  stage pair 2 -t 400 -p
+  stage pair 2 -t $((400 + ${RDMA_SOAK_ROUNDS:-100} / 3)) -p
   job=$LAST_JOB
   cat "$job"/out/times.* 2>/dev/null
   # The module checks' frames: each QP's class's DSCP (10, 46, 48); the
