@@ -92,6 +92,9 @@ kill_test() {  # kill_test PORT LABEL
   done
   [ "$ok" = 2 ]
 }
-check pair_killed_rank_exchange kill_test 29504 exchange
-check pair_killed_rank_rdma_cm EP_IB_CM=rdma_cm kill_test 29505 rdma_cm
+# The kill tests with the 67 ms ACK timeout: a death that rxe does not refuse
+# at once shows after the retries, 6 x 67 ms here, 6 x 2.1 s (13-33 s seen)
+# with the timeout of the data checks.
+check pair_killed_rank_exchange EP_IB_TIMEOUT=14 kill_test 29504 exchange
+check pair_killed_rank_rdma_cm EP_IB_CM=rdma_cm EP_IB_TIMEOUT=14 kill_test 29505 rdma_cm
 exit $((failures > 100 ? 100 : failures))
