@@ -36,7 +36,8 @@ check() {  # check NAME CMD...: passes when CMD exits 0 and no sanitizer wrote a
     failed+=("$name")
     echo "--- $name (exit $rc):"
     grep -E -A25 "ERROR: (Address|Leak)Sanitizer|runtime error:" "$log" | head -60
-    [ $rc -ne 0 ] && tail -5 "$log"
+    # The failed checks' own lines, then the end.
+    [ $rc -ne 0 ] && { grep -E "FAIL|fail" "$log" | head -20; tail -5 "$log"; }
   fi
 }
 
@@ -54,7 +55,24 @@ check bootstrap_selftest "$SAN/tests/bootstrap_selftest"
 # every malloc takes 6-8 s per process on 2 cores, and ranks that finish it
 # seconds apart miss mp_errors' 1.5 s timeouts (a barrier at the end of init).
 export EP_TOPO_XML="$PWD/tests/data/vm_flat.xml"
-check bootstrap_guard "$SAN/tests/bootstrap_guard"
+# bootstrap_guard forks its ranks from a process whose bootstrap root runs a
+# thread; this GCC's ASan has no fork handlers for its allocator, so a child
+# forked while that thread allocates can hang (once seen: a rank "still
+# running after 16000 ms"). Such a hang alone, with no sanitizer report, is
+# run once more and said; a second one, or any report, fails.
+guard_log="$SAN/bootstrap_guard_first.log"
+timeout 600 "$SAN/tests/bootstrap_guard" >"$guard_log" 2>&1
+guard_rc=$?
+if [ $guard_rc -eq 0 ] && ! grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:" "$guard_log"; then
+  passed=$((passed + 1))
+elif [ $guard_rc -ne 0 ] && grep -q "still running after" "$guard_log" &&
+     ! grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:" "$guard_log"; then
+  echo "--- bootstrap_guard: a forked rank hung under ASan; once more:"
+  grep -E "FAIL|still running" "$guard_log" | head -5
+  check bootstrap_guard "$SAN/tests/bootstrap_guard"
+else
+  check bootstrap_guard bash -c "cat '$guard_log'; exit $guard_rc"  # the first run's result and report
+fi
 check "mp_dispatch 3 ranks" "$SAN/tests/mp_dispatch" -n 3 --cases 6 --seed 3003
 check "mp_dispatch 3 threads" "$SAN/tests/mp_dispatch" -n 3 --threads --cases 4
 check "mp_lowlat 3 ranks" "$SAN/tests/mp_lowlat" -n 3 --cases 6 --seed 3004
