@@ -134,6 +134,7 @@ epResult_t buildPlanOf(epComm* comm) {
   in.rank = comm->rank;
   in.topo = topo.get();
   in.ib = comm->cfg.ib;
+  in.low_latency = comm->cfg.low_latency != 0;
   for (const epPeerInfo_v1_t& peer : comm->peers)
     in.bus_id.emplace_back(peer.bus_id, strnlen(peer.bus_id, sizeof(peer.bus_id)));
   EPCHECK(buildPlan(in, &comm->plan));

@@ -162,6 +162,7 @@ epResult_t buildPlan(const PlanInput& in, Plan* out) {
   p.local_rank = m.local_rank[in.rank];
   p.num_nodes = m.num_nodes;
   p.ib = in.ib;
+  p.low_latency = in.low_latency;
   for (int n = 0; n < m.num_nodes; n++) p.masks_valid = p.masks_valid && m.node_size[n] <= kMaxMaskRanks;
 
   // GPU and NIC of this rank.
@@ -256,16 +257,16 @@ epResult_t planDryRun(const Topology& topo, const std::vector<int>& node_sizes, 
   return epSuccess;
 }
 
-int64_t networkQpCount(int throughput_peers, int ranks_on_other_nodes, int qps_per_peer) {
-  return int64_t(throughput_peers) * qps_per_peer + int64_t(ranks_on_other_nodes) * qps_per_peer +
-         int64_t(ranks_on_other_nodes);
+int64_t networkQpCount(int throughput_peers, int low_latency_peers, int control_peers, int qps_per_peer) {
+  return int64_t(throughput_peers) * qps_per_peer + int64_t(low_latency_peers) * qps_per_peer +
+         int64_t(control_peers);
 }
 
 int64_t planNetworkQps(const Plan& p) {
   int remote = 0;
   for (const PeerPath& q : p.peers) remote += q.kind == PathKind::kRail || q.kind == PathKind::kRailForward;
   // Nodes too large for masks: no forwarding, throughput goes to every remote rank.
-  return networkQpCount(p.masks_valid ? p.rail_pairs : remote, remote, p.ib.qps_per_peer);
+  return networkQpCount(p.masks_valid ? p.rail_pairs : remote, p.low_latency ? remote : 0, remote, p.ib.qps_per_peer);
 }
 
 // ---- Printing -------------------------------------------------------------------
@@ -319,7 +320,7 @@ void planPrint(FILE* out, const Plan& p) {
   fprintf(out, "  network QPs of this rank: %lld", (long long)planNetworkQps(p));
   if (remote > 0)
     fprintf(out, " (throughput %d x %d, low latency %d x %d, control %d x 1)", p.masks_valid ? p.rail_pairs : remote,
-            ib.qps_per_peer, remote, ib.qps_per_peer, remote);
+            ib.qps_per_peer, p.low_latency ? remote : 0, ib.qps_per_peer, remote);
   if (ib.qp_budget > 0) fprintf(out, " (budget %d)", ib.qp_budget);
   fprintf(out, "\n");
   fprintf(out, "  peer node path\n");

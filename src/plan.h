@@ -88,6 +88,7 @@ struct Plan {
   // peer, so its RDMA arrives here and is forwarded from here.
   std::vector<uint64_t> rail_sources;  // [N]
   int rail_pairs = 0;  // ranks on other nodes it exchanges high-throughput traffic with (railPair)
+  bool low_latency = true;  // config.low_latency (without it no low-latency connection is made)
   uint64_t nvlink_mask = 0;            // bit i: local rank i of this node is reachable by peer access
   bool masks_valid = true;
   // Where this rank's network traffic leaves.
@@ -103,10 +104,10 @@ struct Plan {
 // Queue pairs (TCP stream sets) a rank opens on the network once every
 // traffic class is connected (docs/TOPOLOGY.md, "Queue pairs"):
 //   throughput   qps_per_peer to each of its throughput peers (its rail pairs)
-//   low latency  qps_per_peer to every rank on another node (at the first
-//                low-latency call)
+//   low latency  qps_per_peer to every rank on another node, at the first
+//                low-latency call (none without config.low_latency)
 //   control      1 to every rank on another node
-int64_t networkQpCount(int throughput_peers, int ranks_on_other_nodes, int qps_per_peer);
+int64_t networkQpCount(int throughput_peers, int low_latency_peers, int control_peers, int qps_per_peer);
 // The same for the rank of plan p (its throughput peers: its rail pairs).
 int64_t planNetworkQps(const Plan& p);
 
@@ -125,6 +126,7 @@ struct PlanInput {
   std::vector<std::string> bus_id;  // [R] GPU of each rank, "" for none (only this node's are read)
   PeerAccessFn access = nullptr;    // NULL: topoPeerAccess (the CUDA hook)
   IbTraffic ib;
+  bool low_latency = true;  // config.low_latency: the low-latency connections can be made
 };
 epResult_t buildPlan(const PlanInput& in, Plan* out);
 

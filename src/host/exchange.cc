@@ -208,7 +208,12 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
   const int R = comm_.nranks(), me = comm_.rank(), per_chunk = geo_.chunk_records;
   if (net_ != nullptr && lowLatencyKind(kind) && !net_->classConnected(epTrafficLowLatency)) {
     // The first low-latency call of every rank: its connections are made
-    // now (collective), so a job that never makes one opens none.
+    // now (collective), so a job that never makes one opens none. Peers may
+    // still be in the previous call, waiting for this rank's last chunks,
+    // whose signals a transport may post only at a later progress (ibverbs:
+    // a striped put's): those are taken first, or the connect's collective
+    // and the peer's wait would hold each other up.
+    EPCHECK(drainRemote(what, call_seq));
     const epResult_t res = net_->connectClass(epTrafficLowLatency);
     if (res != epSuccess) {
       comm_.markFailed(res);
@@ -347,7 +352,48 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
         return failTimeout(sends, recvs, sent, waited < 0 ? R : waited, received, what, call_seq);
     }
   }
+  // Several QPs per connection: the signal of a put striped over them is
+  // posted only once its parts completed, which this rank's progress sees.
+  // A rank that left its call and then waited elsewhere (an NCCL collective
+  // with the peer) would hold the peer in this call: it leaves only once its
+  // peers took its last chunks.
+  if (net_ != nullptr && comm_.config().ib.qps_per_peer > 1) return drainRemote(what, call_seq);
   return epSuccess;
+}
+
+epResult_t Exchanger::drainRemote(const char* what, uint64_t call_seq) {
+  const int R = comm_.nranks(), me = comm_.rank();
+  const auto start = Clock::now();
+  const auto timeout = std::chrono::milliseconds(comm_.config().timeout_ms);
+  for (unsigned idle = 0;; idle++) {
+    int waited = -1;
+    for (int d = 0; d < R && waited < 0; d++) {
+      if (!remote(d)) continue;
+      const RingCtrl* sh = geo_.shadow(segments_[me], d);
+      if (sh->head != loadAcquire(&sh->tail)) waited = d;
+    }
+    if (waited < 0) return epSuccess;
+    int peer = -1;
+    std::string why;
+    const epResult_t res = net_->progress(&peer, &why);
+    if (res != epSuccess) return netFailed(res, peer, why, what, call_seq);
+    if (comm_.aborted()) return setError(comm_, epAborted, "%s: communicator aborted", what);
+    if ((idle & 255) == 255) {
+      if (comm_.peerExited(waited)) return failPeerGone(waited, false, what, call_seq);
+      if (peerClosed(waited)) return failPeerGone(waited, true, what, call_seq);
+      if (Clock::now() - start > timeout) {
+        comm_.markFailed(epTimeout);
+        return setError(comm_, epTimeout, "%s (call %llu): rank %d has not taken this rank's last chunks within %d ms",
+                        what, (unsigned long long)call_seq, waited, comm_.config().timeout_ms);
+      }
+    }
+    if (idle < 64) {
+      sched_yield();
+    } else {
+      struct timespec nap = {0, 2000L};
+      nanosleep(&nap, nullptr);
+    }
+  }
 }
 
 epResult_t Exchanger::exchangeCounts(ChunkKind kind, Routing* routing, const char* what) {

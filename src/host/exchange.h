@@ -65,6 +65,10 @@ class Exchanger {
   // Returns consumed chunks' credits to ranks on other nodes (each ring's
   // tail, as a signal into the source's shadow); false while some are owed.
   bool returnCredits();
+  // Progresses until every rank on another node took every chunk this rank
+  // put into its ring (the credits say so): nothing of this rank's is left
+  // for its progress to post. Errors name the peer waited for.
+  epResult_t drainRemote(const char* what, uint64_t call_seq);
   epResult_t netFailed(epResult_t res, int peer, const std::string& why, const char* what, uint64_t call_seq);
   epResult_t failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq);
   epResult_t failTimeout(const std::vector<StreamSpec>& sends, const std::vector<StreamSpec>& recvs,

@@ -193,17 +193,19 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, const std::vector<boo
   info.qp_budget = cfg.ib.qp_budget;
   // The QPs this rank opens once every class is connected (docs/TOPOLOGY.md,
   // "Queue pairs"), checked before any: a budget the first low-latency call
-  // would break fails here, not in the middle of a job.
+  // would break fails here, not in the middle of a job. Without
+  // config.low_latency no low-latency call can run, so none are counted.
   const int nremote = int(std::count(remote_.begin(), remote_.end(), true));
   const int nht = int(std::count(ht.begin(), ht.end(), true));
-  const int64_t qps = networkQpCount(nht, nremote, cfg.ib.qps_per_peer);
+  const int nll = cfg.low_latency ? nremote : 0;
+  const int64_t qps = networkQpCount(nht, nll, nremote, cfg.ib.qps_per_peer);
   if (cfg.ib.qp_budget > 0 && qps > cfg.ib.qp_budget)
     return setError(comm_, epInvalidArgument,
-                    "rank %d would open %lld queue pairs (throughput %d peers x %d, low latency %d ranks on other "
-                    "nodes x %d, control %d x 1), more than ib_qp_budget = %d (config, else EP_IB_QP_BUDGET): "
-                    "lower ib_qps_per_peer or raise the budget",
-                    me, (long long)qps, nht, cfg.ib.qps_per_peer, nremote, cfg.ib.qps_per_peer, nremote,
-                    cfg.ib.qp_budget);
+                    "rank %d would open %lld queue pairs (throughput %d peers x %d, low latency %d x %d%s, control %d "
+                    "x 1), more than ib_qp_budget = %d (config, else EP_IB_QP_BUDGET): lower ib_qps_per_peer or "
+                    "raise the budget",
+                    me, (long long)qps, nht, cfg.ib.qps_per_peer, nll, cfg.ib.qps_per_peer,
+                    cfg.low_latency ? "" : " (config.low_latency = 0)", nremote, cfg.ib.qp_budget);
   transportClearWarning();
   epResult_t res = t_->comm_open(transport_->ctx, &info, &tcomm_);
   if (res != epSuccess) {
@@ -228,7 +230,15 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, const std::vector<boo
 
 epResult_t NetLinks::connectClass(epTrafficClass_t cls) {
   if (class_connected_[cls]) return epSuccess;
-  EPCHECK(connectPeers(cls, remote_));
+  const epResult_t res = connectPeers(cls, remote_);
+  if (res != epSuccess) {
+    // Peers in this collective learn why instead of waiting for their timeout.
+    bootstrapNotifyFailure(comm_.bootstrap(), res, threadLastError());
+    return res;
+  }
+  // Every rank's side is ready before anyone puts: a QP still in INIT drops
+  // what reaches it (ibverbs' connect by endpoint exchange waits for nothing).
+  EPCHECK(bootstrapBarrier(comm_.bootstrap()));
   EP_INFO(kSubsysInit, "host backend: rank %d connected its %s class to %d ranks on other nodes", comm_.rank(),
           trafficClassName(cls), int(std::count(remote_.begin(), remote_.end(), true)));
   return epSuccess;

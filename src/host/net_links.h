@@ -8,9 +8,10 @@
 //                crosses the network once per node, to its rail peer)
 //   low latency  to every rank on another node, made at the first
 //                low-latency call (a rank that never makes one opens none)
-//   control      to every rank on another node: credits, closing flags,
-//                call numbers, and the counts of ranks with no throughput
-//                connection between them
+//   control      to every rank on another node: credits, call numbers, and
+//                the counts of ranks with no throughput connection between
+//                them (closing flags go on the connection of the ring's last
+//                chunk, so that they land after it)
 // Setup is collective per class (every rank calls open, and connectClass,
 // with the same peer sets, which the node map decides): each rank makes an
 // endpoint per (peer, class), the endpoints cross the bootstrap, each rank
@@ -57,7 +58,9 @@ class NetLinks {
   epResult_t open(const std::vector<bool>& remote, const std::vector<bool>& throughput, void* segment,
                   size_t bytes);
   // Collective: connects cls to every remote rank, unless done already
-  // (the low-latency class, at the first low-latency call of every rank).
+  // (the low-latency class, at the first low-latency call of every rank),
+  // then a barrier, so that no rank puts before every side is ready. A
+  // failure is passed around the bootstrap ring to the ranks waiting in it.
   epResult_t connectClass(epTrafficClass_t cls);
   bool classConnected(epTrafficClass_t cls) const { return class_connected_[cls]; }
 
@@ -73,7 +76,7 @@ class NetLinks {
   // epInProgress: the connection's queue is full; progress, then try again.
   epResult_t put(int peer, epTrafficClass_t cls, size_t local_offset, size_t remote_offset, size_t bytes,
                  size_t signal_offset, uint64_t value);
-  // A signal alone (credits, closing flags), on the control class unless said.
+  // A signal alone (credits, call numbers, closing flags), on the control class unless said.
   epResult_t signal(int peer, size_t signal_offset, uint64_t value, epTrafficClass_t cls = epTrafficControl) {
     return put(peer, cls, 0, 0, 0, signal_offset, value);
   }

@@ -28,6 +28,12 @@ check pair_mp_dispatch_4_ranks ranks 29503 4 "$mine" "$BUILD/tests/mp_dispatch" 
 # Low-latency and high-throughput calls interleaved: each ring changes QPs
 # (traffic class) at every switch, after its chunks on the old QPs were taken.
 check pair_mp_lowlat_interleaved ranks 29507 4 "$mine" "$BUILD/tests/mp_lowlat" --cases 1 --seed 9 --interleave-ht
+# ... with 2 QPs per connection: puts of 256 KiB and more are striped, their
+# signals posted at a later progress; a call ends once its peers took its
+# last chunks, and the first low-latency call waits for them before its
+# collective connect.
+check pair_mp_lowlat_interleaved_2qps EP_IB_QPS_PER_PEER=2 ranks 29508 4 "$mine" "$BUILD/tests/mp_lowlat" --cases 1 \
+  --seed 10 --interleave-ht
 # One communicator, rounds checked each time: descriptors, threads and verbs
 # objects (QPs, CQs, MRs) the same after the warm-up, resident memory within
 # 4 MiB.

@@ -260,7 +260,8 @@ void qp_count_of_a_32_node_plan(void**) {
       assert_int_equal(ep::planNetworkQps(p), int64_t(31) * q + int64_t(248) * q + 248);
     }
   }
-  assert_int_equal(ep::networkQpCount(31, 248, 16), 31 * 16 + 248 * 16 + 248);
+  assert_int_equal(ep::networkQpCount(31, 248, 248, 16), 31 * 16 + 248 * 16 + 248);
+  assert_int_equal(ep::networkQpCount(31, 0, 248, 1), 31 + 248);  // without config.low_latency
   {  // nodes of 8 and 4: local 1 of the small node is the rail peer of locals 1 and 5 of the large one
     ep::NodeMap m2;
     std::vector<Plan> uneven = dryRun(t, {8, 4}, allNvlink, &m2);

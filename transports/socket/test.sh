@@ -92,6 +92,10 @@ across "ep_bench --mode ll 2 nodes x 2, EP_BUFFER_BYTES_CAP=600000" 4 env EP_BUF
 across "mp_lowlat 2 nodes x 2 --interleave-ht, EP_BUFFER_BYTES_CAP=400000" 4 env EP_BUFFER_BYTES_CAP=400000 \
   "$BUILD/tests/mp_lowlat" -n 4 --cases 8 --seed 71 --interleave-ht
 across "mp_lowlat 4 nodes x 2 --interleave-ht" 8 "$BUILD/tests/mp_lowlat" -n 8 --cases 4 --seed 72 --interleave-ht
+# Two connections (streams) per peer and class: each call ends once its peers
+# took its last chunks (what a transport may post only at a later progress).
+across "mp_lowlat 2 nodes x 2 --interleave-ht, EP_IB_QPS_PER_PEER=2" 4 env EP_IB_QPS_PER_PEER=2 \
+  "$BUILD/tests/mp_lowlat" -n 4 --cases 6 --seed 81 --interleave-ht
 
 # A soak: one communicator, 400 rounds each checked; descriptors and threads
 # the same after the warm-up, resident memory within 4 MiB (docs/BENCHMARKS.md
@@ -100,28 +104,42 @@ EXPECT='soak rank 3: 400 rounds' across "mp_dispatch --soak 400, 2 nodes x 2" 4 
   "$BUILD/tests/mp_dispatch" -n 4 --soak 400 --warmup 20
 
 # The QP budget (docs/TOPOLOGY.md, "Queue pairs"): 4 nodes x 2 give each rank
-# 6 ranks on other nodes, 3 of them its rail peers: throughput 3 x 1, low
-# latency 6 x 1, control 6 x 1 = 15 QPs (stream sets). A budget of 15 runs,
-# one of 14 is refused at init by every rank, naming the numbers. The run of
-# high-throughput calls connects each class to whom it should: throughput to
-# the 3 rail peers, control to all 6, low latency to none (no such call).
-across "mp_dispatch 4 nodes x 2, EP_IB_QP_BUDGET=15 (= the count)" 8 env EP_IB_QP_BUDGET=15 \
+# 6 ranks on other nodes, 3 of them its rail peers. mp_dispatch leaves
+# config.low_latency at 0, so no low-latency QP can be made: throughput 3 x 1
+# + control 6 x 1 = 9 QPs (stream sets). A budget of 9 runs, one of 8 is
+# refused at init by every rank, naming the numbers. The run connects each
+# class to whom it should: throughput to the 3 rail peers, control to all 6,
+# low latency to none.
+across "mp_dispatch 4 nodes x 2, EP_IB_QP_BUDGET=9 (= the count)" 8 env EP_IB_QP_BUDGET=9 \
   "$BUILD/tests/mp_dispatch" -n 8 --cases 1 --seed 4408
 classes=$(for c in 0 1 2; do grep -c "connected to rank .*, class $c:" "$log"; done | tr '\n' ' ')
 echo "=== socket: connections per class (throughput, low latency, control) of 8 ranks: $classes(want 24 0 48)"
 if [ "$classes" = "24 0 48 " ]; then passed=$((passed + 1)); else
   failed=$((failed + 1)); note_failure "connections per class: $classes, not 24 0 48"; fi
-echo "=== socket: EP_IB_QP_BUDGET=14 refused at init"
+echo "=== socket: EP_IB_QP_BUDGET=8 refused at init"
 start=$SECONDS
-EP_TRANSPORTS=shm,socket EP_NODE_SIZE=2 EP_IB_QP_BUDGET=14 timeout 120 "$BUILD/tests/mp_dispatch" -n 8 --cases 1 \
+EP_TRANSPORTS=shm,socket EP_NODE_SIZE=2 EP_IB_QP_BUDGET=8 timeout 120 "$BUILD/tests/mp_dispatch" -n 8 --cases 1 \
   >"$log" 2>&1
 rc=$?
-refusals=$(grep -c 'would open 15 queue pairs (throughput 3 peers x 1, low latency 6 ranks on other nodes x 1, control 6 x 1), more than ib_qp_budget = 14' "$log")
+refusals=$(grep -c 'would open 9 queue pairs (throughput 3 peers x 1, low latency 0 x 1 (config.low_latency = 0), control 6 x 1), more than ib_qp_budget = 8' "$log")
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$refusals" -eq 8 ]; then
-  passed=$((passed + 1)); echo "=== socket: EP_IB_QP_BUDGET=14 refused at init: PASSED ($((SECONDS - start)) s)"
+  passed=$((passed + 1)); echo "=== socket: EP_IB_QP_BUDGET=8 refused at init: PASSED ($((SECONDS - start)) s)"
 else
-  tail -20 "$log"; failed=$((failed + 1)); note_failure "EP_IB_QP_BUDGET=14 refused at init (exit $rc)" "$log"
-  echo "=== socket: EP_IB_QP_BUDGET=14 refused at init: FAILED (exit $rc, $refusals of 8 ranks named the budget)"
+  tail -20 "$log"; failed=$((failed + 1)); note_failure "EP_IB_QP_BUDGET=8 refused at init (exit $rc)" "$log"
+  echo "=== socket: EP_IB_QP_BUDGET=8 refused at init: FAILED (exit $rc, $refusals of 8 ranks named the budget)"
+fi
+# With config.low_latency (ep_bench --mode ll), the low-latency QPs count
+# although made later: 2 nodes x 2 give 1 x 1 + 2 x 1 + 2 x 1 = 5; 4 is refused.
+echo "=== socket: EP_IB_QP_BUDGET=4 with config.low_latency refused at init"
+EP_TRANSPORTS=shm,socket EP_NODE_SIZE=2 EP_IB_QP_BUDGET=4 timeout 120 "$BUILD/bin/ep_bench" -n 4 --mode ll \
+  --iters 1 --warmup 0 --shape 2064:5:12:37 >"$log" 2>&1
+rc=$?
+refusals=$(grep -c 'would open 5 queue pairs (throughput 1 peers x 1, low latency 2 x 1, control 2 x 1), more than ib_qp_budget = 4' "$log")
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$refusals" -ge 4 ]; then
+  passed=$((passed + 1)); echo "=== socket: EP_IB_QP_BUDGET=4 with config.low_latency refused: PASSED"
+else
+  tail -20 "$log"; failed=$((failed + 1)); note_failure "EP_IB_QP_BUDGET=4 with low latency (exit $rc)" "$log"
+  echo "=== socket: EP_IB_QP_BUDGET=4 with config.low_latency refused: FAILED (exit $rc, $refusals ranks named it)"
 fi
 
 # Low-latency calls connect their class at the first call, to every rank on
