@@ -1,6 +1,6 @@
 // The kernel's side of the proxy protocol (docs/PROXY.md): one thread pushes
 // commands into the host-mapped command ring and waits on flags the proxy
-// writes into device memory (stream_flags.h). No wait spins for ever: each
+// writes into device memory (src/cuda/stream_flags.h). No wait spins for ever: each
 // returns on the proxy's error flag, on a heartbeat that stood still for the
 // stall bound (the proxy stopped), or at its timeout.
 #pragma once

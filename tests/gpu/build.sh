@@ -47,5 +47,5 @@ fi
 "$CUDA_HOME/bin/nvcc" -O2 -arch=sm_90 tests/gpu/notice_probe.cu -o "$BUILD/tests/notice_probe" || fail notice_probe
 # The proxy with a kernel as its producer: the proxy's own sources, not the library.
 "$CUDA_HOME/bin/nvcc" -std=c++17 -O2 -arch=sm_90 -Isrc -Iinclude tests/gpu/proxy_gpu_test.cu src/proxy/proxy.cc \
-  src/proxy/stream_flags.cc -o "$BUILD/tests/proxy_gpu_test" || fail proxy_gpu_test
+  src/cuda/stream_flags.cc -o "$BUILD/tests/proxy_gpu_test" || fail proxy_gpu_test
 exit 0

@@ -1,7 +1,7 @@
 // The proxy protocol with a GPU as its producer (docs/PROXY.md): a kernel
 // writes commands into the host-mapped ring (src/proxy/device_ring.cuh), the
 // proxy thread posts them and answers through flags in device memory written
-// by stream writes of values (src/proxy/stream_flags.h); the kernel waits on
+// by stream writes of values (src/cuda/stream_flags.h); the kernel waits on
 // those flags, never on host memory.
 //
 // The transport is a loopback in this process (LoopSink): a put copies the
@@ -37,7 +37,7 @@
 
 #include "proxy/device_ring.cuh"
 #include "proxy/proxy.h"
-#include "proxy/stream_flags.h"
+#include "cuda/stream_flags.h"
 
 using namespace ep::proxy;
 

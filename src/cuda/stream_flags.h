@@ -2,7 +2,7 @@
 // a stream write of the value (cuStreamWriteValue64) on a stream of the
 // proxy's own, so a kernel that waits on a flag spins on device memory,
 // never on host memory, and no kernel launch or copy is needed per flag.
-// Built into GPU programs only (CUDA runtime; the driver function comes
+// Built with the CUDA backend (CUDA runtime; the driver function comes
 // through cudaGetDriverEntryPointByVersion, so nothing links libcuda).
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "proxy/stream_flags.h"
+#include "cuda/stream_flags.h"
 
 #include <cstdio>
 
