@@ -262,11 +262,19 @@ int64_t networkQpCount(int throughput_peers, int low_latency_peers, int control_
          int64_t(control_peers);
 }
 
-int64_t planNetworkQps(const Plan& p) {
+PlanQpTerms planQpTerms(const Plan& p) {
   int remote = 0;
   for (const PeerPath& q : p.peers) remote += q.kind == PathKind::kRail || q.kind == PathKind::kRailForward;
-  // Nodes too large for masks: no forwarding, throughput goes to every remote rank.
-  return networkQpCount(p.masks_valid ? p.rail_pairs : remote, p.low_latency ? remote : 0, remote, p.ib.qps_per_peer);
+  PlanQpTerms t;
+  t.throughput = p.masks_valid ? p.rail_pairs : remote;  // nodes too large for masks: no forwarding
+  t.low_latency = p.low_latency ? remote : 0;
+  t.control = remote;
+  return t;
+}
+
+int64_t planNetworkQps(const Plan& p) {
+  const PlanQpTerms t = planQpTerms(p);
+  return networkQpCount(t.throughput, t.low_latency, t.control, p.ib.qps_per_peer);
 }
 
 // ---- Printing -------------------------------------------------------------------
@@ -315,12 +323,11 @@ void planPrint(FILE* out, const Plan& p) {
           autoOr(ib.adaptive_routing[2]).c_str());
   fprintf(out, "TC %d, GID index %s, QPs per peer %d\n", ib.traffic_class,
           ib.gid_index < 0 ? "auto" : std::to_string(ib.gid_index).c_str(), ib.qps_per_peer);
-  int remote = 0;
-  for (const PeerPath& q : p.peers) remote += q.kind == PathKind::kRail || q.kind == PathKind::kRailForward;
+  const PlanQpTerms qp = planQpTerms(p);
   fprintf(out, "  network QPs of this rank: %lld", (long long)planNetworkQps(p));
-  if (remote > 0)
-    fprintf(out, " (throughput %d x %d, low latency %d x %d, control %d x 1)", p.masks_valid ? p.rail_pairs : remote,
-            ib.qps_per_peer, p.low_latency ? remote : 0, ib.qps_per_peer, remote);
+  if (qp.control > 0)
+    fprintf(out, " (throughput %d x %d, low latency %d x %d, control %d x 1)", qp.throughput, ib.qps_per_peer,
+            qp.low_latency, ib.qps_per_peer, qp.control);
   if (ib.qp_budget > 0) fprintf(out, " (budget %d)", ib.qp_budget);
   fprintf(out, "\n");
   fprintf(out, "  peer node path\n");

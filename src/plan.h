@@ -108,7 +108,12 @@ struct Plan {
 //                low-latency call (none without config.low_latency)
 //   control      1 to every rank on another node
 int64_t networkQpCount(int throughput_peers, int low_latency_peers, int control_peers, int qps_per_peer);
-// The same for the rank of plan p (its throughput peers: its rail pairs).
+// The peers of each class's connections for the rank of plan p (its
+// throughput peers: its rail pairs), and the QPs they make.
+struct PlanQpTerms {
+  int throughput = 0, low_latency = 0, control = 0;
+};
+PlanQpTerms planQpTerms(const Plan& p);
 int64_t planNetworkQps(const Plan& p);
 
 // The rank that `rank` talks RDMA to on node n (itself on its own node).

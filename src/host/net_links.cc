@@ -22,10 +22,6 @@ constexpr size_t kNameBytes = 32;
 NetLinks::NetLinks(const TransportEntry* transport, const BackendComm& comm)
     : transport_(transport), t_(transport->net), comm_(comm) {}
 
-const char* trafficClassName(epTrafficClass_t cls) {
-  return cls == epTrafficThroughput ? "throughput" : cls == epTrafficLowLatency ? "low-latency" : "control";
-}
-
 NetLinks::~NetLinks() {
   for (void*& c : conns_)
     if (c) t_->close(c), c = nullptr;
@@ -100,7 +96,7 @@ epResult_t NetLinks::exchangeEndpoints(epTrafficClass_t cls, const std::vector<b
     size_t bytes = buf.size();
     transportClearWarning();
     const epResult_t res = t_->endpoint(tcomm_, r, cls, buf.data(), &bytes);
-    if (res != epSuccess) return fail(res, "rank %d: cannot make a %s endpoint for rank %d", me, trafficClassName(cls), r);
+    if (res != epSuccess) return fail(res, "rank %d: cannot make a %s endpoint for rank %d", me, trafficClassName(int(cls)), r);
     if (bytes > buf.size()) return fail(epInternalError, "rank %d: an endpoint of %zu bytes", me, bytes);
     buf.resize(bytes);
     largest = std::max<uint64_t>(largest, bytes);
@@ -128,7 +124,7 @@ epResult_t NetLinks::exchangeEndpoints(epTrafficClass_t cls, const std::vector<b
     memcpy(&n, p, 4);
     if (n == 0 || n > slot - 4)
       return setError(comm_, epInvalidUsage, "rank %d made no %s %s endpoint for rank %d: the ranks disagree on "
-                      "which ranks it connects to", r, transport_->name, trafficClassName(cls), me);
+                      "which ranks it connects to", r, transport_->name, trafficClassName(int(cls)), me);
     (*theirs)[size_t(r)].assign(p + 4, p + 4 + n);
   }
   return epSuccess;
@@ -240,7 +236,7 @@ epResult_t NetLinks::connectClass(epTrafficClass_t cls) {
   // what reaches it (ibverbs' connect by endpoint exchange waits for nothing).
   EPCHECK(bootstrapBarrier(comm_.bootstrap()));
   EP_INFO(kSubsysInit, "host backend: rank %d connected its %s class to %d ranks on other nodes", comm_.rank(),
-          trafficClassName(cls), int(std::count(remote_.begin(), remote_.end(), true)));
+          trafficClassName(int(cls)), int(std::count(remote_.begin(), remote_.end(), true)));
   return epSuccess;
 }
 
@@ -256,7 +252,7 @@ epResult_t NetLinks::connectPeers(epTrafficClass_t cls, const std::vector<bool>&
     if (res != epSuccess) {
       conn = nullptr;
       return fail(res == epTimeout ? epRemoteError : res, "rank %d cannot connect to rank %d (node %d, %s class)",
-                  me, r, comm_.nodes().node_of_rank[size_t(r)], trafficClassName(cls));
+                  me, r, comm_.nodes().node_of_rank[size_t(r)], trafficClassName(int(cls)));
     }
   }
   class_connected_[cls] = true;
@@ -267,7 +263,7 @@ epResult_t NetLinks::put(int peer, epTrafficClass_t cls, size_t local_offset, si
                          size_t signal_offset, uint64_t value) {
   void* conn = conns_[slot(peer, cls)];
   if (conn == nullptr)  // a caller's bug: classFor chose a class this pair never connected
-    return fail(epInternalError, "rank %d has no %s connection to rank %d", comm_.rank(), trafficClassName(cls), peer);
+    return fail(epInternalError, "rank %d has no %s connection to rank %d", comm_.rank(), trafficClassName(int(cls)), peer);
   const epResult_t res = t_->put(conn, mem_, local_offset, handles_[size_t(peer)].data(),
                                  remote_offset, bytes, signal_offset, value, EP_PUT_SIGNAL, nullptr);
   if (res == epSuccess || res == epInProgress) return res;

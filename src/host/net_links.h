@@ -30,9 +30,6 @@
 namespace ep {
 namespace host {
 
-// "throughput", "low-latency", "control" (for messages).
-const char* trafficClassName(epTrafficClass_t cls);
-
 class NetLinks {
  public:
   // transport: an available version-2 entry.

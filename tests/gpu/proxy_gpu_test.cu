@@ -164,6 +164,12 @@ __global__ void waitKernel(const uint64_t* flags, uint64_t stall_ns, Result* out
   out->ns = deviceNowNs() - t0;
 }
 
+int failures = 0;
+void check(bool ok, const char* what) {
+  printf("  %s: %s\n", ok ? "ok" : "FAIL", what);
+  failures += !ok;
+}
+
 // One proxy with its ring, device flags and loopback transport.
 struct Setup {
   Command* slots = nullptr;  // host-mapped
@@ -177,7 +183,14 @@ struct Setup {
   std::unique_ptr<StreamFlags> writer;
   std::unique_ptr<Proxy> proxy;
 
-  bool init(std::string* why) {
+  // A failure is a failed check, with its reason.
+  bool init() {
+    std::string why;
+    const bool ok = start(&why);
+    if (!ok) check(false, ("setup: " + why).c_str());
+    return ok;
+  }
+  bool start(std::string* why) {
     CK(cudaHostAlloc(&slots, kSlots * sizeof(Command), cudaHostAllocMapped));
     memset(slots, 0, kSlots * sizeof(Command));
     CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&slots_dev), slots, 0));
@@ -199,7 +212,11 @@ struct Setup {
       *why = "watch";
       return false;
     }
-    return proxy->start() == epSuccess || (*why = "start", false);
+    if (proxy->start() != epSuccess) {
+      *why = "the proxy does not start";
+      return false;
+    }
+    return true;
   }
   ~Setup() {
     proxy.reset();
@@ -221,20 +238,10 @@ const char* waitName(int s) {
   }
 }
 
-int failures = 0;
-void check(bool ok, const char* what) {
-  printf("  %s: %s\n", ok ? "ok" : "FAIL", what);
-  failures += !ok;
-}
-
 void casePuts(cudaStream_t s) {
   printf("--- puts: %d puts of %zu bytes through a ring of %u slots\n", kPuts, kChunk, kSlots);
   Setup st;
-  std::string why;
-  if (!st.init(&why)) {
-    check(false, why.c_str());
-    return;
-  }
+  if (!st.init()) return;
   putsKernel<<<1, 256, 0, s>>>(st.slots_dev, st.segment_dev, st.flags, st.result);
   CK(cudaStreamSynchronize(s));
   const Result r = *st.result;
@@ -259,11 +266,7 @@ void caseLatency(cudaStream_t s) {
   const int n = 2000;
   printf("--- latency: %d round trips kernel -> proxy -> signal -> mirrored flag -> kernel\n", n);
   Setup st;
-  std::string why;
-  if (!st.init(&why)) {
-    check(false, why.c_str());
-    return;
-  }
+  if (!st.init()) return;
   uint64_t* ns = nullptr;
   CK(cudaMalloc(&ns, n * sizeof(uint64_t)));
   latencyKernel<<<1, 1, 0, s>>>(st.slots_dev, st.flags, n, ns, st.result);
@@ -284,11 +287,7 @@ void caseLatency(cudaStream_t s) {
 void caseError(cudaStream_t s) {
   printf("--- error: the transport fails the 10th put to rank 1\n");
   Setup st;
-  std::string why;
-  if (!st.init(&why)) {
-    check(false, why.c_str());
-    return;
-  }
+  if (!st.init()) return;
   st.sink->fail_after = 9;
   st.sink->fail_peer = 1;
   putsKernel<<<1, 256, 0, s>>>(st.slots_dev, st.segment_dev, st.flags, st.result);
@@ -303,11 +302,7 @@ void caseError(cudaStream_t s) {
 void caseStalled(cudaStream_t s) {
   printf("--- stalled: the proxy stops while a kernel waits (stall bound 300 ms)\n");
   Setup st;
-  std::string why;
-  if (!st.init(&why)) {
-    check(false, why.c_str());
-    return;
-  }
+  if (!st.init()) return;
   waitKernel<<<1, 1, 0, s>>>(st.flags, 300000000ull, st.result);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const auto t = std::chrono::steady_clock::now();
