@@ -29,7 +29,7 @@ LAYERS = [
         "src/topo/*", "src/plan.*", "src/proxy/*", "transports/*/*",
     ]),
     ("backend interface", [  # what a backend sees of its communicator and must implement
-        "src/config.*", "src/handle.h", "src/backend_comm.*", "src/backend.h",
+        "src/config.*", "src/handle.h", "src/backend_comm.*", "src/backend.h", "src/stager.h",
     ]),
     ("backends", ["src/host/*", "src/cuda/*", "src/cuda_stub.cc"]),
     ("comm", ["src/comm.*"]),  # the communicator: init, destroy, abort

@@ -150,23 +150,11 @@ epResult_t ep::checkDataTypeField(epComm* comm, const char* fn, const char* name
 
 epResult_t ep::checkTopkValues(epComm* comm, const char* fn, const void* topk_idx, epDataType_t type,
                                int num_tokens, int num_topk) {
-  // Host memory can be read here; device memory is checked by the kernels.
+  // Host memory can be read here; device memory is checked by the kernels
+  // (or, on a backend that stages it into host memory, there).
   if (comm->backend == nullptr || !comm->backend->hostMemory() || num_tokens <= 0) return epSuccess;
-  size_t bad = 0;
-  if (!topkValid(topk_idx, type, num_tokens, num_topk, comm->cfg.num_experts, &bad))
-    return setError(comm, epInvalidArgument, "%s: topk_idx[%zu][%zu] = %lld is not -1 or an expert id in [0, %d)",
-                    fn, bad / num_topk, bad % num_topk, (long long)topkAt(topk_idx, type, bad),
-                    comm->cfg.num_experts);
-  if (comm->cfg.max_nodes_per_token > 0) {
-    int worst_token = -1;
-    int worst = maxNodesPerToken(comm->placement, topk_idx, type, num_tokens, num_topk,
-                                 comm->nodes.node_of_rank.data(), comm->nodes.num_nodes, &worst_token);
-    if (worst > comm->cfg.max_nodes_per_token)
-      return setError(comm, epInvalidArgument,
-                      "%s: token %d selects experts on %d nodes, more than config.max_nodes_per_token = %d", fn,
-                      worst_token, worst, comm->cfg.max_nodes_per_token);
-  }
-  return epSuccess;
+  const BackendComm view(comm, comm, comm->bootstrap, &comm->abort_flag, &comm->broken);
+  return checkTopkIds(view, fn, topk_idx, type, num_tokens, num_topk);
 }
 
 epResult_t ep::apiException(const char* fn, epComm* comm) noexcept {

@@ -11,6 +11,7 @@
 #include "backend_comm.h"
 #include "handle.h"
 #include "moeep.h"
+#include "stager.h"
 
 namespace ep {
 
@@ -69,6 +70,17 @@ class Backend {
 // Creates the host backend of comm: registers its buffer with the shm
 // transport and maps every peer's (collective: needs the bootstrap).
 epResult_t createHostBackend(const BackendComm& comm, std::unique_ptr<Backend>* out);
+// Creates the staged backend: the host backend's algorithms on host copies of
+// the caller's buffers, which stager moves (src/host/staged.cc). `name` is
+// the backend's name in messages.
+epResult_t createStagedBackend(const BackendComm& comm, std::unique_ptr<Stager> stager, const char* name,
+                               std::unique_ptr<Backend>* out);
+// A stager of host memory into host memory (EP_TEST_STAGED: the staged path
+// tested without a GPU).
+std::unique_ptr<Stager> makeHostStager();
+// A stager of this rank's GPU memory through pinned host buffers
+// (src/cuda/cuda_stager.cc), or epNotSupported without CUDA.
+epResult_t createCudaStager(const BackendComm& comm, std::unique_ptr<Stager>* out);
 // Creates the CUDA backend, or epNotSupported when the build or machine has none.
 epResult_t createCudaBackend(const BackendComm& comm, std::unique_ptr<Backend>* out);
 // True when this build has CUDA support and a device is visible.

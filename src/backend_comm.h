@@ -84,4 +84,10 @@ class BackendComm {
 epResult_t setError(const BackendComm& comm, epResult_t res, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+// Checks host-readable expert ids of a call: each -1 or an expert of the
+// communicator, and no token on more than config.max_nodes_per_token nodes.
+// epInvalidArgument naming the first bad entry and `fn`.
+epResult_t checkTopkIds(const BackendComm& comm, const char* fn, const void* topk_idx, epDataType_t type,
+                        int num_tokens, int num_topk);
+
 }  // namespace ep

@@ -79,6 +79,7 @@ struct ConfigDigest {
   int host_chunk_tokens, host_ring_slots;
   unsigned long long buffer_bytes_cap;
   int node_size;  // EP_NODE_SIZE: the ranks must agree on which of them share a node
+  int staging;    // EP_CUDA_NETWORK, EP_TEST_STAGED: which backend the ranks make
   IbTraffic ib;  // as resolved; which of them must agree: ibTrafficAgree
 };
 
@@ -87,6 +88,12 @@ struct RankInfo {
   ConfigDigest digest;
   unsigned long long pid_ns;  // pidNamespaceId(): whose pids this rank can watch
 };
+
+bool spansMachines(const std::vector<RankInfo>& infos) {
+  for (const RankInfo& i : infos)
+    if (i.peer.host_hash != infos[0].peer.host_hash) return true;
+  return false;
+}
 
 epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
   const ConfigDigest& mine = infos[comm->rank].digest;
@@ -106,7 +113,9 @@ epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
     EP_CHECK_FIELD(combine_type)
     EP_CHECK_FIELD(backend_kind)
     EP_CHECK_FIELD(low_latency)
-    if (mine.backend_kind == int(epBackendHost)) {
+    EP_CHECK_FIELD(staging)
+    // The host backend's rings: on GPUs too where the ranks span machines (the staged path).
+    if (mine.backend_kind == int(epBackendHost) || mine.staging != 0 || spansMachines(infos)) {
       EP_CHECK_FIELD(host_chunk_tokens)
       EP_CHECK_FIELD(host_ring_slots)
     }
@@ -142,6 +151,16 @@ epResult_t buildPlanOf(epComm* comm) {
   return epSuccess;
 }
 
+// GPU ranks reach each other by CUDA IPC on one machine; ranks on several
+// machines (or nodes of one machine with EP_CUDA_NETWORK=1) go through the
+// staged path over the network transports.
+bool cudaNeedsNetwork(const epComm& comm) {
+  if (comm.nodes.num_nodes < 2) return false;
+  for (const epPeerInfo_v1_t& p : comm.peers)
+    if (p.host_hash != comm.peers[size_t(comm.rank)].host_hash) return true;
+  return param::CUDA_NETWORK() != 0;
+}
+
 epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* init_abort) {
   EPCHECK(bootstrapInit(id, comm->rank, comm->nranks, comm->cfg.timeout_ms, &comm->abort_flag, comm,
                         &comm->bootstrap, init_abort));
@@ -169,7 +188,8 @@ epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* 
                comm->cfg.max_topk, int(comm->cfg.dispatch_type), int(comm->cfg.combine_type),
                int(kind), comm->nranks, comm->cfg.low_latency,
                int(param::HOST_CHUNK_TOKENS()), int(param::HOST_RING_SLOTS()),
-               (unsigned long long)comm->cfg.buffer_bytes_cap, int(param::NODE_SIZE())};
+               (unsigned long long)comm->cfg.buffer_bytes_cap, int(param::NODE_SIZE()),
+               int(param::CUDA_NETWORK() != 0) * 2 + int(param::TEST_STAGED() != 0)};
   me.digest.ib = comm->cfg.ib;
   EPCHECK(bootstrapAllGather(comm->bootstrap, infos.data(), sizeof(RankInfo)));
   EPCHECK(checkDigests(comm, infos));
@@ -196,8 +216,20 @@ epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* 
   // load), and the backends read it: the NIC each rank's network traffic uses.
   EPCHECK(buildPlanOf(comm));
   const BackendComm view(comm, comm, comm->bootstrap, &comm->abort_flag, &comm->broken);
-  if (kind == epBackendCuda) EPCHECK(createCudaBackend(view, &comm->backend));
-  else EPCHECK(createHostBackend(view, &comm->backend));
+  if (kind == epBackendCuda && cudaNeedsNetwork(*comm)) {
+    // GPUs on different nodes: the host backend's paths on staged copies
+    // (docs/PROXY.md, "The staged path"), the same on every rank (the node
+    // map and EP_NODE_SIZE are in the digest; EP_CUDA_NETWORK must agree too).
+    std::unique_ptr<Stager> stager;
+    EPCHECK(createCudaStager(view, &stager));
+    EPCHECK(createStagedBackend(view, std::move(stager), "cuda_staged", &comm->backend));
+  } else if (kind == epBackendCuda) {
+    EPCHECK(createCudaBackend(view, &comm->backend));
+  } else if (param::TEST_STAGED() != 0) {
+    EPCHECK(createStagedBackend(view, makeHostStager(), "host_staged", &comm->backend));
+  } else {
+    EPCHECK(createHostBackend(view, &comm->backend));
+  }
   EPCHECK(bootstrapBarrier(comm->bootstrap));
   EP_INFO(kSubsysInit, "rank %d/%d ready: %s backend, %d nodes, experts [%d, %d), buffer %zu bytes",
           comm->rank, comm->nranks, comm->backend->name(), comm->nodes.num_nodes, comm->first_expert,

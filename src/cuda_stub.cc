@@ -12,4 +12,8 @@ epResult_t createCudaBackend(const BackendComm& comm, std::unique_ptr<Backend>*)
   return setError(comm, epNotSupported, "this libmoeep was built without CUDA (make CUDA=0)");
 }
 
+epResult_t createCudaStager(const BackendComm& comm, std::unique_ptr<Stager>*) {
+  return setError(comm, epNotSupported, "this libmoeep was built without CUDA (make CUDA=0)");
+}
+
 }  // namespace ep

@@ -22,6 +22,19 @@
 //                          with its share of the SMs)
 //   EP_NODE_SIZE=1 gpu_ll_test --node-limit
 //                          config.max_nodes_per_token only (two ranks)
+//   gpu_ll_test --staged [R]
+//                          the staged path of GPU ranks on different nodes (R
+//                          ranks, default 2, each a node unless EP_NODE_SIZE
+//                          says otherwise, over the socket transport on
+//                          loopback, EP_CUDA_NETWORK=1): the shapes below
+//                          without graphs, split halves included
+//   gpu_ll_test --eager-bench R N[,N...]
+//                          dispatch + combine of N tokens per rank called
+//                          eagerly (no graph: the staged path cannot be
+//                          captured), host wall clock per layer, median and
+//                          p99 of 200; with EP_CUDA_NETWORK=1 EP_NODE_SIZE=1
+//                          EP_TRANSPORTS=shm,socket the staged path, without
+//                          them the single-node kernels
 //   gpu_ll_test --random N [SEED [--first I]]
 //                          N shapes drawn at random (tests/gpu/random_cases.h):
 //                          1 to 8 ranks (sharing GPUs as above), hidden sizes,
@@ -844,12 +857,74 @@ int runRandom(const random_cases::Run& run) {
 
 }  // namespace
 
+// --eager-bench: a layer (dispatch, then combine, then the stream
+// synchronised) timed on the host clock, R ranks as threads.
+void eagerBench(int R, int tokens) {
+  Shape s{7168, 8, 288, ll::benchMaxTokens(tokens), std::vector<int>(R, tokens), true, false, false};
+  std::vector<RankData> in(R);
+  std::vector<GpuRank> g(R);
+  std::vector<epComm_t> comms(R);
+  epConfig_t cfg = configFor(s, epBackendCuda);
+  EK(nullptr, epCommInitAll(comms.data(), R, gpusOf(R).data(), &cfg));
+  for (int r = 0; r < R; r++) randomInputs(s, R, 99, r, &in[r]);
+  const int warmup = 20, iters = 200;
+  std::vector<std::vector<float>> t_layer(R), t_disp(R);
+  runRanks(R, [&](int r) {
+    CK(cudaSetDevice(gpuOf(r)));
+    g[r].comm = comms[r];
+    allocRank(s, R, g[r], 64 << 20);
+    upload(s, r, in[r], g[r]);
+    for (int i = 0; i < warmup + iters; i++) {
+      epHandle_t h = nullptr;
+      epLowLatencyDispatchArgs_t a = dispatchArgs(s, r, g[r]);
+      a.flags = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      EK(comms[r], epLowLatencyDispatch(comms[r], &a, &h, g[r].stream));
+      CK(cudaStreamSynchronize(g[r].stream));
+      const auto t1 = std::chrono::steady_clock::now();
+      epLowLatencyCombineArgs_t c = combineArgs(g[r]);
+      EK(comms[r], epLowLatencyCombine(comms[r], &c, h, g[r].stream));
+      CK(cudaStreamSynchronize(g[r].stream));
+      const auto t2 = std::chrono::steady_clock::now();
+      epHandleDestroy(h);
+      if (i >= warmup) {
+        t_layer[r].push_back(std::chrono::duration<float, std::micro>(t2 - t0).count());
+        t_disp[r].push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
+      }
+    }
+    freeRank(g[r]);
+  });
+  char backend[64] = "";
+  for (auto c : comms) epCommDestroy(c);
+  const char* net = getenv("EP_CUDA_NETWORK");
+  snprintf(backend, sizeof(backend), "%s", net && atoi(net) ? "staged across nodes" : "one node");
+  for (int r = 0; r < R; r++)
+    printf("LL eager EP%d %s rank %d tokens %d: dispatch median %.1f us p99 %.1f us | dispatch + combine median "
+           "%.1f us p99 %.1f us\n",
+           R, backend, r, tokens, ll::percentile(t_disp[r], 0.5), ll::percentile(t_disp[r], 0.99),
+           ll::percentile(t_layer[r], 0.5), ll::percentile(t_layer[r], 0.99));
+  fflush(stdout);
+}
+
 int main(int argc, char** argv) {
   const bool random = argc > 1 && std::string(argv[1]) == "--random";
   random_cases::Run run;
   if (random && !random_cases::parseRun(argc, argv, "gpu_ll_test", &run)) return 2;
   if (random) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // ranks may share a GPU
-  const int ranks = ranksOption(argc, argv, "gpu_ll_test");  // 0: not given
+  int ranks = ranksOption(argc, argv, "gpu_ll_test");  // 0: not given
+  const bool staged = argc > 1 && std::string(argv[1]) == "--staged";
+  if (staged) {
+    ranks = argc > 2 ? atoi(argv[2]) : 2;
+    if (ranks < 2 || ranks > 8) {
+      fprintf(stderr, "gpu_ll_test: --staged takes 2..8 ranks\n");
+      return 2;
+    }
+    setenv("EP_CUDA_NETWORK", "1", 1);
+    setenv("EP_NODE_SIZE", "1", 0);
+    setenv("EP_TRANSPORTS", "shm,socket", 0);
+    setenv("EP_SOCKET_IFNAME", "lo", 0);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  }
   const bool node_limit = argc > 1 && std::string(argv[1]) == "--node-limit";
   if (node_limit) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // two ranks may share a GPU
   int ndev = 0;
@@ -874,6 +949,20 @@ int main(int argc, char** argv) {
     const int failed = runNodeLimit();
     printf("gpu_ll_test --node-limit: %d passed, %d failed\n", 2 - failed, failed);
     return failed ? 1 : 0;
+  }
+  if (argc > 3 && std::string(argv[1]) == "--eager-bench") {
+    const int R = atoi(argv[2]);
+    if (R < 1 || R > 8) {
+      fprintf(stderr, "gpu_ll_test: --eager-bench takes 1..8 ranks\n");
+      return 2;
+    }
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    for (const char* q = argv[3]; *q;) {
+      eagerBench(R, atoi(q));
+      while (*q && *q != ',') q++;
+      if (*q == ',') q++;
+    }
+    return 0;
   }
   if (do_bench) {
     // --bench --ranks N: EP N, ranks sharing the visible GPUs as in the tests
@@ -1008,6 +1097,7 @@ int main(int argc, char** argv) {
     shapes.push_back({7168, 8, 288, 8, std::vector<int>(R, 8), true, false, false});
     shapes.push_back({7168, 8, 288, 8, std::vector<int>(R, 5), true, false, true, true});
     for (const Shape& s : shapes) ((runShape(s, R, 7, false) == 0) ? passed : failed)++;
+    if (staged) continue;  // the cases below: graphs and the kernels' own checks and waits
     Shape gs{7168, 8, 288, 64, std::vector<int>(R, 64), true, false, true};
     ((runShape(gs, R, 11, true) == 0) ? passed : failed)++;
     gs.split = false;

@@ -8,6 +8,13 @@
 //   gpu_test --ranks N  all cases at EP N only (1..8), ranks spread over the
 //                       visible GPUs (rank r on GPU r % GPUs): with fewer GPUs
 //                       than N, ranks share a GPU and split its SMs
+//   gpu_test --staged [R]
+//                       the staged path of GPU ranks on different nodes: R
+//                       ranks (default 2), each a node unless EP_NODE_SIZE
+//                       says otherwise, joined over the socket transport on
+//                       loopback (EP_CUDA_NETWORK=1); the cases below
+//                       against the host backend, every remote peer reached
+//                       by socket, and graph capture refused
 //   gpu_test --random N [SEED]
 //                       N cases drawn at random (tests/gpu/random_cases.h):
 //                       1 to 8 ranks (sharing GPUs as above), every option of
@@ -571,6 +578,64 @@ int runRandom(const random_cases::Run& run) {
 
 }  // namespace
 
+// --staged: every remote peer of every rank is reached through the socket
+// transport (not CUDA IPC), and a dispatch under stream capture is refused.
+void checkStagedComms(int R) {
+  Case c{"EP" + std::to_string(R) + " staged: peers and capture", R, 256, 4, 16, std::vector<int>(R, 20)};
+  std::vector<epComm_t> gpu(R);
+  epConfig_t gc = configOf(c, epBackendCuda);
+  EK(nullptr, epCommInitAll(gpu.data(), R, gpusOf(R).data(), &gc));
+  int before = g_failures, sockets = 0;
+  for (int r = 0; r < R; r++)
+    for (int p = 0; p < R; p++) {
+      if (p == r) continue;
+      epCommPeerInfo_t info;
+      memset(&info, 0, sizeof(info));
+      info.size = sizeof(info);
+      EK(gpu[r], epCommPeerInfo(gpu[r], p, &info));
+      const std::string t = info.transport;
+      sockets += t == "socket";
+      if (t != "socket" && t != "shm") {
+        printf("  FAIL rank %d reaches rank %d through %s, not the staged path's transports\n", r, p, t.c_str());
+        g_failures++;
+      }
+    }
+  if (sockets == 0) {
+    printf("  FAIL no rank reaches another through socket: the ranks are not on several nodes\n");
+    g_failures++;
+  }
+  {  // capture: refused, saying why, and the capture ended cleanly
+    std::vector<RankIn> ins;
+    makeInputs(c, 7, &ins);
+    CK(cudaSetDevice(gpusOf(R)[0]));
+    DevBufs d;
+    allocDev(c, ins[0], 0, &d);
+    uploadInputs(c, ins[0], &d, nullptr);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    epDispatchArgs_t a = dispatchArgs(c, ins[0], 0, d.x, d.scales, d.topk, d.w);
+    a.flags = EP_DISPATCH_NO_HOST_SYNC;
+    a.recv_x = d.recv_x;
+    a.recv_capacity = 1;
+    epHandle_t h = nullptr;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    const epResult_t res = epDispatch(gpu[0], &a, &h, s);
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(s, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    const std::string msg = epGetLastError(gpu[0]);
+    if (res != epInvalidUsage || msg.find("graph") == std::string::npos) {
+      printf("  FAIL a captured dispatch gave %s (%s), not epInvalidUsage\n", epGetErrorString(res), msg.c_str());
+      g_failures++;
+    }
+    CK(cudaStreamDestroy(s));
+    freeDev(&d);
+  }
+  for (int r = 0; r < R; r++) epCommDestroy(gpu[r]);
+  printf("%s %s\n", g_failures == before ? "PASS" : "FAIL", c.name.c_str());
+}
+
 int main(int argc, char** argv) {
   const bool random = argc > 1 && std::string(argv[1]) == "--random";
   random_cases::Run run;
@@ -579,7 +644,20 @@ int main(int argc, char** argv) {
   bool small = argc > 1 && std::string(argv[1]) == "--small";
   const bool node_limit = argc > 1 && std::string(argv[1]) == "--node-limit";
   if (node_limit) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // two ranks may share a GPU
-  const int ranks = ranksOption(argc, argv, "gpu_test");  // 0: not given
+  const bool staged = argc > 1 && std::string(argv[1]) == "--staged";
+  int ranks = ranksOption(argc, argv, "gpu_test");  // 0: not given
+  if (staged) {
+    ranks = argc > 2 ? atoi(argv[2]) : 2;
+    if (ranks < 2 || ranks > 8) {
+      fprintf(stderr, "gpu_test: --staged takes 2..8 ranks\n");
+      return 2;
+    }
+    setenv("EP_CUDA_NETWORK", "1", 1);
+    setenv("EP_NODE_SIZE", "1", 0);
+    setenv("EP_TRANSPORTS", "shm,socket", 0);
+    setenv("EP_SOCKET_IFNAME", "lo", 0);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  }
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     printf("SKIPPED gpu_test: no GPU visible (%s)\n", cudaGetErrorString(cudaGetLastError()));
@@ -596,6 +674,7 @@ int main(int argc, char** argv) {
     return g_failures ? 1 : 0;
   }
   const int max_ranks = ranks ? ranks : ndev;
+  if (staged) checkStagedComms(ranks);
   std::vector<Case> cases;
   auto add = [&](Case c) {
     c.E = (c.E + c.R - 1) / c.R * c.R;  // whole experts per rank (--ranks 4 or 8)
@@ -689,6 +768,10 @@ int main(int argc, char** argv) {
     add(c);
   }
   for (const Case& c : cases) runCase(c, max_ranks, false);
+  if (staged) {  // the GPU-specific cases below test the kernels' own checks and graphs
+    printf("%s: %d failures\n", g_failures ? "FAILED" : "ALL PASSED", g_failures);
+    return g_failures ? 1 : 0;
+  }
   if (!ranks || ranks == 2) runWiderTopk(max_ranks);
   if (!ranks || ranks == 2) runOutOfOrder(max_ranks, 0);
   if (!ranks || ranks == 2) runOutOfOrder(max_ranks, 1);

@@ -1,0 +1,137 @@
+// The staged backend's copies on a GPU (src/stager.h): the caller's device
+// buffers to and from pinned host buffers, by cudaMemcpyAsync on the
+// caller's stream. Pinned memory is slow to allocate, so buffers go back to
+// a pool when a call drops them and the next call of a like size takes one.
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "../backend.h"
+#include "../debug.h"
+#include "cuda_check.h"
+
+namespace ep {
+namespace {
+
+constexpr size_t kMinPinned = 64 << 10;  // small stagings share a size class
+
+class CudaStager : public Stager {
+ public:
+  CudaStager(const BackendComm& comm, int device) : comm_(comm), device_(device) {
+    snprintf(where_, sizeof(where_), "pinned host memory of GPU %d", device);
+  }
+  ~CudaStager() override {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_);
+    for (const Block& b : free_) cudaFreeHost(b.ptr);
+    if (prev >= 0) cudaSetDevice(prev);
+    cudaGetLastError();
+  }
+
+  const char* where() const override { return where_; }
+
+  epResult_t acquire(size_t bytes, std::unique_ptr<StagingBuffer>* out) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // The smallest free block that holds it.
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it)
+        if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
+      if (best != free_.end()) {
+        Block b = *best;
+        free_.erase(best);
+        out->reset(new Buffer(this, b));
+        return epSuccess;
+      }
+    }
+    Block b;
+    b.bytes = std::max(bytes, kMinPinned);
+    CUDACHECK(cudaHostAlloc(&b.ptr, b.bytes, cudaHostAllocPortable));
+    out->reset(new Buffer(this, b));
+    return epSuccess;
+  }
+
+  epResult_t enter() override {
+    CUDACHECK(cudaGetDevice(&caller_device_));
+    if (caller_device_ != device_) CUDACHECK(cudaSetDevice(device_));
+    return epSuccess;
+  }
+  void leave() override {
+    if (caller_device_ >= 0 && caller_device_ != device_) cudaSetDevice(caller_device_);
+    caller_device_ = -1;
+  }
+  bool capturing(epStream_t stream) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return status != cudaStreamCaptureStatusNone;
+  }
+  epResult_t toHost(void* host, const void* src, size_t width, size_t rows, size_t pitch,
+                    epStream_t stream) override {
+    if (rows == 1)
+      CUDACHECK(cudaMemcpyAsync(host, src, width, cudaMemcpyDefault, stream));
+    else
+      CUDACHECK(cudaMemcpy2DAsync(host, width, src, pitch, width, rows, cudaMemcpyDefault, stream));
+    return epSuccess;
+  }
+  epResult_t fence(epStream_t stream) override {
+    CUDACHECK(cudaStreamSynchronize(stream));
+    return epSuccess;
+  }
+  epResult_t toCaller(void* dst, const void* host, size_t bytes, epStream_t stream) override {
+    CUDACHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, stream));
+    return epSuccess;
+  }
+  epResult_t fill(void* dst, int value, size_t bytes, epStream_t stream) override {
+    CUDACHECK(cudaMemsetAsync(dst, value, bytes, stream));
+    return epSuccess;
+  }
+  epResult_t finish(epStream_t stream) override {
+    CUDACHECK(cudaStreamSynchronize(stream));
+    return epSuccess;
+  }
+
+ private:
+  struct Block {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  class Buffer : public StagingBuffer {
+   public:
+    Buffer(CudaStager* owner, Block b) : owner_(owner), block_(b) {}
+    ~Buffer() override { owner_->giveBack(block_); }
+    void* data() override { return block_.ptr; }
+    size_t bytes() const override { return block_.bytes; }
+
+   private:
+    CudaStager* owner_;
+    Block block_;
+  };
+  void giveBack(const Block& b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(b);
+  }
+
+  BackendComm comm_;
+  int device_;
+  int caller_device_ = -1;
+  char where_[64];
+  std::mutex mu_;
+  std::vector<Block> free_;
+};
+
+}  // namespace
+
+epResult_t createCudaStager(const BackendComm& comm, std::unique_ptr<Stager>* out) {
+  int device = -1;
+  char bus_id[32];
+  if (!cudaDeviceIdentity(comm.config().device, &device, bus_id, sizeof(bus_id)))
+    return setError(comm, epNotSupported, "no GPU for the staged path (config.device = %d)", comm.config().device);
+  out->reset(new CudaStager(comm, device));
+  return epSuccess;
+}
+
+}  // namespace ep

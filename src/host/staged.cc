@@ -1,0 +1,455 @@
+// The staged backend: the host backend's algorithms (shm within a node, the
+// network transports between nodes, the hierarchical paths, low latency) for
+// callers whose buffers are not host memory. Each call copies its inputs
+// into host staging buffers (Stager), runs the host backend on them, and
+// copies the outputs back in stream order; it returns once they are in
+// place. This is how GPU ranks on different nodes reach each other until
+// kernels drive the network themselves (docs/PROXY.md): correct, bit-exact
+// with the host backend (it is the host backend), and paying a copy each
+// way plus the host's packing and reduction.
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../backend.h"
+#include "../checks.h"
+#include "../data_types.h"
+#include "../params.h"
+#include "../sizes.h"
+#include "../stager.h"
+
+namespace ep {
+namespace {
+
+// The staging of one call: its input copies, its output buffers and where
+// they go back to. Buffers return to the stager when it is dropped, which
+// is after finish() (or after a failure, when no copy back was enqueued).
+class CallStaging {
+ public:
+  CallStaging(Stager& stager, epStream_t stream) : stager_(stager), stream_(stream) {}
+
+  // `rows` rows of `width` bytes, `pitch` apart in the caller's memory, packed
+  // in host memory; nullptr stays nullptr.
+  epResult_t in(const void* src, size_t width, size_t rows, size_t pitch, const void** host) {
+    *host = src;
+    if (src == nullptr) return epSuccess;
+    std::unique_ptr<StagingBuffer> buf;
+    EPCHECK(stager_.acquire(std::max<size_t>(width * rows, 16), &buf));
+    if (width * rows > 0) EPCHECK(stager_.toHost(buf->data(), src, width, rows, pitch ? pitch : width, stream_));
+    *host = buf->data();
+    held_.push_back(std::move(buf));
+    return epSuccess;
+  }
+  epResult_t in(const void* src, size_t bytes, const void** host) { return in(src, bytes, 1, bytes, host); }
+  template <typename T>
+  epResult_t inTyped(const T* src, size_t bytes, const T** host) {
+    const void* p = nullptr;
+    EPCHECK(in(src, bytes, &p));
+    *host = static_cast<const T*>(p);
+    return epSuccess;
+  }
+
+  // Host memory for an output of `bytes` that goes back to dst at flush().
+  template <typename T>
+  epResult_t out(T* dst, size_t bytes, T** host) {
+    *host = nullptr;
+    if (dst == nullptr) return epSuccess;
+    std::unique_ptr<StagingBuffer> buf;
+    EPCHECK(stager_.acquire(std::max<size_t>(bytes, 16), &buf));
+    *host = static_cast<T*>(buf->data());
+    if (bytes > 0) outs_.push_back({dst, buf->data(), bytes});
+    held_.push_back(std::move(buf));
+    return epSuccess;
+  }
+  // A region of an output buffer already staged (a part of it goes back).
+  void back(void* dst, const void* host, size_t bytes) {
+    if (bytes > 0) outs_.push_back({dst, host, bytes});
+  }
+  void keep(std::unique_ptr<StagingBuffer> buf) { held_.push_back(std::move(buf)); }
+
+  epResult_t fence() { return stager_.fence(stream_); }
+  // Every output back to the caller, then waits for the copies.
+  epResult_t flush() {
+    for (const Back& b : outs_) EPCHECK(stager_.toCaller(b.dst, b.host, b.bytes, stream_));
+    outs_.clear();
+    return stager_.finish(stream_);
+  }
+
+ private:
+  struct Back {
+    void* dst;
+    const void* host;
+    size_t bytes;
+  };
+  Stager& stager_;
+  epStream_t stream_;
+  std::vector<std::unique_ptr<StagingBuffer>> held_;
+  std::vector<Back> outs_;
+};
+
+// The stager's enter()/leave() around a call.
+class StagerScope {
+ public:
+  explicit StagerScope(Stager& s) : s_(s) {}
+  epResult_t enter() {
+    EPCHECK(s_.enter());
+    entered_ = true;
+    return epSuccess;
+  }
+  ~StagerScope() {
+    if (entered_) s_.leave();
+  }
+
+ private:
+  Stager& s_;
+  bool entered_ = false;
+};
+
+size_t topkBytes(epDataType_t type, int num_tokens, int num_topk) {
+  return size_t(num_tokens) * size_t(num_topk) * (type == epInt32 ? 4 : 8);
+}
+
+class StagedBackend : public Backend {
+ public:
+  StagedBackend(const BackendComm& comm, std::unique_ptr<Backend> inner, std::unique_ptr<Stager> stager,
+                std::string name)
+      : comm_(comm), inner_(std::move(inner)), stager_(std::move(stager)), name_(std::move(name)) {}
+
+  const char* name() const override { return name_.c_str(); }
+  size_t bufferBytes() const override { return inner_->bufferBytes(); }
+  const char* peerTransport(int peer) const override { return inner_->peerTransport(peer); }
+  bool peerConnInfo(int peer, epTransportConnInfo_v2_t* info) const override {
+    return inner_->peerConnInfo(peer, info);
+  }
+  void abort() override { inner_->abort(); }
+  void releaseHandle(epHandle* h) override {
+    {
+      std::lock_guard<std::mutex> lock(ll_mu_);
+      ll_.erase(h);
+    }
+    inner_->releaseHandle(h);
+  }
+
+  epResult_t layout(const epLayoutArgs_t& a, epStream_t stream) override;
+  epResult_t prepare(const char* fn, const epDispatchArgs_t& a, epHandle* h, epStream_t stream) override;
+  epResult_t dispatch(const epDispatchArgs_t& a, epHandle* h, bool ids_routed, epStream_t stream) override;
+  epResult_t combine(const epCombineArgs_t& a, epHandle* h, epStream_t stream) override;
+  epResult_t llDispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only,
+                        epStream_t stream) override;
+  epResult_t llCombine(const epLowLatencyCombineArgs_t& a, epHandle* h, bool send_only,
+                       epStream_t stream) override;
+  epResult_t llComplete(epHandle* h, epStream_t stream) override;
+
+ private:
+  // A low-latency handle's staging between its calls.
+  struct LLCall {
+    std::vector<int> counts;  // rows per local expert, once the dispatch finished
+    // The receive half still owed (EP_LL_SEND_ONLY): where its outputs go.
+    epHandle::Pending pending = epHandle::Pending::kNone;
+    epLowLatencyDispatchArgs_t dispatch{};
+    void* out = nullptr;  // the combine's caller buffer
+    std::unique_ptr<StagingBuffer> recv_x, recv_scales, recv_count, recv_src, combined;
+  };
+
+  epResult_t begin(const char* fn, StagerScope& scope, epStream_t stream) {
+    EPCHECK(scope.enter());
+    if (stager_->capturing(stream))
+      return setError(comm_, epInvalidUsage,
+                      "%s: this communicator's ranks are on several nodes and its calls go through host "
+                      "staging buffers (%s), which wait on the host: they cannot be captured in a graph",
+                      fn, stager_->where());
+    return epSuccess;
+  }
+  epResult_t stageLLDispatchBack(CallStaging& cs, LLCall& call);
+  LLCall& llCall(epHandle* h) {
+    std::lock_guard<std::mutex> lock(ll_mu_);
+    return ll_[h];
+  }
+
+  BackendComm comm_;
+  std::unique_ptr<Backend> inner_;
+  std::unique_ptr<Stager> stager_;
+  std::string name_;
+  std::mutex ll_mu_;  // ll_: a handle may be destroyed from another thread
+  std::unordered_map<const epHandle*, LLCall> ll_;
+};
+
+epResult_t StagedBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
+  StagerScope scope(*stager_);
+  EPCHECK(begin("epLayout", scope, stream));
+  const int R = comm_.nranks(), N = comm_.nodes().num_nodes, E = comm_.config().num_experts;
+  CallStaging cs(*stager_, stream);
+  epLayoutArgs_t b = a;
+  EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, a.num_tokens, a.num_topk), &b.topk_idx));
+  EPCHECK(cs.fence());
+  EPCHECK(checkTopkIds(comm_, "epLayout", b.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
+  EPCHECK(cs.out(a.tokens_per_rank, size_t(R) * 4, &b.tokens_per_rank));
+  EPCHECK(cs.out(a.tokens_per_node, size_t(N) * 4, &b.tokens_per_node));
+  EPCHECK(cs.out(a.tokens_per_expert, size_t(E) * 4, &b.tokens_per_expert));
+  EPCHECK(cs.out(a.is_token_in_rank, size_t(a.num_tokens) * R, &b.is_token_in_rank));
+  EPCHECK(inner_->layout(b, stream));
+  return cs.flush();
+}
+
+epResult_t StagedBackend::prepare(const char* fn, const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
+  StagerScope scope(*stager_);
+  EPCHECK(begin(fn, scope, stream));
+  CallStaging cs(*stager_, stream);
+  epDispatchArgs_t b = a;
+  EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, a.num_tokens, a.num_topk), &b.topk_idx));
+  EPCHECK(cs.fence());
+  EPCHECK(checkTopkIds(comm_, fn, b.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
+  return inner_->prepare(fn, b, h, stream);
+}
+
+epResult_t StagedBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool ids_routed, epStream_t stream) {
+  StagerScope scope(*stager_);
+  EPCHECK(begin("epDispatch", scope, stream));
+  const Config& cfg = comm_.config();
+  const int T = a.num_tokens, K = a.num_topk, nb = fp8ScaleBlocks(cfg.hidden);
+  const bool fp8 = cfg.dispatch_type == epFloat8E4M3;
+  const size_t row = size_t(cfg.hidden) * dataTypeSize(cfg.dispatch_type);
+  CallStaging cs(*stager_, stream);
+  epDispatchArgs_t b = a;
+  EPCHECK(cs.in(a.x, row, size_t(T), a.x_stride ? a.x_stride : row, &b.x));
+  b.x_stride = 0;
+  if (fp8 && T > 0) {  // the scales keep their strides: the span from the first to the last
+    const size_t s_tok = a.scales_token_stride ? a.scales_token_stride : size_t(nb);
+    const size_t s_blk = a.scales_block_stride ? a.scales_block_stride : 1;
+    const size_t span = size_t(T - 1) * s_tok + size_t(nb - 1) * s_blk + 1;
+    EPCHECK(cs.inTyped(a.x_scales, span * 4, &b.x_scales));
+  }
+  EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, T, K), &b.topk_idx));
+  EPCHECK(cs.inTyped(a.topk_weights, size_t(T) * K * 4, &b.topk_weights));
+  EPCHECK(cs.fence());
+  // Ids other than the ones prepare() just checked in this call.
+  if (!ids_routed && b.topk_idx != nullptr)
+    EPCHECK(checkTopkIds(comm_, "epDispatch", b.topk_idx, a.topk_idx_type, T, K));
+
+  // The routing is the host's (prepare), so the rows are known: only they
+  // are staged back; capacity rows past them are marked unused here.
+  const int64_t nrecv = h->routing.num_recv;
+  const bool fits = nrecv <= a.recv_capacity;
+  const size_t rows = fits ? size_t(nrecv) : 0;
+  b.recv_capacity = fits ? nrecv : a.recv_capacity;  // too small: the host drains and says so
+  EPCHECK(cs.out(a.recv_x, rows * row, &b.recv_x));
+  EPCHECK(cs.out(a.recv_scales, fp8 ? rows * nb * 4 : 0, &b.recv_scales));
+  EPCHECK(cs.out(a.recv_topk_idx, rows * K * 8, &b.recv_topk_idx));
+  EPCHECK(cs.out(a.recv_topk_weights, rows * K * 4, &b.recv_topk_weights));
+  EPCHECK(cs.out(a.recv_tokens_per_expert, size_t(comm_.localExperts()) * 4, &b.recv_tokens_per_expert));
+  if (a.flags & EP_DISPATCH_NO_HOST_SYNC) EPCHECK(cs.out(a.num_recv, 8, &b.num_recv));  // device memory
+  EPCHECK(inner_->dispatch(b, h, ids_routed, stream));
+  if (a.recv_topk_idx != nullptr && a.recv_capacity > nrecv)  // -1 is every byte 0xff
+    EPCHECK(stager_->fill(a.recv_topk_idx + size_t(nrecv) * K, 0xff, size_t(a.recv_capacity - nrecv) * K * 8,
+                          stream));
+  return cs.flush();
+}
+
+epResult_t StagedBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_t stream) {
+  StagerScope scope(*stager_);
+  EPCHECK(begin("epCombine", scope, stream));
+  const Config& cfg = comm_.config();
+  const size_t row = size_t(cfg.hidden) * dataTypeSize(cfg.combine_type);
+  const size_t nrecv = size_t(h->routing.num_recv), T = size_t(h->routing.num_tokens);
+  const size_t K = a.recv_topk_weights ? size_t(a.num_topk) : 0;
+  CallStaging cs(*stager_, stream);
+  epCombineArgs_t b = a;
+  EPCHECK(cs.in(a.y, row, nrecv, a.y_stride ? a.y_stride : row, &b.y));
+  b.y_stride = 0;
+  EPCHECK(cs.inTyped(a.recv_topk_weights, nrecv * K * 4, &b.recv_topk_weights));
+  EPCHECK(cs.in(a.bias, T * row, &b.bias));
+  EPCHECK(cs.fence());
+  EPCHECK(cs.out(a.out, T * row, &b.out));
+  EPCHECK(cs.out(a.out_topk_weights, T * K * 4, &b.out_topk_weights));
+  EPCHECK(inner_->combine(b, h, stream));
+  return cs.flush();
+}
+
+// The low-latency dispatch's outputs back to the caller: per local expert
+// only its rows (its scales from the first block's first row to the last
+// block's last row).
+epResult_t StagedBackend::stageLLDispatchBack(CallStaging& cs, LLCall& call) {
+  const Config& cfg = comm_.config();
+  const epLowLatencyDispatchArgs_t& a = call.dispatch;
+  const int L = comm_.localExperts(), H = cfg.hidden, nb = fp8ScaleBlocks(H);
+  const size_t cap = size_t(comm_.nranks()) * cfg.max_tokens_per_rank;
+  const bool fp8 = a.wire_type == epFloat8E4M3;
+  const size_t row = fp8 ? size_t(H) : size_t(H) * 2;
+  const int* count = static_cast<const int*>(call.recv_count->data());
+  call.counts.assign(count, count + L);
+  cs.back(a.recv_count, count, size_t(L) * 4);
+  for (int e = 0; e < L; e++) {
+    const size_t n = size_t(count[e]);
+    if (n == 0) continue;
+    const size_t first = size_t(e) * cap;
+    cs.back(static_cast<uint8_t*>(a.recv_x) + first * row,
+            static_cast<const uint8_t*>(call.recv_x->data()) + first * row, n * row);
+    if (fp8) {
+      const size_t from = size_t(e) * nb * cap, span = size_t(nb - 1) * cap + n;
+      cs.back(a.recv_scales + from, static_cast<const float*>(call.recv_scales->data()) + from, span * 4);
+    }
+    if (a.recv_src != nullptr)
+      cs.back(a.recv_src + first, static_cast<const int*>(call.recv_src->data()) + first, n * 4);
+  }
+  return epSuccess;
+}
+
+epResult_t StagedBackend::llDispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, bool send_only,
+                                     epStream_t stream) {
+  StagerScope scope(*stager_);
+  EPCHECK(begin("epLowLatencyDispatch", scope, stream));
+  const Config& cfg = comm_.config();
+  const int T = a.num_tokens, K = a.num_topk, L = comm_.localExperts(), H = cfg.hidden;
+  const size_t cap = size_t(comm_.nranks()) * cfg.max_tokens_per_rank;
+  const bool fp8 = a.wire_type == epFloat8E4M3;
+  const size_t row = fp8 ? size_t(H) : size_t(H) * 2;
+  CallStaging cs(*stager_, stream);
+  epLowLatencyDispatchArgs_t b = a;
+  EPCHECK(cs.in(a.x, size_t(T) * H * 2, &b.x));
+  EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, T, K), &b.topk_idx));
+  EPCHECK(cs.inTyped(a.topk_weights, size_t(T) * K * 4, &b.topk_weights));
+  EPCHECK(cs.fence());
+  EPCHECK(checkTopkIds(comm_, "epLowLatencyDispatch", b.topk_idx, a.topk_idx_type, T, K));
+
+  LLCall call;
+  call.dispatch = a;
+  EPCHECK(stager_->acquire(size_t(L) * cap * row, &call.recv_x));
+  if (fp8) EPCHECK(stager_->acquire(size_t(L) * fp8ScaleBlocks(H) * cap * 4, &call.recv_scales));
+  EPCHECK(stager_->acquire(size_t(L) * 4, &call.recv_count));
+  if (a.recv_src != nullptr) EPCHECK(stager_->acquire(size_t(L) * cap * 4, &call.recv_src));
+  b.recv_x = call.recv_x->data();
+  b.recv_scales = fp8 ? static_cast<float*>(call.recv_scales->data()) : nullptr;
+  b.recv_count = static_cast<int*>(call.recv_count->data());
+  b.recv_src = a.recv_src != nullptr ? static_cast<int*>(call.recv_src->data()) : nullptr;
+  EPCHECK(inner_->llDispatch(b, h, send_only, stream));
+  if (send_only) {
+    call.pending = epHandle::Pending::kDispatch;
+    llCall(h) = std::move(call);
+    return epSuccess;
+  }
+  EPCHECK(stageLLDispatchBack(cs, call));
+  EPCHECK(cs.flush());
+  std::vector<int> counts = std::move(call.counts);
+  llCall(h) = LLCall();
+  llCall(h).counts = std::move(counts);
+  return epSuccess;
+}
+
+epResult_t StagedBackend::llCombine(const epLowLatencyCombineArgs_t& a, epHandle* h, bool send_only,
+                                    epStream_t stream) {
+  StagerScope scope(*stager_);
+  EPCHECK(begin("epLowLatencyCombine", scope, stream));
+  const Config& cfg = comm_.config();
+  const int L = comm_.localExperts(), H = cfg.hidden;
+  const size_t cap = size_t(comm_.nranks()) * cfg.max_tokens_per_rank, row = size_t(H) * 2;
+  const size_t T = size_t(h->routing.num_tokens);
+  LLCall& call = llCall(h);
+  if (int(call.counts.size()) != L)
+    return setError(comm_, epInternalError, "epLowLatencyCombine: the handle's dispatch left no counts here");
+  // y is read in place at [expert][slot]: only the rows the dispatch filled.
+  CallStaging cs(*stager_, stream);
+  std::unique_ptr<StagingBuffer> y;
+  EPCHECK(stager_->acquire(size_t(L) * cap * row, &y));
+  for (int e = 0; e < L; e++) {
+    const size_t first = size_t(e) * cap * row, n = size_t(call.counts[size_t(e)]);
+    if (n > 0)
+      EPCHECK(stager_->toHost(static_cast<uint8_t*>(y->data()) + first,
+                              static_cast<const uint8_t*>(a.y) + first, n * row, 1, n * row, stream));
+  }
+  EPCHECK(cs.fence());
+  epLowLatencyCombineArgs_t b = a;
+  b.y = y->data();
+  cs.keep(std::move(y));
+  std::unique_ptr<StagingBuffer> out;
+  EPCHECK(stager_->acquire(std::max<size_t>(T * row, 16), &out));
+  b.out = out->data();
+  EPCHECK(inner_->llCombine(b, h, send_only, stream));
+  if (send_only) {
+    call.pending = epHandle::Pending::kCombine;
+    call.out = a.out;
+    call.combined = std::move(out);
+    return epSuccess;
+  }
+  if (a.out != nullptr) cs.back(a.out, out->data(), T * row);
+  cs.keep(std::move(out));
+  return cs.flush();
+}
+
+epResult_t StagedBackend::llComplete(epHandle* h, epStream_t stream) {
+  StagerScope scope(*stager_);
+  EPCHECK(begin("epLowLatencyComplete", scope, stream));
+  EPCHECK(inner_->llComplete(h, stream));
+  LLCall& call = llCall(h);
+  CallStaging cs(*stager_, stream);
+  if (call.pending == epHandle::Pending::kDispatch) {
+    EPCHECK(stageLLDispatchBack(cs, call));
+  } else if (call.pending == epHandle::Pending::kCombine && call.out != nullptr) {
+    cs.back(call.out, call.combined->data(), size_t(h->routing.num_tokens) * comm_.config().hidden * 2);
+  }
+  EPCHECK(cs.flush());
+  call.pending = epHandle::Pending::kNone;
+  call.recv_x.reset();
+  call.recv_scales.reset();
+  call.recv_count.reset();
+  call.recv_src.reset();
+  call.combined.reset();
+  return epSuccess;
+}
+
+// Host memory "staged" into host memory: exact-size buffers, so that a
+// wrong size in the staging shows under ASan; the copies are memcpy.
+class HostStager : public Stager {
+ public:
+  const char* where() const override { return "host memory, EP_TEST_STAGED"; }
+  epResult_t acquire(size_t bytes, std::unique_ptr<StagingBuffer>* out) override {
+    out->reset(new Buffer(bytes));
+    return epSuccess;
+  }
+  epResult_t enter() override { return epSuccess; }
+  void leave() override {}
+  bool capturing(epStream_t) override { return false; }
+  epResult_t toHost(void* host, const void* src, size_t width, size_t rows, size_t pitch, epStream_t) override {
+    for (size_t r = 0; r < rows; r++)
+      memcpy(static_cast<char*>(host) + r * width, static_cast<const char*>(src) + r * pitch, width);
+    return epSuccess;
+  }
+  epResult_t fence(epStream_t) override { return epSuccess; }
+  epResult_t toCaller(void* dst, const void* host, size_t bytes, epStream_t) override {
+    memcpy(dst, host, bytes);
+    return epSuccess;
+  }
+  epResult_t fill(void* dst, int value, size_t bytes, epStream_t) override {
+    memset(dst, value, bytes);
+    return epSuccess;
+  }
+  epResult_t finish(epStream_t) override { return epSuccess; }
+
+ private:
+  class Buffer : public StagingBuffer {
+   public:
+    explicit Buffer(size_t bytes) : bytes_(std::make_unique<uint8_t[]>(bytes)), size_(bytes) {}
+    void* data() override { return bytes_.get(); }
+    size_t bytes() const override { return size_; }
+
+   private:
+    std::unique_ptr<uint8_t[]> bytes_;
+    size_t size_;
+  };
+};
+
+}  // namespace
+
+std::unique_ptr<Stager> makeHostStager() { return std::make_unique<HostStager>(); }
+
+epResult_t createStagedBackend(const BackendComm& comm, std::unique_ptr<Stager> stager, const char* name,
+                               std::unique_ptr<Backend>* out) {
+  std::unique_ptr<Backend> inner;
+  EPCHECK(createHostBackend(comm, &inner));
+  out->reset(new StagedBackend(comm, std::move(inner), std::move(stager), name));
+  return epSuccess;
+}
+
+}  // namespace ep
