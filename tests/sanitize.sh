@@ -86,6 +86,11 @@ check "ep_bench --mode ll --split --check" "$SAN/bin/ep_bench" -n 3 --mode ll --
 check "socket transport module" env EP_SOCKET_IFNAME=lo "$SAN/tests/socket_transport_test" --puts 400
 check "mp_dispatch 4 ranks, 2 nodes over socket" env EP_SOCKET_IFNAME=lo EP_NODE_SIZE=2 \
   EP_TRANSPORTS=shm,socket "$SAN/tests/mp_dispatch" -n 4 --cases 4 --seed 3005
+# The staged path (EP_TEST_STAGED: copies of the exact size, so a wrong size is an overflow here).
+check "mp_dispatch 4 ranks, 2 nodes, staged" env EP_SOCKET_IFNAME=lo EP_NODE_SIZE=2 EP_TRANSPORTS=shm,socket \
+  EP_TEST_STAGED=1 "$SAN/tests/mp_dispatch" -n 4 --cases 6 --seed 3006
+check "mp_lowlat 4 ranks, 2 nodes, staged" env EP_SOCKET_IFNAME=lo EP_NODE_SIZE=2 EP_TRANSPORTS=shm,socket \
+  EP_TEST_STAGED=1 "$SAN/tests/mp_lowlat" -n 4 --cases 6 --seed 3007
 
 echo "sanitize: $passed passed, ${#failed[@]} failed (test_fp8_soft not run: plain arithmetic)"
 [ ${#failed[@]} -eq 0 ] || { printf 'sanitize: FAILED: %s\n' "${failed[@]}"; exit 1; }

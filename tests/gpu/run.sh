@@ -12,6 +12,7 @@
 #                    default "4 8", and "2 4 8" on one GPU)
 #   EP_GPU_MP=0      skip the test with ranks as processes (gpu_mp_test: cross-process
 #                    CUDA IPC against the host backend; on one GPU two processes share it)
+#   EP_GPU_STAGED=0  skip the staged path across nodes (tests/gpu/staged.sh)
 #   EP_GPU_ARCH=0    skip the check that init refuses a library built for another
 #                    GPU architecture (gpu_arch_test: builds one into $BUILD/arch-smXY)
 #   EP_GPU_RANDOM=N  cases drawn at random per test (gpu_test / gpu_ll_test --random;
@@ -28,7 +29,7 @@ LOGS=${OUT:-$BUILD/gpu-logs}
 mkdir -p "$LOGS" "$BUILD/tests"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-make -j16 CUDA=1 lib >"$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; echo "gpu-test: FAILED to build"; exit 1; }
+make -j16 CUDA=1 lib modules >"$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; echo "gpu-test: FAILED to build"; exit 1; }
 MP=${EP_GPU_MP:-1}
 LL=${EP_GPU_LL:-1}
 build_args=()
@@ -176,6 +177,14 @@ mp_args=()
 [ "$ngpu" -lt 2 ] && mp_args=(--ranks 2)
 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" "${mp_args[@]}" 2>&1 | tee "$LOGS/gpu_mp_test.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test: FAILED"; status=1; }
+fi
+
+# The staged path of GPU ranks on different nodes (tests/gpu/staged.sh): 2
+# ranks as 2 nodes and 4 as 2 x 2 over the socket transport on loopback,
+# against the host backend, and its eager latency beside one node's.
+if [ "${EP_GPU_STAGED:-1}" != 0 ]; then
+  OUT="$LOGS" BUILD="$BUILD" bash tests/gpu/staged.sh 2>&1 | tee "$LOGS/staged.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "staged path: FAILED"; status=1; }
 fi
 
 # sanitize TOOL LOGNAME PROGRAM: PROGRAM --small under compute-sanitizer TOOL.

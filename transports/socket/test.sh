@@ -11,7 +11,8 @@
 #      must show that ranks on other nodes went through socket; mp_errors
 #      cases with every rank a node (a rank that exits is named by socket);
 #      low-latency and high-throughput calls interleaved (mp_lowlat
-#      --interleave-ht); connections per traffic class; the QP budget
+#      --interleave-ht); the staged path of GPU ranks across nodes
+#      (EP_TEST_STAGED=1); connections per traffic class; the QP budget
 # Builds nothing: `make` (or `make modules tests tools`) first.
 set -u
 BUILD=${BUILD:-build}
@@ -96,6 +97,17 @@ across "mp_lowlat 4 nodes x 2 --interleave-ht" 8 "$BUILD/tests/mp_lowlat" -n 8 -
 # took its last chunks (what a transport may post only at a later progress).
 across "mp_lowlat 2 nodes x 2 --interleave-ht, EP_IB_QPS_PER_PEER=2" 4 env EP_IB_QPS_PER_PEER=2 \
   "$BUILD/tests/mp_lowlat" -n 4 --cases 6 --seed 81 --interleave-ht
+
+# The staged path (GPU ranks on different nodes, src/host/staged.cc) without a
+# GPU: EP_TEST_STAGED=1 stages every call's buffers through copies of their
+# exact size; every output is checked as above.
+EXPECT='ready: host_staged backend' across "mp_dispatch 2 nodes x 2 through staging (EP_TEST_STAGED=1)" 4 \
+  env EP_TEST_STAGED=1 "$BUILD/tests/mp_dispatch" -n 4 --cases 10 --seed 4504
+EXPECT='ready: host_staged backend' across "mp_lowlat 2 nodes x 2 through staging (EP_TEST_STAGED=1)" 4 \
+  env EP_TEST_STAGED=1 "$BUILD/tests/mp_lowlat" -n 4 --cases 8 --seed 4505
+EXPECT='ready: host_staged backend' across "ep_bench --mode ll --split --check through staging" 4 \
+  env EP_TEST_STAGED=1 "$BUILD/bin/ep_bench" -n 4 --mode ll --split --check --iters 2 --warmup 1 \
+  --shape 7168:8:288:16 --shape 2064:5:12:37
 
 # A soak: one communicator, 400 rounds each checked; descriptors and threads
 # the same after the warm-up, resident memory within 4 MiB (docs/BENCHMARKS.md
