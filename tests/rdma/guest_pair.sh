@@ -34,6 +34,10 @@ check pair_mp_lowlat_interleaved ranks 29507 4 "$mine" "$BUILD/tests/mp_lowlat" 
 # collective connect.
 check pair_mp_lowlat_interleaved_2qps EP_IB_QPS_PER_PEER=2 ranks 29508 4 "$mine" "$BUILD/tests/mp_lowlat" --cases 1 \
   --seed 10 --interleave-ht
+# The staged path of GPU ranks across nodes (EP_TEST_STAGED: the host
+# backend on exact-size staged copies), over ibverbs.
+check pair_mp_lowlat_staged EP_TEST_STAGED=1 ranks 29509 4 "$mine" "$BUILD/tests/mp_lowlat" --cases 1 --seed 11 \
+  --interleave-ht
 # One communicator, rounds checked each time: descriptors, threads and verbs
 # objects (QPs, CQs, MRs) the same after the warm-up, resident memory within
 # 4 MiB.
