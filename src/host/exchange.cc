@@ -31,6 +31,7 @@ const char* kindName(uint32_t kind) {
     case kChunkLLCounts: return "low-latency counts";
     case kChunkLLDispatch: return "low-latency dispatch";
     case kChunkLLCombine: return "low-latency combine";
+    case kChunkLLConnect: return "first low-latency call's";
     case kChunkForwardCounts: return "forward counts";
     case kChunkForward: return "forwarded dispatch";
     case kChunkPartials: return "combine partial sums";
@@ -200,26 +201,40 @@ epResult_t Exchanger::failTimeout(const std::vector<StreamSpec>& sends,
 
 epResult_t Exchanger::run(ChunkKind kind, std::vector<StreamSpec>& sends, std::vector<StreamSpec>& recvs,
                           const char* what, const std::vector<int>* order) {
+  if (net_ != nullptr && lowLatencyKind(kind) && !net_->classConnected(epTrafficLowLatency))
+    EPCHECK(connectLowLatency(what));
   return runCall(kind, ++calls_, sends, recvs, what, order);
+}
+
+// The first low-latency call of every rank: its connections are made now
+// (collective), so a job that never makes one opens none. First a step of
+// its own on the connections there are (one 8-byte record to every rank):
+// a peer in another call meets it at its first chunk and both say that the
+// calls are out of step, where the connect's collective would only time
+// out. Then peers may still be in that step, waiting for this rank's last
+// chunks, whose signals a transport may post only at a later progress
+// (ibverbs: a striped put's): those are taken first, or the connect's
+// collective and the peer's wait would hold each other up.
+epResult_t Exchanger::connectLowLatency(const char* what) {
+  const int R = comm_.nranks();
+  std::vector<StreamSpec> sends(R), recvs(R);
+  const uint64_t seq = ++calls_;
+  for (int r = 0; r < R; r++) {
+    sends[r].records = 1;
+    sends[r].pack = [seq](int, int, uint8_t* out) { memcpy(out, &seq, 8); };
+    recvs[r].records = 1;
+    recvs[r].unpack = [](int, int, const uint8_t*) {};
+  }
+  EPCHECK(runCall(kChunkLLConnect, seq, sends, recvs, what, nullptr));
+  EPCHECK(drainRemote(what, seq));
+  const epResult_t res = net_->connectClass(epTrafficLowLatency);
+  if (res != epSuccess) comm_.markFailed(res);
+  return res;
 }
 
 epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
                               std::vector<StreamSpec>& recvs, const char* what, const std::vector<int>* order) {
   const int R = comm_.nranks(), me = comm_.rank(), per_chunk = geo_.chunk_records;
-  if (net_ != nullptr && lowLatencyKind(kind) && !net_->classConnected(epTrafficLowLatency)) {
-    // The first low-latency call of every rank: its connections are made
-    // now (collective), so a job that never makes one opens none. Peers may
-    // still be in the previous call, waiting for this rank's last chunks,
-    // whose signals a transport may post only at a later progress (ibverbs:
-    // a striped put's): those are taken first, or the connect's collective
-    // and the peer's wait would hold each other up.
-    EPCHECK(drainRemote(what, call_seq));
-    const epResult_t res = net_->connectClass(epTrafficLowLatency);
-    if (res != epSuccess) {
-      comm_.markFailed(res);
-      return res;
-    }
-  }
   std::vector<int> sent(R, 0), received(R, 0);
   void* my_segment = segments_[me];
   for (int d = 0; d < R; d++) {  // where this rank is, for a peer's timeout report (failTimeout)

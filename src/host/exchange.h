@@ -51,6 +51,7 @@ class Exchanger {
  private:
   epResult_t runCall(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
                      std::vector<StreamSpec>& recvs, const char* what, const std::vector<int>* order);
+  epResult_t connectLowLatency(const char* what);
   bool peerClosed(int rank) const;
   bool remote(int rank) const { return net_ != nullptr && net_->remote(rank); }
   // The connection class of kind's chunks to rank d (on another node): low

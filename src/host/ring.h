@@ -54,6 +54,11 @@ enum ChunkKind : uint32_t {
   kChunkForwardCounts = 7,
   kChunkForward = 8,
   kChunkPartials = 9,
+  // Before a communicator's first low-latency call connects that class
+  // (collective): every rank says it is there, so that a peer in another
+  // call is told apart (epInvalidUsage) rather than met at the connect's
+  // collective (a timeout).
+  kChunkLLConnect = 10,
 };
 
 struct alignas(64) ChunkHeader {

@@ -371,6 +371,44 @@ int orderMismatch(const LaunchInfo& li, Tally* t) {
   return 0;
 }
 
+// The first low-latency call of a communicator connects that class across
+// nodes (collective). Rank 0 makes it while rank 1 dispatches: both must say
+// the calls are out of step (epInvalidUsage), not meet at the connect and
+// time out (docs/TOPOLOGY.md, "Queue pairs").
+int llFirstOutOfStep(const LaunchInfo& li, Tally* t) {
+  epConfig_t cfg = smallConfig();
+  cfg.low_latency = 1;
+  epComm_t comm = joinOrFail(li, t, cfg);
+  if (comm == nullptr) return 0;
+  SmallDispatch d(5);
+  epHandle_t h = nullptr;
+  const auto t0 = Clock::now();
+  epResult_t res;
+  std::vector<uint16_t> recv_x(size_t(6) * 2 * 32 * 64);
+  std::vector<int> recv_count(6);
+  if (li.rank == 0) {
+    epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+    a.x = d.tk.x.data();
+    a.topk_idx = d.tk.topk.data();
+    a.num_tokens = d.tk.n;
+    a.num_topk = 2;
+    a.wire_type = epBfloat16;
+    a.recv_x = recv_x.data();
+    a.recv_count = recv_count.data();
+    res = epLowLatencyDispatch(comm, &a, &h, nullptr);
+  } else {
+    res = epDispatch(comm, &d.a, &h, nullptr);
+  }
+  t->check(res == epInvalidUsage, "a first low-latency call beside a dispatch gives epInvalidUsage", li.rank);
+  t->check(contains(epGetLastError(comm), "same collective calls in the same order"), "saying the calls are out of step",
+           li.rank);
+  t->check(secondsSince(t0) < kTimeoutMs / 1000.0, "before the timeout", li.rank);
+  if (res != epInvalidUsage) fprintf(stderr, "rank %d: %s\n", li.rank, epGetLastError(comm));
+  epHandleDestroy(h);
+  epCommDestroy(comm);
+  return 0;
+}
+
 struct Scenario {
   const char* name;
   int nranks;
@@ -382,6 +420,7 @@ const Scenario kScenarios[] = {
     {"rank-exits", 2, rankExits},           {"abort", 2, abortUnblocks},
     {"rank-skips-call", 2, rankSkipsCall},
     {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
+    {"ll-first-out-of-step", 2, llFirstOutOfStep},
     {"ring-mismatch", 3, ringMismatch},     {"node-size-mismatch", 2, nodeSizeMismatch},
     {"rank-fails-init", 4, rankFailsInit},    {"rank-fails-init-2", 2, rankFailsInit},
     {"ib-qps-mismatch", 2, ibQpsMismatch},    {"ib-sl-mismatch", 3, ibSlMismatch},
