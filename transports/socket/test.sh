@@ -202,6 +202,10 @@ NODE=1 EXPECT='over socket: rank 1 \(127\.0\.0\.1:[0-9]+\): .*its process exited
 for sc in abort rank-skips-call order-mismatch ll-first-out-of-step; do
   NODE=1 across "mp_errors $sc, a node per rank" 2 "$BUILD/tests/mp_errors" --only "$sc"
 done
+# The same faults through the staged path (what GPU ranks on different nodes run).
+for sc in rank-exits abort; do
+  NODE=1 across "mp_errors $sc, a node per rank, staged" 2 env EP_TEST_STAGED=1 "$BUILD/tests/mp_errors" --only "$sc"
+done
 
 cat "$notes"
 echo "socket transport: $passed passed, $failed failed"
