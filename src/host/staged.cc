@@ -399,13 +399,26 @@ epResult_t StagedBackend::llComplete(epHandle* h, epStream_t stream) {
   return epSuccess;
 }
 
-// Host memory "staged" into host memory: exact-size buffers, so that a
-// wrong size in the staging shows under ASan; the copies are memcpy.
+// Host memory "staged" into host memory: buffers of the exact size asked
+// for, so that a wrong size in the staging shows under ASan; the copies are
+// memcpy. A buffer given back is kept for the next request of the same size
+// (the low-latency stagings are as large as the receive buffers: fresh ones
+// would be page faults at every call).
 class HostStager : public Stager {
  public:
   const char* where() const override { return "host memory, EP_TEST_STAGED"; }
   epResult_t acquire(size_t bytes, std::unique_ptr<StagingBuffer>* out) override {
-    out->reset(new Buffer(bytes));
+    std::unique_ptr<uint8_t[]> mem;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        mem = std::move(it->second);
+        free_.erase(it);
+      }
+    }
+    if (!mem) mem.reset(new uint8_t[bytes]);  // not zeroed: a call touches only the rows it fills
+    out->reset(new Buffer(this, std::move(mem), bytes));
     return epSuccess;
   }
   epResult_t enter() override { return epSuccess; }
@@ -430,14 +443,23 @@ class HostStager : public Stager {
  private:
   class Buffer : public StagingBuffer {
    public:
-    explicit Buffer(size_t bytes) : bytes_(std::make_unique<uint8_t[]>(bytes)), size_(bytes) {}
-    void* data() override { return bytes_.get(); }
+    Buffer(HostStager* owner, std::unique_ptr<uint8_t[]> mem, size_t bytes)
+        : owner_(owner), mem_(std::move(mem)), size_(bytes) {}
+    ~Buffer() override { owner_->giveBack(std::move(mem_), size_); }
+    void* data() override { return mem_.get(); }
     size_t bytes() const override { return size_; }
 
    private:
-    std::unique_ptr<uint8_t[]> bytes_;
+    HostStager* owner_;
+    std::unique_ptr<uint8_t[]> mem_;
     size_t size_;
   };
+  void giveBack(std::unique_ptr<uint8_t[]> mem, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(bytes, std::move(mem));
+  }
+  std::mutex mu_;
+  std::unordered_multimap<size_t, std::unique_ptr<uint8_t[]>> free_;
 };
 
 }  // namespace
