@@ -73,8 +73,9 @@ typedef enum {
 
 typedef enum {
   epBackendAuto = 0, /* the GPU when the build and the machine have one, else the host */
-  epBackendHost = 1, /* host memory, ranks are processes or threads of one machine */
-  epBackendCuda = 2  /* device memory, kernels on the caller's stream */
+  epBackendHost = 1, /* host memory; ranks on one machine or several (network transports) */
+  epBackendCuda = 2  /* device memory, kernels on the caller's stream; ranks on several machines:
+                        staged through host memory, not capturable (docs/PROXY.md) */
 } epBackend_t;
 
 /* Magic numbers that open every versioned struct. */
