@@ -43,12 +43,16 @@ class Stager {
   // Waits until every copy to the host enqueued on stream (and the caller's
   // work before it) is done, so the host may read them.
   virtual epResult_t fence(epStream_t stream) = 0;
-  // Host -> caller's memory, in stream order.
-  virtual epResult_t toCaller(void* dst, const void* host, size_t bytes, epStream_t stream) = 0;
+  // Host -> caller's memory, in stream order: `rows` rows of `width` bytes,
+  // `pitch` bytes apart on both sides (rows = 1: a plain copy).
+  virtual epResult_t toCaller(void* dst, const void* host, size_t width, size_t rows, size_t pitch,
+                              epStream_t stream) = 0;
   // Every byte of dst set to `value`, in stream order.
   virtual epResult_t fill(void* dst, int value, size_t bytes, epStream_t stream) = 0;
   // Waits until the copies back are done, so that their staging may be reused.
   virtual epResult_t finish(epStream_t stream) = 0;
+  // The same after a failure: best effort, the communicator's error left as it is.
+  virtual void drain(epStream_t stream) = 0;
 };
 
 }  // namespace ep

@@ -13,7 +13,20 @@
 namespace ep {
 namespace {
 
-constexpr size_t kMinPinned = 64 << 10;  // small stagings share a size class
+constexpr size_t kMinPinned = 64 << 10;       // small stagings share a size class
+constexpr size_t kMaxKeptPinned = size_t(2) << 30;  // pinned bytes kept free for later calls
+
+// The size class of a request: 64 KiB, else the next 2^k x {1, 1.25, 1.5,
+// 1.75} (at most a quarter more than asked), so that sizes that drift from
+// call to call (received rows) reuse blocks instead of piling up new ones.
+size_t sizeClass(size_t bytes) {
+  if (bytes <= kMinPinned) return kMinPinned;
+  size_t p = kMinPinned;
+  while (p * 2 < bytes) p *= 2;
+  for (size_t q = 1; q <= 4; q++)
+    if (p + p * q / 4 >= bytes) return p + p * q / 4;
+  return p * 2;
+}
 
 class CudaStager : public Stager {
  public:
@@ -34,19 +47,17 @@ class CudaStager : public Stager {
   epResult_t acquire(size_t bytes, std::unique_ptr<StagingBuffer>* out) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      // The smallest free block that holds it.
-      auto best = free_.end();
       for (auto it = free_.begin(); it != free_.end(); ++it)
-        if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
-      if (best != free_.end()) {
-        Block b = *best;
-        free_.erase(best);
-        out->reset(new Buffer(this, b));
-        return epSuccess;
-      }
+        if (it->bytes == sizeClass(bytes)) {
+          Block b = *it;
+          free_.erase(it);
+          free_bytes_ -= b.bytes;
+          out->reset(new Buffer(this, b));
+          return epSuccess;
+        }
     }
     Block b;
-    b.bytes = std::max(bytes, kMinPinned);
+    b.bytes = sizeClass(bytes);
     CUDACHECK(cudaHostAlloc(&b.ptr, b.bytes, cudaHostAllocPortable));
     out->reset(new Buffer(this, b));
     return epSuccess;
@@ -64,8 +75,10 @@ class CudaStager : public Stager {
   bool capturing(epStream_t stream) override {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+      // The legacy stream while another thread captures in global mode: a
+      // copy and a wait on it would invalidate that capture. Refused too.
       cudaGetLastError();
-      return false;
+      return true;
     }
     return status != cudaStreamCaptureStatusNone;
   }
@@ -81,8 +94,12 @@ class CudaStager : public Stager {
     CUDACHECK(cudaStreamSynchronize(stream));
     return epSuccess;
   }
-  epResult_t toCaller(void* dst, const void* host, size_t bytes, epStream_t stream) override {
-    CUDACHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, stream));
+  epResult_t toCaller(void* dst, const void* host, size_t width, size_t rows, size_t pitch,
+                      epStream_t stream) override {
+    if (rows == 1)
+      CUDACHECK(cudaMemcpyAsync(dst, host, width, cudaMemcpyDefault, stream));
+    else
+      CUDACHECK(cudaMemcpy2DAsync(dst, pitch, host, pitch, width, rows, cudaMemcpyDefault, stream));
     return epSuccess;
   }
   epResult_t fill(void* dst, int value, size_t bytes, epStream_t stream) override {
@@ -92,6 +109,10 @@ class CudaStager : public Stager {
   epResult_t finish(epStream_t stream) override {
     CUDACHECK(cudaStreamSynchronize(stream));
     return epSuccess;
+  }
+  void drain(epStream_t stream) override {
+    cudaStreamSynchronize(stream);
+    cudaGetLastError();
   }
 
  private:
@@ -113,6 +134,14 @@ class CudaStager : public Stager {
   void giveBack(const Block& b) {
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(b);
+    free_bytes_ += b.bytes;
+    // Beyond the bound, the blocks least recently given back are freed (a
+    // cudaFreeHost, after the call's copies were waited for).
+    while (free_bytes_ > kMaxKeptPinned && free_.size() > 1) {
+      cudaFreeHost(free_.front().ptr);
+      free_bytes_ -= free_.front().bytes;
+      free_.erase(free_.begin());
+    }
   }
 
   BackendComm comm_;
@@ -121,6 +150,7 @@ class CudaStager : public Stager {
   char where_[64];
   std::mutex mu_;
   std::vector<Block> free_;
+  size_t free_bytes_ = 0;
 };
 
 }  // namespace

@@ -25,22 +25,27 @@ namespace ep {
 namespace {
 
 // The staging of one call: its input copies, its output buffers and where
-// they go back to. Buffers return to the stager when it is dropped, which
-// is after finish() (or after a failure, when no copy back was enqueued).
+// they go back to. Buffers return to the stager when it is dropped; one
+// whose copies may still be under way (a failure between an enqueue and
+// its wait) is given back only after the stream drained.
 class CallStaging {
  public:
   CallStaging(Stager& stager, epStream_t stream) : stager_(stager), stream_(stream) {}
+  ~CallStaging() {
+    if (in_flight_) stager_.drain(stream_);
+  }
+  CallStaging(const CallStaging&) = delete;
+  CallStaging& operator=(const CallStaging&) = delete;
 
   // `rows` rows of `width` bytes, `pitch` apart in the caller's memory, packed
   // in host memory; nullptr stays nullptr.
   epResult_t in(const void* src, size_t width, size_t rows, size_t pitch, const void** host) {
     *host = src;
     if (src == nullptr) return epSuccess;
-    std::unique_ptr<StagingBuffer> buf;
-    EPCHECK(stager_.acquire(std::max<size_t>(width * rows, 16), &buf));
-    if (width * rows > 0) EPCHECK(stager_.toHost(buf->data(), src, width, rows, pitch ? pitch : width, stream_));
-    *host = buf->data();
-    held_.push_back(std::move(buf));
+    void* buf = nullptr;
+    EPCHECK(hold(width * rows, &buf));
+    if (width * rows > 0) EPCHECK(copyIn(buf, src, width, rows, pitch ? pitch : width));
+    *host = buf;
     return epSuccess;
   }
   epResult_t in(const void* src, size_t bytes, const void** host) { return in(src, bytes, 1, bytes, host); }
@@ -51,41 +56,69 @@ class CallStaging {
     *host = static_cast<const T*>(p);
     return epSuccess;
   }
+  // Host memory of `bytes` (at least 16) held until the call ends.
+  epResult_t hold(size_t bytes, void** host) {
+    std::unique_ptr<StagingBuffer> buf;
+    EPCHECK(stager_.acquire(std::max<size_t>(bytes, 16), &buf));
+    *host = buf->data();
+    held_.push_back(std::move(buf));
+    return epSuccess;
+  }
+  // A copy into held memory, in stream order.
+  epResult_t copyIn(void* host, const void* src, size_t width, size_t rows, size_t pitch) {
+    in_flight_ = true;
+    return stager_.toHost(host, src, width, rows, pitch, stream_);
+  }
 
   // Host memory for an output of `bytes` that goes back to dst at flush().
   template <typename T>
   epResult_t out(T* dst, size_t bytes, T** host) {
     *host = nullptr;
     if (dst == nullptr) return epSuccess;
-    std::unique_ptr<StagingBuffer> buf;
-    EPCHECK(stager_.acquire(std::max<size_t>(bytes, 16), &buf));
-    *host = static_cast<T*>(buf->data());
-    if (bytes > 0) outs_.push_back({dst, buf->data(), bytes});
-    held_.push_back(std::move(buf));
+    void* buf = nullptr;
+    EPCHECK(hold(bytes, &buf));
+    *host = static_cast<T*>(buf);
+    back(dst, buf, bytes);
     return epSuccess;
   }
-  // A region of an output buffer already staged (a part of it goes back).
-  void back(void* dst, const void* host, size_t bytes) {
-    if (bytes > 0) outs_.push_back({dst, host, bytes});
+  // A region of staged memory that goes back at flush(): `rows` rows of
+  // `width` bytes, `pitch` apart on both sides.
+  void back(void* dst, const void* host, size_t width, size_t rows = 1, size_t pitch = 0) {
+    if (width > 0 && rows > 0) outs_.push_back({dst, host, width, rows, pitch ? pitch : width});
   }
   void keep(std::unique_ptr<StagingBuffer> buf) { held_.push_back(std::move(buf)); }
 
-  epResult_t fence() { return stager_.fence(stream_); }
+  epResult_t fence() {
+    EPCHECK(stager_.fence(stream_));
+    in_flight_ = false;
+    return epSuccess;
+  }
   // Every output back to the caller, then waits for the copies.
   epResult_t flush() {
-    for (const Back& b : outs_) EPCHECK(stager_.toCaller(b.dst, b.host, b.bytes, stream_));
+    in_flight_ = true;
+    epResult_t res = epSuccess;
+    for (const Back& b : outs_) {
+      res = stager_.toCaller(b.dst, b.host, b.width, b.rows, b.pitch, stream_);
+      if (res != epSuccess) break;
+    }
     outs_.clear();
-    return stager_.finish(stream_);
+    if (res == epSuccess) res = stager_.finish(stream_);
+    // Drained here on failure too: some of these buffers belong to a handle
+    // (the low-latency outputs) and go back to the stager after this returns.
+    if (res != epSuccess) stager_.drain(stream_);
+    in_flight_ = false;
+    return res;
   }
 
  private:
   struct Back {
     void* dst;
     const void* host;
-    size_t bytes;
+    size_t width, rows, pitch;
   };
   Stager& stager_;
   epStream_t stream_;
+  bool in_flight_ = false;  // copies enqueued and not waited for
   std::vector<std::unique_ptr<StagingBuffer>> held_;
   std::vector<Back> outs_;
 };
@@ -263,9 +296,18 @@ epResult_t StagedBackend::combine(const epCombineArgs_t& a, epHandle* h, epStrea
   EPCHECK(cs.in(a.bias, T * row, &b.bias));
   EPCHECK(cs.fence());
   EPCHECK(cs.out(a.out, T * row, &b.out));
-  EPCHECK(cs.out(a.out_topk_weights, T * K * 4, &b.out_topk_weights));
-  EPCHECK(inner_->combine(b, h, stream));
-  return cs.flush();
+  void* weights = nullptr;
+  if (a.out_topk_weights != nullptr) {
+    EPCHECK(cs.hold(T * K * 4, &weights));
+    b.out_topk_weights = static_cast<float*>(weights);
+  }
+  // A peer that sent no weights: out is written all the same, the summed
+  // weights are not (epInvalidUsage, docs/SEMANTICS.md "Combine").
+  const epResult_t res = inner_->combine(b, h, stream);
+  if (res != epSuccess && res != epInvalidUsage) return res;
+  if (res == epSuccess && weights != nullptr) cs.back(a.out_topk_weights, weights, T * K * 4);
+  const epResult_t flushed = cs.flush();
+  return res != epSuccess ? res : flushed;
 }
 
 // The low-latency dispatch's outputs back to the caller: per local expert
@@ -287,9 +329,10 @@ epResult_t StagedBackend::stageLLDispatchBack(CallStaging& cs, LLCall& call) {
     const size_t first = size_t(e) * cap;
     cs.back(static_cast<uint8_t*>(a.recv_x) + first * row,
             static_cast<const uint8_t*>(call.recv_x->data()) + first * row, n * row);
-    if (fp8) {
-      const size_t from = size_t(e) * nb * cap, span = size_t(nb - 1) * cap + n;
-      cs.back(a.recv_scales + from, static_cast<const float*>(call.recv_scales->data()) + from, span * 4);
+    if (fp8) {  // [expert][block][slot]: n slots of each of the expert's nb blocks
+      const size_t from = size_t(e) * nb * cap;
+      cs.back(a.recv_scales + from, static_cast<const float*>(call.recv_scales->data()) + from, n * 4, size_t(nb),
+              cap * 4);
     }
     if (a.recv_src != nullptr)
       cs.back(a.recv_src + first, static_cast<const int*>(call.recv_src->data()) + first, n * 4);
@@ -351,18 +394,17 @@ epResult_t StagedBackend::llCombine(const epLowLatencyCombineArgs_t& a, epHandle
     return setError(comm_, epInternalError, "epLowLatencyCombine: the handle's dispatch left no counts here");
   // y is read in place at [expert][slot]: only the rows the dispatch filled.
   CallStaging cs(*stager_, stream);
-  std::unique_ptr<StagingBuffer> y;
-  EPCHECK(stager_->acquire(size_t(L) * cap * row, &y));
+  void* y = nullptr;
+  EPCHECK(cs.hold(size_t(L) * cap * row, &y));
   for (int e = 0; e < L; e++) {
     const size_t first = size_t(e) * cap * row, n = size_t(call.counts[size_t(e)]);
     if (n > 0)
-      EPCHECK(stager_->toHost(static_cast<uint8_t*>(y->data()) + first,
-                              static_cast<const uint8_t*>(a.y) + first, n * row, 1, n * row, stream));
+      EPCHECK(cs.copyIn(static_cast<uint8_t*>(y) + first, static_cast<const uint8_t*>(a.y) + first, n * row, 1,
+                        n * row));
   }
   EPCHECK(cs.fence());
   epLowLatencyCombineArgs_t b = a;
-  b.y = y->data();
-  cs.keep(std::move(y));
+  b.y = y;
   std::unique_ptr<StagingBuffer> out;
   EPCHECK(stager_->acquire(std::max<size_t>(T * row, 16), &out));
   b.out = out->data();
@@ -430,8 +472,9 @@ class HostStager : public Stager {
     return epSuccess;
   }
   epResult_t fence(epStream_t) override { return epSuccess; }
-  epResult_t toCaller(void* dst, const void* host, size_t bytes, epStream_t) override {
-    memcpy(dst, host, bytes);
+  epResult_t toCaller(void* dst, const void* host, size_t width, size_t rows, size_t pitch, epStream_t) override {
+    for (size_t r = 0; r < rows; r++)
+      memcpy(static_cast<char*>(dst) + r * pitch, static_cast<const char*>(host) + r * pitch, width);
     return epSuccess;
   }
   epResult_t fill(void* dst, int value, size_t bytes, epStream_t) override {
@@ -439,6 +482,7 @@ class HostStager : public Stager {
     return epSuccess;
   }
   epResult_t finish(epStream_t) override { return epSuccess; }
+  void drain(epStream_t) override {}
 
  private:
   class Buffer : public StagingBuffer {
@@ -456,8 +500,11 @@ class HostStager : public Stager {
   };
   void giveBack(std::unique_ptr<uint8_t[]> mem, size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
+    // A call holds about a dozen; sizes of calls long past are let go.
+    if (free_.size() >= kKeep) free_.erase(free_.begin());
     free_.emplace(bytes, std::move(mem));
   }
+  static constexpr size_t kKeep = 32;
   std::mutex mu_;
   std::unordered_multimap<size_t, std::unique_ptr<uint8_t[]>> free_;
 };
