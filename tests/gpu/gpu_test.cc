@@ -644,20 +644,10 @@ int main(int argc, char** argv) {
   bool small = argc > 1 && std::string(argv[1]) == "--small";
   const bool node_limit = argc > 1 && std::string(argv[1]) == "--node-limit";
   if (node_limit) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // two ranks may share a GPU
-  const bool staged = argc > 1 && std::string(argv[1]) == "--staged";
   int ranks = ranksOption(argc, argv, "gpu_test");  // 0: not given
-  if (staged) {
-    ranks = argc > 2 ? atoi(argv[2]) : 2;
-    if (ranks < 2 || ranks > 8) {
-      fprintf(stderr, "gpu_test: --staged takes 2..8 ranks\n");
-      return 2;
-    }
-    setenv("EP_CUDA_NETWORK", "1", 1);
-    setenv("EP_NODE_SIZE", "1", 0);
-    setenv("EP_TRANSPORTS", "shm,socket", 0);
-    setenv("EP_SOCKET_IFNAME", "lo", 0);
-    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-  }
+  const int staged_ranks = stagedOption(argc, argv, "gpu_test");
+  const bool staged = staged_ranks > 0;
+  if (staged) ranks = staged_ranks;
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     printf("SKIPPED gpu_test: no GPU visible (%s)\n", cudaGetErrorString(cudaGetLastError()));

@@ -70,6 +70,25 @@ inline int ranksOption(int argc, char** argv, const char* prog) {
   return n;
 }
 
+// --staged [R]: the ranks' count (default 2), with the environment of the
+// staged path on this machine: each rank a node unless EP_NODE_SIZE says
+// otherwise, the nodes joined by the socket transport on loopback
+// (EP_CUDA_NETWORK=1). 0: not asked for; exits on a bad count.
+inline int stagedOption(int argc, char** argv, const char* prog) {
+  if (argc <= 1 || std::string(argv[1]) != "--staged") return 0;
+  const int n = argc > 2 ? atoi(argv[2]) : 2;
+  if (n < 2 || n > 8) {
+    fprintf(stderr, "%s: --staged takes 2..8 ranks\n", prog);
+    exit(2);
+  }
+  setenv("EP_CUDA_NETWORK", "1", 1);
+  setenv("EP_NODE_SIZE", "1", 0);
+  setenv("EP_TRANSPORTS", "shm,socket", 0);
+  setenv("EP_SOCKET_IFNAME", "lo", 0);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  return n;
+}
+
 // A barrier of the ranks' threads. The tests pass it once every rank has set
 // up (allocated, uploaded, poisoned, synchronised its stream) and before any
 // rank makes its first call: a rank's thread that allocates or copies from
