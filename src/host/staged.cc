@@ -7,6 +7,8 @@
 // kernels drive the network themselves (docs/PROXY.md): correct, bit-exact
 // with the host backend (it is the host backend), and paying a copy each
 // way plus the host's packing and reduction.
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -17,6 +19,7 @@
 #include "../backend.h"
 #include "../checks.h"
 #include "../data_types.h"
+#include "../debug.h"
 #include "../params.h"
 #include "../sizes.h"
 #include "../stager.h"
@@ -24,13 +27,40 @@
 namespace ep {
 namespace {
 
+// What the copies of each call took, for the log at destroy (the staging
+// leg beside a plain copy of the same bytes: docs/BENCHMARKS.md).
+struct StagingStats {
+  struct Leg {
+    size_t bytes;
+    double us;
+  };
+  std::mutex mu;
+  std::vector<Leg> in, out;  // to the host (with the wait for it), back to the caller
+  void add(std::vector<Leg>* legs, size_t bytes, double us) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (legs->size() < 100000) legs->push_back({bytes, us});
+  }
+  static std::string describe(std::vector<Leg> legs) {
+    if (legs.empty()) return "none";
+    std::sort(legs.begin(), legs.end(), [](const Leg& a, const Leg& b) { return a.us < b.us; });
+    const Leg& m = legs[legs.size() / 2];
+    char text[128];
+    snprintf(text, sizeof(text), "median %.1f us for %zu bytes (%.2f GB/s)", m.us, m.bytes,
+             m.us > 0 ? double(m.bytes) / m.us / 1e3 : 0.0);
+    return text;
+  }
+};
+
+using StageClock = std::chrono::steady_clock;
+
 // The staging of one call: its input copies, its output buffers and where
 // they go back to. Buffers return to the stager when it is dropped; one
 // whose copies may still be under way (a failure between an enqueue and
 // its wait) is given back only after the stream drained.
 class CallStaging {
  public:
-  CallStaging(Stager& stager, epStream_t stream) : stager_(stager), stream_(stream) {}
+  CallStaging(Stager& stager, epStream_t stream, StagingStats* stats = nullptr)
+      : stager_(stager), stream_(stream), stats_(stats) {}
   ~CallStaging() {
     if (in_flight_) stager_.drain(stream_);
   }
@@ -66,7 +96,9 @@ class CallStaging {
   }
   // A copy into held memory, in stream order.
   epResult_t copyIn(void* host, const void* src, size_t width, size_t rows, size_t pitch) {
+    if (in_bytes_ == 0) in_start_ = StageClock::now();
     in_flight_ = true;
+    in_bytes_ += width * rows;
     return stager_.toHost(host, src, width, rows, pitch, stream_);
   }
 
@@ -91,13 +123,18 @@ class CallStaging {
   epResult_t fence() {
     EPCHECK(stager_.fence(stream_));
     in_flight_ = false;
+    if (stats_ != nullptr && in_bytes_ > 0) stats_->add(&stats_->in, in_bytes_, usSince(in_start_));
+    in_bytes_ = 0;
     return epSuccess;
   }
   // Every output back to the caller, then waits for the copies.
   epResult_t flush() {
     in_flight_ = true;
+    const auto start = StageClock::now();
+    size_t bytes = 0;
     epResult_t res = epSuccess;
     for (const Back& b : outs_) {
+      bytes += b.width * b.rows;
       res = stager_.toCaller(b.dst, b.host, b.width, b.rows, b.pitch, stream_);
       if (res != epSuccess) break;
     }
@@ -107,6 +144,7 @@ class CallStaging {
     // (the low-latency outputs) and go back to the stager after this returns.
     if (res != epSuccess) stager_.drain(stream_);
     in_flight_ = false;
+    if (res == epSuccess && stats_ != nullptr && bytes > 0) stats_->add(&stats_->out, bytes, usSince(start));
     return res;
   }
 
@@ -116,9 +154,15 @@ class CallStaging {
     const void* host;
     size_t width, rows, pitch;
   };
+  static double usSince(StageClock::time_point t) {
+    return std::chrono::duration<double, std::micro>(StageClock::now() - t).count();
+  }
   Stager& stager_;
   epStream_t stream_;
+  StagingStats* stats_;
   bool in_flight_ = false;  // copies enqueued and not waited for
+  size_t in_bytes_ = 0;     // of the copies to the host since the last fence
+  StageClock::time_point in_start_;
   std::vector<std::unique_ptr<StagingBuffer>> held_;
   std::vector<Back> outs_;
 };
@@ -151,6 +195,13 @@ class StagedBackend : public Backend {
                 std::string name)
       : comm_(comm), inner_(std::move(inner)), stager_(std::move(stager)), name_(std::move(name)) {}
 
+  ~StagedBackend() override {
+    std::lock_guard<std::mutex> lock(stats_.mu);
+    if (!stats_.in.empty() || !stats_.out.empty())
+      EP_INFO(kSubsysInit, "%s: staging to %s: %zu calls' copies in, %s; %zu calls' copies back, %s", name_.c_str(),
+              stager_->where(), stats_.in.size(), StagingStats::describe(stats_.in).c_str(), stats_.out.size(),
+              StagingStats::describe(stats_.out).c_str());
+  }
   const char* name() const override { return name_.c_str(); }
   size_t bufferBytes() const override { return inner_->bufferBytes(); }
   const char* peerTransport(int peer) const override { return inner_->peerTransport(peer); }
@@ -206,6 +257,7 @@ class StagedBackend : public Backend {
   std::unique_ptr<Backend> inner_;
   std::unique_ptr<Stager> stager_;
   std::string name_;
+  StagingStats stats_;
   std::mutex ll_mu_;  // ll_: a handle may be destroyed from another thread
   std::unordered_map<const epHandle*, LLCall> ll_;
 };
@@ -214,7 +266,7 @@ epResult_t StagedBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
   StagerScope scope(*stager_);
   EPCHECK(begin("epLayout", scope, stream));
   const int R = comm_.nranks(), N = comm_.nodes().num_nodes, E = comm_.config().num_experts;
-  CallStaging cs(*stager_, stream);
+  CallStaging cs(*stager_, stream, &stats_);
   epLayoutArgs_t b = a;
   EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, a.num_tokens, a.num_topk), &b.topk_idx));
   EPCHECK(cs.fence());
@@ -230,7 +282,7 @@ epResult_t StagedBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
 epResult_t StagedBackend::prepare(const char* fn, const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
   StagerScope scope(*stager_);
   EPCHECK(begin(fn, scope, stream));
-  CallStaging cs(*stager_, stream);
+  CallStaging cs(*stager_, stream, &stats_);
   epDispatchArgs_t b = a;
   EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, a.num_tokens, a.num_topk), &b.topk_idx));
   EPCHECK(cs.fence());
@@ -245,7 +297,7 @@ epResult_t StagedBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool 
   const int T = a.num_tokens, K = a.num_topk, nb = fp8ScaleBlocks(cfg.hidden);
   const bool fp8 = cfg.dispatch_type == epFloat8E4M3;
   const size_t row = size_t(cfg.hidden) * dataTypeSize(cfg.dispatch_type);
-  CallStaging cs(*stager_, stream);
+  CallStaging cs(*stager_, stream, &stats_);
   epDispatchArgs_t b = a;
   EPCHECK(cs.in(a.x, row, size_t(T), a.x_stride ? a.x_stride : row, &b.x));
   b.x_stride = 0;
@@ -288,7 +340,7 @@ epResult_t StagedBackend::combine(const epCombineArgs_t& a, epHandle* h, epStrea
   const size_t row = size_t(cfg.hidden) * dataTypeSize(cfg.combine_type);
   const size_t nrecv = size_t(h->routing.num_recv), T = size_t(h->routing.num_tokens);
   const size_t K = a.recv_topk_weights ? size_t(a.num_topk) : 0;
-  CallStaging cs(*stager_, stream);
+  CallStaging cs(*stager_, stream, &stats_);
   epCombineArgs_t b = a;
   EPCHECK(cs.in(a.y, row, nrecv, a.y_stride ? a.y_stride : row, &b.y));
   b.y_stride = 0;
@@ -349,7 +401,7 @@ epResult_t StagedBackend::llDispatch(const epLowLatencyDispatchArgs_t& a, epHand
   const size_t cap = size_t(comm_.nranks()) * cfg.max_tokens_per_rank;
   const bool fp8 = a.wire_type == epFloat8E4M3;
   const size_t row = fp8 ? size_t(H) : size_t(H) * 2;
-  CallStaging cs(*stager_, stream);
+  CallStaging cs(*stager_, stream, &stats_);
   epLowLatencyDispatchArgs_t b = a;
   EPCHECK(cs.in(a.x, size_t(T) * H * 2, &b.x));
   EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, T, K), &b.topk_idx));
@@ -393,7 +445,7 @@ epResult_t StagedBackend::llCombine(const epLowLatencyCombineArgs_t& a, epHandle
   if (int(call.counts.size()) != L)
     return setError(comm_, epInternalError, "epLowLatencyCombine: the handle's dispatch left no counts here");
   // y is read in place at [expert][slot]: only the rows the dispatch filled.
-  CallStaging cs(*stager_, stream);
+  CallStaging cs(*stager_, stream, &stats_);
   void* y = nullptr;
   EPCHECK(cs.hold(size_t(L) * cap * row, &y));
   for (int e = 0; e < L; e++) {
@@ -425,7 +477,7 @@ epResult_t StagedBackend::llComplete(epHandle* h, epStream_t stream) {
   EPCHECK(begin("epLowLatencyComplete", scope, stream));
   EPCHECK(inner_->llComplete(h, stream));
   LLCall& call = llCall(h);
-  CallStaging cs(*stager_, stream);
+  CallStaging cs(*stager_, stream, &stats_);
   if (call.pending == epHandle::Pending::kDispatch) {
     EPCHECK(stageLLDispatchBack(cs, call));
   } else if (call.pending == epHandle::Pending::kCombine && call.out != nullptr) {

@@ -895,7 +895,39 @@ void eagerBench(int R, int tokens) {
     freeRank(g[r]);
   });
   char backend[64] = "";
-  for (auto c : comms) epCommDestroy(c);
+  for (auto c : comms) epCommDestroy(c);  // the staged path logs its copies' medians here (EP_DEBUG=INFO)
+  // The staging leg's reference: plain copies device -> pinned host and back
+  // of the bytes a call moves (x in, and the combined rows out), median of 200.
+  {
+    CK(cudaSetDevice(gpuOf(0)));
+    const size_t bytes = size_t(tokens) * 7168 * 2;
+    void *dev = nullptr, *pinned = nullptr;
+    CK(cudaMalloc(&dev, bytes));
+    CK(cudaHostAlloc(&pinned, bytes, cudaHostAllocPortable));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    std::vector<float> d2h, h2d;
+    for (int i = 0; i < 220; i++) {
+      const auto t0 = std::chrono::steady_clock::now();
+      CK(cudaMemcpyAsync(pinned, dev, bytes, cudaMemcpyDeviceToHost, st));
+      CK(cudaStreamSynchronize(st));
+      const auto t1 = std::chrono::steady_clock::now();
+      CK(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, st));
+      CK(cudaStreamSynchronize(st));
+      const auto t2 = std::chrono::steady_clock::now();
+      if (i >= 20) {
+        d2h.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
+        h2d.push_back(std::chrono::duration<float, std::micro>(t2 - t1).count());
+      }
+    }
+    printf("reference: cudaMemcpyAsync + synchronize of %zu bytes: to pinned host median %.1f us (%.2f GB/s), "
+           "back %.1f us (%.2f GB/s)\n",
+           bytes, ll::percentile(d2h, 0.5), bytes / ll::percentile(d2h, 0.5) / 1e3, ll::percentile(h2d, 0.5),
+           bytes / ll::percentile(h2d, 0.5) / 1e3);
+    CK(cudaStreamDestroy(st));
+    CK(cudaFree(dev));
+    CK(cudaFreeHost(pinned));
+  }
   const char* net = getenv("EP_CUDA_NETWORK");
   snprintf(backend, sizeof(backend), "%s", net && atoi(net) ? "staged across nodes" : "one node");
   for (int r = 0; r < R; r++)

@@ -29,8 +29,10 @@ step staged_gpu_ll_test_2 "$BUILD/tests/gpu_ll_test" --staged 2
 EP_NODE_SIZE=2 step staged_gpu_ll_test_4 "$BUILD/tests/gpu_ll_test" --staged 4
 if [ "${EP_GPU_BENCH:-1}" != 0 ]; then
   step eager_one_node "$BUILD/tests/gpu_ll_test" --eager-bench 2 1,128
-  EP_CUDA_NETWORK=1 EP_NODE_SIZE=1 EP_TRANSPORTS=shm,socket EP_SOCKET_IFNAME=lo \
-    step eager_staged "$BUILD/tests/gpu_ll_test" --eager-bench 2 1,128
-  grep -h "LL eager" "$LOGS/eager_one_node.log" "$LOGS/eager_staged.log"
+  EP_CUDA_NETWORK=1 EP_NODE_SIZE=1 EP_TRANSPORTS=shm,socket EP_SOCKET_IFNAME=lo EP_DEBUG=INFO \
+    EP_DEBUG_SUBSYS=INIT step eager_staged "$BUILD/tests/gpu_ll_test" --eager-bench 2 1,128
+  # The staging leg (the copies' medians, logged at destroy) beside plain copies of a call's rows.
+  grep -h -E "LL eager|reference:|staging to" "$LOGS/eager_one_node.log" "$LOGS/eager_staged.log" | sed 's/^.*EP INFO //'
+
 fi
 exit $status
