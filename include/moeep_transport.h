@@ -160,6 +160,11 @@ typedef struct {
    * covers it. */
   int qp_budget;          /* most QPs (streams) this communicator may create, 0: no cap; an
                              endpoint beyond it fails with epInvalidUsage naming the budget */
+  /* Added after qp_budget (read only when size covers aborted_arg). NULL: never. Returns
+   * non-zero once the communicator was aborted (epCommAbort): a connect waiting for its peer
+   * then returns epAborted instead of waiting out timeout_ms. Any thread may call it. */
+  int (*aborted)(void *arg);
+  void *aborted_arg;
 } epTransportCommInfo_v2_t;
 
 /* What one connection is, as epCommPeerInfo reports it. */

@@ -187,6 +187,10 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, const std::vector<boo
     info.classes[c].adaptive_routing = cfg.ib.adaptive_routing[c];  // -1: auto, the transport's rule
   }
   info.qp_budget = cfg.ib.qp_budget;
+  // A connect waiting for a peer (the first low-latency call's, or init's)
+  // ends at epCommAbort instead of at the timeout.
+  info.aborted = [](void* arg) { return static_cast<const NetLinks*>(arg)->comm_.aborted() ? 1 : 0; };
+  info.aborted_arg = this;
   // The QPs this rank opens once every class is connected (docs/TOPOLOGY.md,
   // "Queue pairs"), checked before any: a budget the first low-latency call
   // would break fails here, not in the middle of a job. Without

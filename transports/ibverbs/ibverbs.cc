@@ -138,6 +138,10 @@ epResult_t ibCommOpen(void* ctx, const epTransportCommInfo_v2_t* info, void** ou
   memcpy(&comm->info, info, std::min(info->size, sizeof(comm->info)));
   comm->info.size = sizeof(comm->info);
   if (info->size < offsetof(epTransportCommInfo_v2_t, qp_budget) + sizeof(int)) comm->info.qp_budget = 0;
+  if (info->size < offsetof(epTransportCommInfo_v2_t, aborted_arg) + sizeof(void*)) {
+    comm->info.aborted = nullptr;
+    comm->info.aborted_arg = nullptr;
+  }
   const epTransportCommInfo_v2_t& in = comm->info;
   if (in.nranks < 1 || in.rank < 0 || in.rank >= in.nranks || in.ib_timeout < 0 || in.ib_timeout > 31 ||
       in.ib_retry_cnt < 0 || in.ib_retry_cnt > 7 || in.timeout_ms <= 0 || in.qp_budget < 0) {

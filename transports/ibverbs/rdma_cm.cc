@@ -274,6 +274,9 @@ epResult_t cmConnect(Conn* conn, const void* blob, size_t bytes) {
   const int64_t deadline = nowMs() + comm->info.timeout_ms;
   while (!allEstablished(conn)) {
     if (comm->failed()) return failedResult(comm);
+    if (comm->info.aborted != nullptr && comm->info.aborted(comm->info.aborted_arg) != 0)
+      return fail(comm, epAborted, peer, "rank %d (%s): the communicator was aborted (epCommAbort) while connecting",
+                  peer, className(conn->cls));
     if (nowMs() > deadline)
       return fail(comm, epTimeout, peer, "rank %d (%s): no rdma_cm connection with %s within %d ms (%s)", peer,
                   className(conn->cls), conn->remote_desc, comm->info.timeout_ms,

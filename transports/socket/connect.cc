@@ -167,7 +167,7 @@ epResult_t connect(void* comm, int peer, epTrafficClass_t cls, const void* peer_
   // The streams this rank sends on, each opened by a hello.
   const int tos = c->classes[cls].traffic_class;
   auto dialStream = [&](int i, int* fd, std::string* err) {
-    *fd = dial(addr, tos, c->timeout_ms, deadline, err);
+    *fd = dial(addr, tos, c->timeout_ms, deadline, err, [c] { return c->aborted(); });
     if (*fd < 0) {
       *err = "no connection within " + std::to_string(c->timeout_ms) + " ms: " + *err;
       return false;
@@ -196,6 +196,7 @@ epResult_t connect(void* comm, int peer, epTrafficClass_t cls, const void* peer_
   size_t acked = 0;
   bool received = takeParked(c, k);
   while (acked < dialled.size() || !received) {
+    if (c->aborted()) return failWith(epAborted, "the communicator was aborted (epCommAbort) while connecting");
     if (msLeft(deadline) == 0) {
       std::string what = acked < dialled.size() ? "no answer to this rank's hello" : "";
       if (!received) what += std::string(what.empty() ? "" : "; ") + "it did not connect its streams to this rank";

@@ -59,7 +59,8 @@ void tuneStream(int fd, int user_timeout_ms, int tos) {
   }
 }
 
-int dial(const Address& addr, int tos, int user_timeout_ms, Clock::time_point deadline, std::string* err) {
+int dial(const Address& addr, int tos, int user_timeout_ms, Clock::time_point deadline, std::string* err,
+         const std::function<bool()>& stop) {
   int last_errno = 0;
   int delay_ms = 5;
   for (;;) {
@@ -89,6 +90,10 @@ int dial(const Address& addr, int tos, int user_timeout_ms, Clock::time_point de
     const bool retry = last_errno == ECONNREFUSED || last_errno == ETIMEDOUT || last_errno == EHOSTUNREACH ||
                        last_errno == ENETUNREACH || last_errno == ECONNRESET || last_errno == EAGAIN;
     if (!retry || msLeft(deadline) == 0) break;
+    if (stop && stop()) {
+      *err = "aborted";
+      return -1;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delay_ms, msLeft(deadline))));
     delay_ms = std::min(delay_ms * 2, 200);
   }

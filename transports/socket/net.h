@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "../../src/socket.h"
@@ -39,7 +40,9 @@ void tuneStream(int fd, int user_timeout_ms, int tos);
 
 // Connects to addr, retrying while the peer refuses or cannot be reached yet,
 // until deadline. Returns the socket, or -1 with *err saying why.
-int dial(const Address& addr, int tos, int user_timeout_ms, Clock::time_point deadline, std::string* err);
+// stop (may be empty): true ends the retries at once ("aborted").
+int dial(const Address& addr, int tos, int user_timeout_ms, Clock::time_point deadline, std::string* err,
+         const std::function<bool()>& stop = {});
 
 // Accepts one pending connection of a non-blocking listener: the socket, -1
 // when none is pending (*err empty) or on an error (*err says).

@@ -102,10 +102,16 @@ uint64_t randomNonce() {
 
 epResult_t commOpen(void* ctx, const epTransportCommInfo_v2_t* info, void** comm) {
   auto* mod = static_cast<Module*>(ctx);
-  if (mod == nullptr || info == nullptr || comm == nullptr || info->size < sizeof(epTransportCommInfo_v2_t) ||
-      info->nranks < 1 || info->rank < 0 || info->rank >= info->nranks)
+  // Fields past the first version-2 struct (qp_budget, aborted) are read only where size covers them.
+  if (mod == nullptr || info == nullptr || comm == nullptr ||
+      info->size < offsetof(epTransportCommInfo_v2_t, qp_budget) || info->nranks < 1 || info->rank < 0 ||
+      info->rank >= info->nranks)
     return epInvalidArgument;
   auto* c = new Comm;
+  if (info->size >= offsetof(epTransportCommInfo_v2_t, aborted_arg) + sizeof(void*)) {
+    c->aborted_fn = info->aborted;
+    c->aborted_arg = info->aborted_arg;
+  }
   c->mod = mod;
   c->rank = info->rank;
   c->nranks = info->nranks;

@@ -117,6 +117,10 @@ struct Conn {
 struct Comm {
   Module* mod = nullptr;
   int rank = 0, nranks = 0, timeout_ms = 60000, nstreams = kDefaultStreams;
+  // The core's abort (epTransportCommInfo_v2_t.aborted): ends a connect's waits.
+  int (*aborted_fn)(void*) = nullptr;
+  void* aborted_arg = nullptr;
+  bool aborted() const { return aborted_fn != nullptr && aborted_fn(aborted_arg) != 0; }
   epTransportClass_v2_t classes[EP_TRAFFIC_CLASSES] = {};
   Address local;
   std::string ifname;

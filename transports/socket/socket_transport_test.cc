@@ -347,6 +347,22 @@ bool badEndpoints() {
         "silent peer: %d after %.2f s, peer %d, \"%s\"", int(r), took2, peer, msg);
   printf("    silent peer, after %.2f s: %s\n", took2, msg);
   T->comm_close(comm);
+
+  // The same wait with a long timeout, ended by the core's abort (epCommAbort
+  // 0.3 s into the connect): epAborted at once, not at the timeout.
+  epTransportCommInfo_v2_t abortable = commInfo(0, 20000);
+  static Clock::time_point abort_at;
+  abort_at = Clock::now() + std::chrono::milliseconds(300);
+  abortable.aborted = [](void*) { return Clock::now() >= abort_at ? 1 : 0; };
+  CHECK(T->comm_open(g_ctx, &abortable, &comm) == epSuccess, "comm_open");
+  const auto start3 = Clock::now();
+  r = T->connect(comm, 1, epTrafficThroughput, ep.data(), n, &conn);
+  const double took3 = secondsSince(start3);
+  T->last_error(comm, &peer, msg, sizeof(msg));
+  CHECK(r == epAborted && peer == 1 && strstr(msg, "aborted") && took3 < 2.0,
+        "aborted connect: %d after %.2f s, peer %d, \"%s\"", int(r), took3, peer, msg);
+  printf("    aborted while connecting, after %.2f s: %s\n", took3, msg);
+  T->comm_close(comm);
   T->comm_close(silent);
   T->finalize(g_ctx);
   printf("--- endpoint: ok\n");
