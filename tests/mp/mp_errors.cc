@@ -4,6 +4,7 @@
 //
 // Each scenario forks its own ranks (MPI-free launcher) and checks the result
 // code, the message and the time it took.
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -409,6 +410,40 @@ int llFirstOutOfStep(const LaunchInfo& li, Tally* t) {
   return 0;
 }
 
+// A rank that waits for a late peer gives the core away: rank 1 comes 1.5 s
+// late to a dispatch; rank 0's process (its transports' threads included)
+// may use at most a fifth of a core meanwhile (a spin would use all of it).
+double processCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+int latePeerIdle(const LaunchInfo& li, Tally* t) {
+  epConfig_t cfg = smallConfig();
+  cfg.timeout_ms = 20000;
+  epComm_t comm = joinOrFail(li, t, cfg);
+  if (comm == nullptr) return 0;
+  SmallDispatch d(5);
+  epHandle_t h = nullptr;
+  t->check(epDispatch(comm, &d.a, &h, nullptr) == epSuccess, "first dispatch", li.rank);  // connections warm
+  epHandleDestroy(h);
+  h = nullptr;
+  if (li.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double cpu0 = processCpuSeconds();
+  const auto t0 = Clock::now();
+  t->check(epDispatch(comm, &d.a, &h, nullptr) == epSuccess, "dispatch with a late peer", li.rank);
+  const double wall = secondsSince(t0), cpu = processCpuSeconds() - cpu0;
+  if (li.rank == 0) {
+    printf("late-peer-idle: rank 0 waited %.2f s using %.3f s of CPU\n", wall, cpu);
+    t->check(wall > 1.0, "rank 0 waited for the late peer", li.rank);
+    t->check(cpu < 0.2 * wall, "the wait used at most a fifth of a core", li.rank);
+  }
+  epHandleDestroy(h);
+  epCommDestroy(comm);
+  return 0;
+}
+
 struct Scenario {
   const char* name;
   int nranks;
@@ -420,7 +455,7 @@ const Scenario kScenarios[] = {
     {"rank-exits", 2, rankExits},           {"abort", 2, abortUnblocks},
     {"rank-skips-call", 2, rankSkipsCall},
     {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
-    {"ll-first-out-of-step", 2, llFirstOutOfStep},
+    {"ll-first-out-of-step", 2, llFirstOutOfStep}, {"late-peer-idle", 2, latePeerIdle},
     {"ring-mismatch", 3, ringMismatch},     {"node-size-mismatch", 2, nodeSizeMismatch},
     {"rank-fails-init", 4, rankFailsInit},    {"rank-fails-init-2", 2, rankFailsInit},
     {"ib-qps-mismatch", 2, ibQpsMismatch},    {"ib-sl-mismatch", 3, ibSlMismatch},

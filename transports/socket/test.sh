@@ -199,7 +199,7 @@ fi
 # adds "its process exited or failed".
 NODE=1 EXPECT='over socket: rank 1 \(127\.0\.0\.1:[0-9]+\): .*its process exited or failed|rank 1 \(pid [0-9]+\) exited' across "mp_errors rank-exits, a node per rank" 2 \
   "$BUILD/tests/mp_errors" --only rank-exits
-for sc in abort rank-skips-call order-mismatch ll-first-out-of-step; do
+for sc in abort rank-skips-call order-mismatch ll-first-out-of-step late-peer-idle; do
   NODE=1 across "mp_errors $sc, a node per rank" 2 "$BUILD/tests/mp_errors" --only "$sc"
 done
 # The same faults through the staged path (what GPU ranks on different nodes run).
