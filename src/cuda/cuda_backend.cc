@@ -306,7 +306,9 @@ epResult_t CudaBackend::checkPeerAccess(InitContext& ctx) {
     if (!ok)
       return setError(comm_, epNotSupported,
                       "GPU %s (rank %d, device %d) cannot reach GPU %s (rank %d, device %d) by P2P "
-                      "(NVLink or PCIe peer access): the CUDA backend needs P2P between all GPUs of a node",
+                      "(NVLink or PCIe peer access): the CUDA backend needs P2P between all GPUs of a node "
+                      "(EP_NODE_SIZE=1 EP_CUDA_NETWORK=1 makes each rank a node of its own and joins them "
+                      "through host staging instead, docs/PROXY.md)",
                       peers[me].bus_id, me, dev_, peers[r].bus_id, r, ctx.devs[r].device);
   }
   return epSuccess;
