@@ -113,7 +113,11 @@ epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
     EP_CHECK_FIELD(combine_type)
     EP_CHECK_FIELD(backend_kind)
     EP_CHECK_FIELD(low_latency)
-    EP_CHECK_FIELD(staging)
+    if (d.staging != mine.staging)
+      return setError(comm, epInvalidArgument,
+                      "EP_CUDA_NETWORK / EP_TEST_STAGED differ across ranks: rank %d has %d / %d, rank %d has %d / %d "
+                      "(they choose the backend, which must be the same on every rank)",
+                      r, d.staging >> 1, d.staging & 1, comm->rank, mine.staging >> 1, mine.staging & 1);
     // The host backend's rings: on GPUs too where the ranks span machines (the staged path).
     if (mine.backend_kind == int(epBackendHost) || mine.staging != 0 || spansMachines(infos)) {
       EP_CHECK_FIELD(host_chunk_tokens)

@@ -138,6 +138,14 @@ int nodeSizeMismatch(const LaunchInfo& li, Tally* t) {
   return 0;
 }
 
+// EP_TEST_STAGED on one rank only would make one rank stage its calls and
+// the others not (on GPUs, EP_CUDA_NETWORK would pick another backend):
+// init refuses, naming the variables.
+int stagingMismatch(const LaunchInfo& li, Tally* t) {
+  oneRankSetsEnv(li, t, "EP_TEST_STAGED", "1", {"EP_CUDA_NETWORK / EP_TEST_STAGED differ across ranks"});
+  return 0;
+}
+
 // InfiniBand settings on one rank only: both ends of a connection must open
 // the same queue pairs, and a service level set on some ranks only is a setup
 // mistake; init refuses, naming the field and its variable.
@@ -457,6 +465,7 @@ const Scenario kScenarios[] = {
     {"bad-args", 2, badArgs},               {"order-mismatch", 2, orderMismatch},
     {"ll-first-out-of-step", 2, llFirstOutOfStep}, {"late-peer-idle", 2, latePeerIdle},
     {"ring-mismatch", 3, ringMismatch},     {"node-size-mismatch", 2, nodeSizeMismatch},
+    {"staging-mismatch", 2, stagingMismatch},
     {"rank-fails-init", 4, rankFailsInit},    {"rank-fails-init-2", 2, rankFailsInit},
     {"ib-qps-mismatch", 2, ibQpsMismatch},    {"ib-sl-mismatch", 3, ibSlMismatch},
     {"ib-gid-per-rank", 2, ibGidPerRank},
