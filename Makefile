@@ -41,7 +41,7 @@ ifeq ($(CUDA),auto)
 endif
 
 LIB_SRCS := $(wildcard src/*.cc) $(wildcard src/host/*.cc) $(wildcard src/topo/*.cc) $(wildcard src/proxy/*.cc) \
-            $(wildcard transports/shm/*.cc)
+            $(wildcard src/recovery/*.cc) $(wildcard transports/shm/*.cc)
 
 # hwloc (topology) when pkg-config finds it (HWLOC=0 never); without it the
 # topology reports "hwloc not available" and everything else still works.

@@ -26,7 +26,7 @@ LAYERS = [
     ("setup", [  # how ranks find each other and reach each other's memory
         "src/socket.*", "src/socket_family.*", "src/bootstrap*", "src/guarded_listener.*", "src/handshake.*", "src/fork_closed_fd.*",
         "src/transport.*", "src/peer_buffers.*", "src/node_map.*",
-        "src/topo/*", "src/plan.*", "src/proxy/*", "transports/*/*",
+        "src/topo/*", "src/plan.*", "src/proxy/*", "src/recovery/*", "transports/*/*",
     ]),
     ("backend interface", [  # what a backend sees of its communicator and must implement
         "src/config.*", "src/handle.h", "src/backend_comm.*", "src/backend.h", "src/stager.h",
