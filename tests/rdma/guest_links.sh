@@ -44,6 +44,10 @@ short_outage() {
 # the retry window and the time to tell the others.
 long_outage() {
   local port=29602 pids=() r
+  # A rank's first error: its own link's, or a peer of its node that failed
+  # first and left the call (that rank's error names the link's cause; at
+  # least one rank per VM must, below).
+  local failure="(failed|timeout|remote|left the call|exited)"
   outage_after 8 $(( (WINDOW + 30) * 1000 )) long &
   local asker=$!
   for r in $mine; do
@@ -68,7 +72,7 @@ long_outage() {
     pending=0
     for r in $mine; do
       if [ "${seen[$r]}" = 0 ]; then
-        if grep -Eq "^rank $r: .*(failed|timeout|remote)" "$OUT/long$r.log"; then seen[$r]=$(cs); else pending=1; fi
+        if grep -Eq "^rank $r: .*$failure" "$OUT/long$r.log"; then seen[$r]=$(cs); else pending=1; fi
       fi
     done
     sleep 0.1
@@ -79,7 +83,7 @@ long_outage() {
   for r in $mine; do
     n=$((n + 1))
     local line took others
-    line=$(grep -Em1 "^rank $r: .*(failed|timeout|remote)" "$OUT/long$r.log")
+    line=$(grep -Em1 "^rank $r: .*$failure" "$OUT/long$r.log")
     if [ "${seen[$r]}" = 0 ]; then echo "rank $r: no error within $((LONG_BOUND + 5)) s"; tail -5 "$OUT/long$r.log"; continue; fi
     took=$(( seen[r] - t0 ))
     echo "rank $r: error after $((took / 100)).$(printf '%02d' $((took % 100))) s: $line"
