@@ -214,6 +214,7 @@ class StagedBackend : public Backend {
       std::lock_guard<std::mutex> lock(ll_mu_);
       ll_.erase(h);
     }
+    if (routed_.handle == h) routed_ = Routed();
     inner_->releaseHandle(h);
   }
 
@@ -258,6 +259,13 @@ class StagedBackend : public Backend {
   std::unique_ptr<Stager> stager_;
   std::string name_;
   StagingStats stats_;
+  // The ids prepare() staged for the dispatch that follows it in one call.
+  struct Routed {
+    const epHandle* handle = nullptr;
+    const void* src = nullptr;
+    std::unique_ptr<StagingBuffer> ids;
+  };
+  Routed routed_;
   std::mutex ll_mu_;  // ll_: a handle may be destroyed from another thread
   std::unordered_map<const epHandle*, LLCall> ll_;
 };
@@ -284,9 +292,17 @@ epResult_t StagedBackend::prepare(const char* fn, const epDispatchArgs_t& a, epH
   EPCHECK(begin(fn, scope, stream));
   CallStaging cs(*stager_, stream, &stats_);
   epDispatchArgs_t b = a;
-  EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, a.num_tokens, a.num_topk), &b.topk_idx));
+  // The ids are kept for the dispatch of the same call (epDispatch of a new
+  // routing), which would otherwise copy them from the device again.
+  routed_ = Routed();
+  const size_t bytes = topkBytes(a.topk_idx_type, a.num_tokens, a.num_topk);
+  EPCHECK(stager_->acquire(std::max<size_t>(bytes, 16), &routed_.ids));
+  if (bytes > 0) EPCHECK(cs.copyIn(routed_.ids->data(), a.topk_idx, bytes, 1, bytes));
   EPCHECK(cs.fence());
+  b.topk_idx = routed_.ids->data();
   EPCHECK(checkTopkIds(comm_, fn, b.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk));
+  routed_.handle = h;
+  routed_.src = a.topk_idx;
   return inner_->prepare(fn, b, h, stream);
 }
 
@@ -307,7 +323,13 @@ epResult_t StagedBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool 
     const size_t span = size_t(T - 1) * s_tok + size_t(nb - 1) * s_blk + 1;
     EPCHECK(cs.inTyped(a.x_scales, span * 4, &b.x_scales));
   }
-  EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, T, K), &b.topk_idx));
+  if (ids_routed && routed_.handle == h && routed_.src == a.topk_idx && routed_.ids) {
+    b.topk_idx = routed_.ids->data();  // staged by prepare() in this call
+    cs.keep(std::move(routed_.ids));
+    routed_ = Routed();
+  } else {
+    EPCHECK(cs.in(a.topk_idx, topkBytes(a.topk_idx_type, T, K), &b.topk_idx));
+  }
   EPCHECK(cs.inTyped(a.topk_weights, size_t(T) * K * 4, &b.topk_weights));
   EPCHECK(cs.fence());
   // Ids other than the ones prepare() just checked in this call.
@@ -321,7 +343,8 @@ epResult_t StagedBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool 
   const size_t rows = fits ? size_t(nrecv) : 0;
   b.recv_capacity = fits ? nrecv : a.recv_capacity;  // too small: the host drains and says so
   EPCHECK(cs.out(a.recv_x, rows * row, &b.recv_x));
-  EPCHECK(cs.out(a.recv_scales, fp8 ? rows * nb * 4 : 0, &b.recv_scales));
+  b.recv_scales = nullptr;  // read only with an FP8 wire
+  if (fp8) EPCHECK(cs.out(a.recv_scales, rows * nb * 4, &b.recv_scales));
   EPCHECK(cs.out(a.recv_topk_idx, rows * K * 8, &b.recv_topk_idx));
   EPCHECK(cs.out(a.recv_topk_weights, rows * K * 4, &b.recv_topk_weights));
   EPCHECK(cs.out(a.recv_tokens_per_expert, size_t(comm_.localExperts()) * 4, &b.recv_tokens_per_expert));
