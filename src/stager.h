@@ -19,7 +19,6 @@ class StagingBuffer {
  public:
   virtual ~StagingBuffer() = default;
   virtual void* data() = 0;
-  virtual size_t bytes() const = 0;
 };
 
 // Every call that fails has already set the communicator's error (setError).

@@ -125,7 +125,6 @@ class CudaStager : public Stager {
     Buffer(CudaStager* owner, Block b) : owner_(owner), block_(b) {}
     ~Buffer() override { owner_->giveBack(block_); }
     void* data() override { return block_.ptr; }
-    size_t bytes() const override { return block_.bytes; }
 
    private:
     CudaStager* owner_;

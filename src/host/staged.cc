@@ -566,7 +566,6 @@ class HostStager : public Stager {
         : owner_(owner), mem_(std::move(mem)), size_(bytes) {}
     ~Buffer() override { owner_->giveBack(std::move(mem_), size_); }
     void* data() override { return mem_.get(); }
-    size_t bytes() const override { return size_; }
 
    private:
     HostStager* owner_;
