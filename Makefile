@@ -120,7 +120,8 @@ TEST_MODULES := $(BUILD)/tests/modules/libmoeep-transport-fake.so \
                 $(BUILD)/tests/modules/libmoeep-transport-funcsym.so \
                 $(BUILD)/tests/modules/libmoeep-transport-fakenet.so \
                 $(BUILD)/tests/modules/libmoeep-transport-noput.so \
-                $(BUILD)/tests/modules/libmoeep-transport-both.so
+                $(BUILD)/tests/modules/libmoeep-transport-both.so \
+                $(BUILD)/tests/modules/libmoeep-transport-waits.so
 tests: $(UNIT_BINS) $(MP_BINS) $(SELFTEST_BINS) $(TEST_MODULES)
 
 MODULE_FLAGS = $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) -shared
@@ -155,6 +156,9 @@ $(BUILD)/tests/modules/libmoeep-transport-noput.so: tests/modules/fake_transport
 $(BUILD)/tests/modules/libmoeep-transport-both.so: tests/modules/fake_transport_v2.cc include/moeep_transport.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="both"' -DFAKE_BOTH $< -o $@
+$(BUILD)/tests/modules/libmoeep-transport-waits.so: tests/modules/fake_transport_v2.cc include/moeep_transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="waits"' -DFAKE_V3 $< -o $@
 
 $(BUILD)/obj/%.o: %.cc
 	@mkdir -p $(dir $@)

@@ -12,12 +12,13 @@
  * older tables or refuses them with a clear message. Transports never read the
  * environment or print: the core hands them a logger and a parameter getter.
  *
- * Two table versions exist, each under a symbol of its own, as NCCL's net
+ * Three table versions exist, each under a symbol of its own, as NCCL's net
  * plugins do: `epTransport_v1` (memory the transport allocates and peers map:
- * shm, cuda_ipc) and `epTransport_v2` (networks: memory the caller owns,
+ * shm, cuda_ipc), `epTransport_v2` (networks: memory the caller owns,
  * registered; connections per peer and traffic class; one-sided puts with a
- * signal). A module may export both; the core takes the newest it knows.
- * docs/ABI.md, "Transport ABI v2", gives the rules in full.
+ * signal) and `epTransport_v3` (version 2 and a blocking wait). A module may
+ * export several; the core takes the newest it knows. docs/ABI.md,
+ * "Transport ABI v2" and "v3", gives the rules in full.
  *
  * This header compiles alone as C11 and C++17.
  * SPDX-License-Identifier: MIT
@@ -34,7 +35,7 @@
 extern "C" {
 #endif
 
-#define EP_TRANSPORT_ABI_VERSION 2   /* the newest table version this header defines */
+#define EP_TRANSPORT_ABI_VERSION 3   /* the newest table version this header defines */
 #define EP_TRANSPORT_HANDLE_BYTES 256 /* bytes of an exported memory handle (v1) */
 
 typedef enum {
@@ -258,6 +259,44 @@ typedef struct {
    * exits with one open skips it. */
   epResult_t (*finalize)(void *ctx);
 } epTransport_v2_t;
+
+/* Version 3: version 2's table, field for field (each as documented
+ * there), then wait. Mandatory and optional callbacks as in version 2; wait
+ * is optional. */
+typedef struct {
+  const char *name;
+  unsigned version; /* 3 */
+  epResult_t (*init)(const epTransportEnv_v1_t *env, void **ctx);
+  epResult_t (*properties)(void *ctx, epTransportProps_v1_t *props);
+  epResult_t (*can_connect)(void *ctx, const epPeerInfo_v1_t *self, const epPeerInfo_v1_t *peer, int *ok);
+  epResult_t (*comm_open)(void *ctx, const epTransportCommInfo_v2_t *info, void **comm);
+  epResult_t (*endpoint)(void *comm, int peer, epTrafficClass_t cls, void *buf, size_t *bytes);
+  epResult_t (*connect)(void *comm, int peer, epTrafficClass_t cls, const void *peer_endpoint, size_t bytes,
+                        void **conn);
+  epResult_t (*reg_mem)(void *comm, void *ptr, size_t bytes, int kind, int dmabuf_fd, uint64_t dmabuf_offset,
+                        void **mem);
+  epResult_t (*mem_handle)(void *mem, void *buf, size_t *bytes);
+  epResult_t (*dereg_mem)(void *comm, void *mem);
+  epResult_t (*put)(void *conn, void *mem, size_t offset, const void *remote_handle, size_t remote_offset,
+                    size_t bytes, size_t signal_offset, uint64_t signal_value, unsigned flags,
+                    uint64_t *request);
+  epResult_t (*test)(void *conn, uint64_t request, int *done);
+  epResult_t (*progress)(void *comm);
+  epResult_t (*conn_info)(void *conn, epTransportConnInfo_v2_t *info);
+  epResult_t (*last_error)(void *comm, int *peer, char *msg, size_t len);
+  epResult_t (*close)(void *conn);
+  epResult_t (*comm_close)(void *comm);
+  epResult_t (*finalize)(void *ctx);
+  /* Blocks the calling thread until something may have come for this
+   * communicator (a peer's put with EP_PUT_SIGNAL landed, a put of this side
+   * completed, an error), or timeout_us passed, doing progress's work on the
+   * way. It may return early without cause: the caller looks at its signal
+   * words again either way. A rank calls it once it found nothing to do for
+   * a while, so that waiting burns no core. epSuccess, or the communicator's
+   * error as progress returns it. NULL: the core naps between calls to
+   * progress. */
+  epResult_t (*wait)(void *comm, int timeout_us);
+} epTransport_v3_t;
 
 #ifdef __cplusplus
 } /* extern "C" */

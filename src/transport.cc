@@ -233,20 +233,26 @@ void addEntry(const epTransport_v1_t* table, const std::string& origin) {
   pushEntry(e);
 }
 
-// A version-2 table (symbol epTransport_v2). Its version field must say 2:
-// a later table version comes under a symbol of its own.
-void addEntryV2(const epTransport_v2_t* table, const std::string& origin) {
+// A network table: version 2 (symbol epTransport_v2), or version 3
+// (epTransport_v3: version 2's fields, then wait). Its version field must say
+// the symbol's version: a later table version comes under a symbol of its own.
+// The core calls version 2's fields through net (for version 3, a copy of
+// them) and wait through the entry.
+void addEntryNet(const epTransport_v2_t* table, unsigned version, epResult_t (*wait)(void*, int),
+                 const std::string& origin) {
   if (alreadyLoaded(table->name, origin)) return;
   TransportEntry e;
   e.name = table->name;
-  e.version = 2;
+  e.version = version;
   e.net = table;
+  e.wait = wait;
   e.origin = origin;
   const char* missing = nullptr;
   if (!allowedByUser(table->name)) {
     e.reason = "disabled by EP_TRANSPORTS";
-  } else if (table->version != 2) {
-    e.reason = "refused: its epTransport_v2 table says version " + std::to_string(table->version) + ", not 2";
+  } else if (table->version != version) {
+    e.reason = "refused: its epTransport_v" + std::to_string(version) + " table says version " +
+               std::to_string(table->version) + ", not " + std::to_string(version);
   } else if ((missing = missingCallbackV2(table)) != nullptr) {
     e.reason = std::string("refused: its table has no ") + missing + " callback (mandatory)";
   } else {
@@ -260,6 +266,34 @@ void addEntryV2(const epTransport_v2_t* table, const std::string& origin) {
     }
   }
   pushEntry(e);
+}
+
+// Version 2's fields of a version-3 table, as a version-2 table the entry
+// points to for the life of the process.
+const epTransport_v2_t* v2View(const epTransport_v3_t* t) {
+  static std::deque<epTransport_v2_t> views;
+  epTransport_v2_t v{};
+  v.name = t->name;
+  v.version = t->version;
+  v.init = t->init;
+  v.properties = t->properties;
+  v.can_connect = t->can_connect;
+  v.comm_open = t->comm_open;
+  v.endpoint = t->endpoint;
+  v.connect = t->connect;
+  v.reg_mem = t->reg_mem;
+  v.mem_handle = t->mem_handle;
+  v.dereg_mem = t->dereg_mem;
+  v.put = t->put;
+  v.test = t->test;
+  v.progress = t->progress;
+  v.conn_info = t->conn_info;
+  v.last_error = t->last_error;
+  v.close = t->close;
+  v.comm_close = t->comm_close;
+  v.finalize = t->finalize;
+  views.push_back(v);
+  return &views.back();
 }
 
 // A module refused before its table could be read (no name, or a symbol that
@@ -329,7 +363,18 @@ void loadModulesFrom(const std::string& dir) {
       EP_WARN(kSubsysTransport, "transport module %s not loaded: %s", path.c_str(), dlerror());
       continue;
     }
-    // The newest table the module offers that this core knows: v2, else v1.
+    // The newest table the module offers that this core knows: v3, v2, else v1.
+    if (void* sym3 = dlsym(lib, "epTransport_v3")) {
+      const std::string bad = notATable(sym3, "epTransport_v3", sizeof(epTransport_v3_t));
+      const auto* table3 = static_cast<const epTransport_v3_t*>(sym3);
+      if (!bad.empty())
+        addRefused(n + strlen(prefix), path, bad);
+      else if (table3->name == nullptr || table3->name[0] == '\0')
+        addRefused(n + strlen(prefix), path, "its table has no name");
+      else
+        addEntryNet(v2View(table3), 3, table3->wait, path);
+      continue;
+    }
     if (void* sym2 = dlsym(lib, "epTransport_v2")) {
       const std::string bad = notATable(sym2, "epTransport_v2", sizeof(epTransport_v2_t));
       const auto* table2 = static_cast<const epTransport_v2_t*>(sym2);
@@ -338,13 +383,13 @@ void loadModulesFrom(const std::string& dir) {
       else if (table2->name == nullptr || table2->name[0] == '\0')
         addRefused(n + strlen(prefix), path, "its table has no name");
       else
-        addEntryV2(table2, path);
+        addEntryNet(table2, 2, nullptr, path);
       continue;
     }
     void* sym = dlsym(lib, "epTransport_v1");
     auto* table = static_cast<const epTransport_v1_t*>(sym);
     if (table == nullptr) {
-      EP_WARN(kSubsysTransport, "transport module %s has no epTransport_v2 or epTransport_v1 symbol: ignored",
+      EP_WARN(kSubsysTransport, "transport module %s has no epTransport_v3, epTransport_v2 or epTransport_v1 symbol: ignored",
               path.c_str());
       dlclose(lib);
       continue;

@@ -11,9 +11,10 @@ namespace ep {
 
 struct TransportEntry {
   const char* name = nullptr;           // the table's name (never null)
-  unsigned version = 0;                 // the table version this entry uses: 1 or 2
+  unsigned version = 0;                 // the table version this entry uses: 1, 2 or 3
   const epTransport_v1_t* table = nullptr;  // version 1: memory peers map (shm, cuda_ipc)
-  const epTransport_v2_t* net = nullptr;    // version 2: network transports (put with a signal)
+  const epTransport_v2_t* net = nullptr;    // versions 2 and 3: network transports (put with a signal)
+  epResult_t (*wait)(void* comm, int timeout_us) = nullptr;  // version 3's wait (may be NULL)
   void* ctx = nullptr;        // from init, when available
   bool available = false;     // init succeeded and EP_TRANSPORTS allows it
   std::string origin;         // "built-in" or the module's path

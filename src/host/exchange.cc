@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -12,11 +13,26 @@
 
 #include "../checks.h"
 #include "../debug.h"
+#include "../params.h"
 
 namespace ep {
 namespace host {
 
 namespace {
+
+// Idle rounds (a yield each for the first 64, then 2 us naps, which the
+// kernel's timer slack makes some 60 us) before a waiting rank naps longer.
+constexpr unsigned kIdleRoundsBeforeSleep = 4096;
+// How long a rank that waits only for network peers looks before it sleeps
+// in the transport's wait: the calls' own waits, mostly shorter, never pay
+// for a wake-up.
+constexpr auto kNetIdleBeforeSleep = std::chrono::milliseconds(1);
+// Sleeps in the transport's wait: the first 10 ms, each later one twice the
+// last, up to 80 ms. Abort, peers that exited and the timeout are looked at
+// between sleeps, so they are seen within 80 ms; fewer wake-ups cost less
+// where each one is dear (an emulated machine: some 1 ms each).
+constexpr int kNetWaitFirstUs = 10000;
+constexpr int kNetWaitMostUs = 80000;
 using Clock = std::chrono::steady_clock;
 
 bool lowLatencyKind(ChunkKind kind) {
@@ -248,6 +264,7 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
   auto last_progress = Clock::now();
   const auto timeout = std::chrono::milliseconds(comm_.config().timeout_ms);
   unsigned idle_rounds = 0;
+  int sleep_us = kNetWaitFirstUs;  // the next sleep in the transport's wait
   // A peer found exited is only declared gone after one more pass finds
   // nothing new: it may have published its last chunks just before exiting,
   // between our last look at its ring and the liveness check.
@@ -333,6 +350,7 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
     if (progress) {
       last_progress = Clock::now();
       idle_rounds = 0;
+      sleep_us = kNetWaitFirstUs;
       exited_suspect = -1;
       continue;
     }
@@ -345,12 +363,34 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
       sched_yield();
       continue;
     }
-    struct timespec nap = {0, idle_rounds < 4096 ? 2000L : 200000L};
-    nanosleep(&nap, nullptr);
-    if ((idle_rounds & 63) == 0) {
+    const int waited = recv_cursor < R ? (order ? (*order)[size_t(recv_cursor)] : recv_cursor) : -1;
+    auto waitingOn = [&](int r) { return r != me && ((r == waited) || (sent[r] < sends[r].records)); };
+    // Idle for a while: where everything awaited comes over the network and
+    // the transport can block, sleep until it wakes this rank (a peer's
+    // signal, a completion) instead of napping between looks: a rank waiting
+    // for a late peer then burns no core. A peer on this node writes shared
+    // memory, which wakes nobody: there, naps.
+    bool slept = false;
+    if (net_ != nullptr && net_->canWait() && param::NET_WAIT() != 0 &&
+        Clock::now() - last_progress > kNetIdleBeforeSleep) {
+      bool all_remote = true;
+      for (int r = 0; r < R && all_remote; r++)
+        if (waitingOn(r) && !remote(r)) all_remote = false;
+      if (all_remote) {
+        int peer = -1;
+        std::string why;
+        const epResult_t res = net_->wait(sleep_us, &peer, &why);
+        sleep_us = std::min(2 * sleep_us, kNetWaitMostUs);
+        if (res != epSuccess) return netFailed(res, peer, why, what, call_seq);
+        slept = true;
+      }
+    }
+    if (!slept) {
+      struct timespec nap = {0, idle_rounds < kIdleRoundsBeforeSleep ? 2000L : 200000L};
+      nanosleep(&nap, nullptr);
+    }
+    if ((idle_rounds & 63) == 0 || slept) {
       // A waited-on peer that exited, else one that closed its communicator.
-      const int waited = recv_cursor < R ? (order ? (*order)[size_t(recv_cursor)] : recv_cursor) : -1;
-      auto waitingOn = [&](int r) { return r != me && ((r == waited) || (sent[r] < sends[r].records)); };
       int gone = -1;
       bool closed = false;
       for (int r = 0; r < R && gone < 0; r++)

@@ -4,6 +4,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
 #include "../bootstrap.h"
 #include "../checks.h"
@@ -278,7 +279,10 @@ epResult_t NetLinks::put(int peer, epTrafficClass_t cls, size_t local_offset, si
 }
 
 epResult_t NetLinks::progress(int* peer, std::string* why) {
-  const epResult_t res = t_->progress(tcomm_);
+  return whyFailed(t_->progress(tcomm_), peer, why);
+}
+
+epResult_t NetLinks::whyFailed(epResult_t res, int* peer, std::string* why) {
   if (res == epSuccess) return res;
   char msg[256] = "";
   int p = -1;
@@ -286,6 +290,15 @@ epResult_t NetLinks::progress(int* peer, std::string* why) {
   *peer = p;
   *why = msg[0] ? msg : epGetErrorString(res);
   return res;
+}
+
+epResult_t NetLinks::wait(int timeout_us, int* peer, std::string* why) {
+  if (transport_->wait == nullptr) {
+    struct timespec nap = {timeout_us / 1000000, long(timeout_us % 1000000) * 1000L};
+    nanosleep(&nap, nullptr);
+    return progress(peer, why);
+  }
+  return whyFailed(transport_->wait(tcomm_, timeout_us), peer, why);
 }
 
 bool NetLinks::connInfo(int peer, epTransportConnInfo_v2_t* info) const {

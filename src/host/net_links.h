@@ -80,6 +80,14 @@ class NetLinks {
   // Lets the transport move data. On a transport error, says which peer
   // (-1: none in particular) and why.
   epResult_t progress(int* peer, std::string* why);
+  // Whether the transport can block until something comes (a version-3
+  // table with wait): a rank that waits only for network peers then sleeps
+  // in wait instead of napping between looks.
+  bool canWait() const { return transport_->wait != nullptr; }
+  // Blocks until a peer's signal or a completion may have come, or
+  // timeout_us passed, moving data as progress does (canWait(); otherwise it
+  // naps). Errors as progress.
+  epResult_t wait(int timeout_us, int* peer, std::string* why);
   // Connection details of peer for epCommPeerInfo (false: not a network
   // peer): its throughput connection, else its control one.
   bool connInfo(int peer, epTransportConnInfo_v2_t* info) const;
@@ -87,6 +95,8 @@ class NetLinks {
  private:
   static size_t slot(int peer, epTrafficClass_t cls) { return size_t(peer) * EP_TRAFFIC_CLASSES + size_t(cls); }
   epResult_t fail(epResult_t res, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+  // res; where it is an error, the peer it concerns and why (last_error).
+  epResult_t whyFailed(epResult_t res, int* peer, std::string* why);
   // Collective: connects cls to the ranks of peers (each rank's set must
   // hold it where it holds that rank).
   epResult_t connectPeers(epTrafficClass_t cls, const std::vector<bool>& peers);

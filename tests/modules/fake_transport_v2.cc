@@ -1,9 +1,11 @@
-// Version-2 (network) transport modules for the loader tests, built three ways
-// by the Makefile:
+// Network transport modules (table versions 2 and 3) for the loader tests,
+// built four ways by the Makefile:
 //   libmoeep-transport-fakenet.so    a valid version-2 table named "fakenet"
 //   libmoeep-transport-noput.so      a version-2 table without put (FAKE_NO_PUT)
 //   libmoeep-transport-both.so       exports epTransport_v1 and epTransport_v2
 //                                    (FAKE_BOTH): the core takes v2
+//   libmoeep-transport-waits.so      exports epTransport_v2 and epTransport_v3
+//                                    (FAKE_V3): the core takes v3, with wait
 // They move no data: init succeeds, which is all the loader looks at; the
 // other callbacks fail.
 #include <cstdio>
@@ -52,6 +54,10 @@ epResult_t fakeFinalize(void*) {
   return epSuccess;
 }
 
+#ifdef FAKE_V3
+epResult_t fakeWait(void*, int) { return epSuccess; }
+#endif
+
 #ifdef FAKE_NO_PUT
 #define FAKE_PUT nullptr
 #else
@@ -77,9 +83,19 @@ const epTransport_v1_t fakeOld = {FAKE_NAME, 1,       fakeInit, nullptr, v1CanCo
                                   v1Connect, v1Connected, nullptr, nullptr, v1Close, nullptr};
 #endif
 
+#ifdef FAKE_V3
+const epTransport_v3_t fakeNet3 = {
+    FAKE_NAME,    3,          fakeInit,      nullptr,   nullptr,       fakeCommOpen, fakeEndpoint, fakeConnect,
+    fakeRegMem,   fakeMemHandle, fakeDeregMem, FAKE_PUT, fakeTest,     fakeProgress, nullptr,      fakeLastError,
+    fakeClose,    fakeCommClose, fakeFinalize, fakeWait};
+#endif
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const epTransport_v2_t epTransport_v2 = fakeNet;
 #ifdef FAKE_BOTH
 extern "C" __attribute__((visibility("default"))) const epTransport_v1_t epTransport_v1 = fakeOld;
+#endif
+#ifdef FAKE_V3
+extern "C" __attribute__((visibility("default"))) const epTransport_v3_t epTransport_v3 = fakeNet3;
 #endif

@@ -420,7 +420,10 @@ int llFirstOutOfStep(const LaunchInfo& li, Tally* t) {
 
 // A rank that waits for a late peer gives the core away: rank 1 comes 1.5 s
 // late to a dispatch; rank 0's process (its transports' threads included)
-// may use at most a fifth of a core meanwhile (a spin would use all of it).
+// may use at most a fifth of a core meanwhile (a spin would use all of it),
+// or MP_IDLE_CPU_MAX of one (0.05 where the transport sleeps in its wait).
+// What the call itself costs, measured on a dispatch both ranks make on time,
+// is not the wait's: on a slow machine (an emulated VM) it is a good part.
 double processCpuSeconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -437,17 +440,30 @@ int latePeerIdle(const LaunchInfo& li, Tally* t) {
   t->check(epDispatch(comm, &d.a, &h, nullptr) == epSuccess, "first dispatch", li.rank);  // connections warm
   epHandleDestroy(h);
   h = nullptr;
+  auto timedDispatch = [&](const char* what, double* cpu) {
+    const double cpu0 = processCpuSeconds();
+    const auto t0 = Clock::now();
+    t->check(epDispatch(comm, &d.a, &h, nullptr) == epSuccess, what, li.rank);
+    epHandleDestroy(h);
+    h = nullptr;
+    *cpu = processCpuSeconds() - cpu0;
+    return secondsSince(t0);
+  };
+  double call_cpu = 0, cpu = 0;
+  timedDispatch("dispatch on time", &call_cpu);
   if (li.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  const double cpu0 = processCpuSeconds();
-  const auto t0 = Clock::now();
-  t->check(epDispatch(comm, &d.a, &h, nullptr) == epSuccess, "dispatch with a late peer", li.rank);
-  const double wall = secondsSince(t0), cpu = processCpuSeconds() - cpu0;
+  const double wall = timedDispatch("dispatch with a late peer", &cpu);
   if (li.rank == 0) {
-    printf("late-peer-idle: rank 0 waited %.2f s using %.3f s of CPU\n", wall, cpu);
+    const double waiting = std::max(0.0, cpu - call_cpu);
+    printf("late-peer-idle: rank 0 waited %.2f s using %.3f s of CPU (%.3f s beyond a call on time)\n", wall, cpu,
+           waiting);
     t->check(wall > 1.0, "rank 0 waited for the late peer", li.rank);
-    t->check(cpu < 0.2 * wall, "the wait used at most a fifth of a core", li.rank);
+    const char* bound_env = getenv("MP_IDLE_CPU_MAX");
+    const double bound = bound_env && *bound_env ? atof(bound_env) : 0.2;
+    if (waiting >= bound * wall)
+      printf("late-peer-idle: %.1f%% of a core, the bound is %.1f%%\n", 100 * waiting / wall, 100 * bound);
+    t->check(waiting < bound * wall, "the wait used at most the bound's share of a core", li.rank);
   }
-  epHandleDestroy(h);
   epCommDestroy(comm);
   return 0;
 }

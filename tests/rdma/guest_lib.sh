@@ -31,17 +31,17 @@ check() {  # check NAME [VAR=VALUE...] CMD...: CMD may be a function of these sc
   return 0
 }
 # ranks R... of ib_transport_check in this VM (N in all), rendezvous in DIR:
-#   driver DIR N "R1 R2" [ARGS...]; EP_IB_FAULT_RANK=R gives rank R $EP_IB_FAULT_SPEC
+#   driver DIR N "R1 R2" [ARGS...]; EP_IB_FAULT_RANK=R gives rank R $EP_IB_FAULT_SPEC,
+#   NO_CHANNEL_RANK=R gives rank R EP_IB_COMPLETION_CHANNEL=0
 driver() {
   local dir=$JOB_DIR/$1 n=$2 ranks=$3 pids=() rc=0 r
   shift 3
   mkdir -p "$dir"
   for r in $ranks; do
-    if [ "${EP_IB_FAULT_RANK:-x}" = "$r" ]; then
-      EP_IB_FAULT=$EP_IB_FAULT_SPEC timeout 150 "$CHECK" --rank "$r" --nranks "$n" --dir "$dir" "$@" >"$dir/r$r.log" 2>&1 &
-    else
-      timeout 150 "$CHECK" --rank "$r" --nranks "$n" --dir "$dir" "$@" >"$dir/r$r.log" 2>&1 &
-    fi
+    local vars=()
+    [ "${EP_IB_FAULT_RANK:-x}" = "$r" ] && vars+=("EP_IB_FAULT=$EP_IB_FAULT_SPEC")
+    [ "${NO_CHANNEL_RANK:-x}" = "$r" ] && vars+=("EP_IB_COMPLETION_CHANNEL=0")
+    env "${vars[@]}" timeout 150 "$CHECK" --rank "$r" --nranks "$n" --dir "$dir" "$@" >"$dir/r$r.log" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || rc=1; done

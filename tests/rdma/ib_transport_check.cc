@@ -76,6 +76,12 @@ const char* resultName(epResult_t r) {
   return unsigned(r) < sizeof(names) / sizeof(names[0]) ? names[r] : "unknown result";
 }
 
+double cpuSeconds() {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -198,8 +204,10 @@ int main(int argc, char** argv) {
   void* lib = dlopen(module.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) die("dlopen %s: %s", module.c_str(), dlerror());
   const auto* t = static_cast<const epTransport_v2_t*>(dlsym(lib, "epTransport_v2"));
+  const auto* t3 = static_cast<const epTransport_v3_t*>(dlsym(lib, "epTransport_v3"));
   auto live = reinterpret_cast<long (*)()>(dlsym(lib, "epIbverbsLiveObjects"));
-  if (t == nullptr || live == nullptr) die("%s lacks epTransport_v2 or epIbverbsLiveObjects", module.c_str());
+  if (t == nullptr || t3 == nullptr || t3->wait == nullptr || live == nullptr)
+    die("%s lacks epTransport_v2, epTransport_v3 with wait, or epIbverbsLiveObjects", module.c_str());
   void* ctx = nullptr;
   if (t->init(&kEnv, &ctx) != epSuccess) die("init: %s", g_last_warning.c_str());
 
@@ -458,6 +466,41 @@ int main(int argc, char** argv) {
            proxy.maxInFlight(g_rank == 0 ? 1 : 0));
   };
 
+  // ---- sleep: rank 0 sleeps in the transport's wait (5 s at a time) until
+  // the others' signals come, which they send 0.5 s after a barrier. With
+  // the completion channel the signal wakes rank 0 (WRITE
+  // WITH IMMEDIATE): it must be woken well before its 5 s and use almost no
+  // CPU meanwhile. EP_IB_COMPLETION_CHANNEL=0 on rank 0: its waits nap
+  // instead, and only the signals are checked.
+  auto sleepPhase = [&]() {
+    constexpr uint64_t kWoken = uint64_t(1) << 40;  // above every earlier ack value
+    const int c = epTrafficControl;
+    const char* cc = getenv("EP_IB_COMPLETION_CHANNEL");
+    const bool channel = !(cc && strcmp(cc, "0") == 0);
+    barrier("sleep-start", nranks);
+    if (g_rank != 0) {
+      usleep(500000);
+      putRetry(0, c, 0, 0, 0, L.ack(g_rank, c), kWoken, nullptr);
+    } else {
+      const double t0 = now(), cpu0 = cpuSeconds();
+      int waits = 0;
+      for (int p = 1; p < nranks; p++) {
+        while (loadWord(buf.data(), L.ack(p, c)) < kWoken) {
+          check(t3->wait(comm, 5000000), "wait");
+          waits++;
+          if (now() - t0 > 60) die("sleep: no signal from rank %d within 60 s", p);
+        }
+      }
+      const double wall = now() - t0, cpu = cpuSeconds() - cpu0;
+      printf("[rank 0] sleep: %s; the peers' signals seen %.3f s after the barrier (sent after 0.5 s), %d waits, "
+             "%.3f s of CPU\n", channel ? "completion channel" : "no channel (naps)", wall, waits, cpu);
+      if (channel && wall > 3.0)
+        die("sleep: not woken by the signals (%.3f s; a wait runs 5 s unless a signal ends it)", wall);
+      if (channel && cpu > 0.1 * wall) die("sleep: %.3f s of CPU in %.3f s asleep", cpu, wall);
+    }
+    barrier("sleep-done", nranks);
+  };
+
   // ---- stream: puts back to back, slots reused once test() says so
   const double t_stream = now();
   std::vector<uint64_t> reqs(size_t(nranks) * kClasses * kSlots, 0);
@@ -492,6 +535,7 @@ int main(int argc, char** argv) {
   }
   printf("[rank %d] stream: %d puts of %zu bytes per connection in %.3f s\n", g_rank, stream, kSlot,
          now() - t_stream);
+  if (expect_peer_error == 0) sleepPhase();
   if (expect_peer_error == 0) proxyPhase();
 
   if (expect_peer_error > 0) {  // the fault's rank must have failed by now; keep waiting for its end to show

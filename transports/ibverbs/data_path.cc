@@ -1,12 +1,13 @@
 // The data path: a put is an RDMA WRITE of the data, then (EP_PUT_SIGNAL) a
 // second 8-byte RDMA WRITE of the signal value on the same QP.
 //
-// Why a second write and not WRITE WITH IMMEDIATE: the caller polls the
-// signal word in its memory. An RC QP executes its writes in order, so once
-// the signal's write has landed the data's has too; the reader sees the data
-// after it sees the new signal (the caller loads it with acquire). With an
-// immediate, the receiver would have to post receives, poll its own
-// completion queue and store the word itself.
+// Why the signal is a write of the word and not an immediate's value: the
+// caller polls the signal word in its memory. An RC QP executes its writes
+// in order, so once the signal's write has landed the data's has too; the
+// reader sees the data after it sees the new signal (the caller loads it
+// with acquire). With the immediate alone, the receiver would have to poll
+// its completion queue and store the word itself. The signal's write does go
+// WITH IMMEDIATE to a peer that posts receives, only to wake it (wake.cc).
 //
 // Requests ask for a completion selectively: every kSignalEvery-th, the one
 // that fills the send queue, the last of a put whose caller wants to test it,
@@ -24,7 +25,8 @@
 //
 // No thread of the module's own: completions, connection events and
 // asynchronous device events are looked at when the caller calls progress
-// (or put finds its queue full), so an idle rank burns no core here.
+// or wait (or put finds its queue full), so an idle rank burns no core here.
+
 #include <fcntl.h>
 #include <time.h>
 
@@ -63,8 +65,11 @@ const char* statusHint(enum ibv_wc_status s) {
 // Posts an RDMA WRITE of len bytes on QP qi. src == nullptr with len 8:
 // the 8-byte value (a signal, a keepalive) goes inline, or from the aux slot
 // of its send-queue position where the NIC cannot send 8 bytes inline.
+// wake: as WRITE WITH IMMEDIATE, which takes one of the peer's receives and
+// wakes it if it sleeps in wait (signals, to a peer that posts receives).
 epResult_t postWrite(Conn* conn, int qi, uint64_t laddr, uint32_t lkey, uint32_t len, bool may_inline,
-                     const uint64_t* value, uint64_t raddr, uint32_t rkey, bool want_completion) {
+                     const uint64_t* value, uint64_t raddr, uint32_t rkey, bool want_completion,
+                     bool wake = false) {
   Comm* comm = conn->comm;
   Qp& q = conn->qps[size_t(qi)];
   const uint64_t index = q.posted;
@@ -73,7 +78,8 @@ epResult_t postWrite(Conn* conn, int qi, uint64_t laddr, uint32_t lkey, uint32_t
   memset(&sge, 0, sizeof(sge));
   struct ibv_send_wr wr;
   memset(&wr, 0, sizeof(wr));
-  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.opcode = wake ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  wr.imm_data = 0;
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
   if (value) {
@@ -104,6 +110,7 @@ epResult_t postWrite(Conn* conn, int qi, uint64_t laddr, uint32_t lkey, uint32_t
   if (want_completion || q.unsignalled >= kSignalEvery || room(conn, q) == 1) {
     wr.send_flags |= IBV_SEND_SIGNALED;
     q.unsignalled = 0;
+    q.signalled = index + 1;
   }
   wr.wr_id = wrId(qi, index);
   struct ibv_send_wr* bad = nullptr;
@@ -124,7 +131,7 @@ epResult_t flushPending(Conn* conn) {
     for (size_t qi = 1; qi < conn->qps.size(); qi++)
       if (conn->qps[qi].completed < s.need[qi]) return epSuccess;
     if (room(conn, conn->qps[0]) == 0) return epSuccess;
-    const epResult_t res = postWrite(conn, 0, 0, 0, 8, true, &s.value, s.addr, s.rkey, false);
+    const epResult_t res = postWrite(conn, 0, 0, 0, 8, true, &s.value, s.addr, s.rkey, false, conn->peer_wakes);
     if (res != epSuccess) return res;
     conn->pending.pop_front();
   }
@@ -244,6 +251,7 @@ epResult_t pollConn(Conn* conn) {
                     injected ? " [made by EP_IB_FAULT=cqe_error]" : "");
       q.completed = std::max(q.completed, index + 1);
     }
+    comm->activity += uint64_t(n);
     if (n < 16) break;
   }
   return flushPending(conn);
@@ -326,7 +334,8 @@ epResult_t put(Conn* conn, Mem* mem, size_t offset, const void* remote_handle, s
   }
   if (signal_now) {
     const epResult_t res =
-        postWrite(conn, 0, 0, 0, 8, true, &signal_value, rm.addr + signal_offset, rkey, request || force_completion);
+        postWrite(conn, 0, 0, 0, 8, true, &signal_value, rm.addr + signal_offset, rkey, request || force_completion,
+                  conn->peer_wakes);
     if (res != epSuccess) return res;
   } else if (signal) {
     PendingSignal s;
@@ -377,6 +386,10 @@ epResult_t test(Conn* conn, uint64_t request, int* done) {
 
 epResult_t progress(Comm* comm) {
   if (comm->failed()) return failedResult(comm);
+  if (comm->wake) {
+    const epResult_t res = drainWake(comm);
+    if (res != epSuccess) return res;
+  }
   for (const auto& conn : comm->conns) {
     if (!conn || !conn->connected) continue;
     const epResult_t res = pollConn(conn.get());

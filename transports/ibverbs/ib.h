@@ -6,6 +6,7 @@
 //   qp_setup.cc  RC queue pairs and their connection by endpoint exchange
 //   rdma_cm.cc   the same connection through rdma_cm (EP_IB_CM=rdma_cm)
 //   data_path.cc put (RDMA WRITE, then the signal), completions, keepalive
+//   wake.cc      the completion channel: signals that wake a rank asleep in wait
 //   fault.cc     EP_IB_FAULT: faults made to happen on a live connection
 #pragma once
 
@@ -75,6 +76,7 @@ struct Qp {
   uint64_t posted = 0;     // work requests posted
   uint64_t completed = 0;  // ... of which known complete (in order, selective signalling)
   uint32_t unsignalled = 0;  // posted since the last one that asks for a completion
+  uint64_t signalled = 0;    // 1 + the index of the last request that asks for one
   bool established = false;  // rdma_cm: ESTABLISHED seen
   bool fault_cqe = false;    // EP_IB_FAULT=cqe_error: the next completion reads as an error
   uint64_t fault_wr = 0;
@@ -107,6 +109,7 @@ struct Conn {
   bool connected = false;
   bool closing = false;
   bool peer_closed = false;  // the peer wrote kClosedMark, then went
+  bool peer_wakes = false;   // the peer takes signals as WRITE WITH IMMEDIATE (kEndpointWakes)
   // Small registered memory of this side: [0, 64) the word peers' keepalives
   // land on; then one 8-byte signal source per send-queue slot of QP 0, used
   // where the NIC cannot send 8 bytes inline.
@@ -150,6 +153,20 @@ struct Comm {
   std::vector<std::unique_ptr<Conn>> conns;  // every connection, owned; [peer * 3 + cls]
   uint64_t puts = 0;                         // for the fault's trigger
   bool fault_done = false;
+  // The completion channel (wake.cc): peers' signals come as WRITE WITH
+  // IMMEDIATE, each taking a receive of srq and raising a completion on
+  // wake_cq; wake_cq and the connections' CQs report to comp_channel, on which
+  // wait sleeps. wake false: none (EP_IB_COMPLETION_CHANNEL=0, or the device
+  // has no shared receive queue): waits nap.
+  bool wake = false;
+  struct ibv_comp_channel* comp_channel = nullptr;
+  struct ibv_cq* wake_cq = nullptr;
+  struct ibv_srq* srq = nullptr;
+  uint32_t srq_depth = 0;
+  uint64_t activity = 0;  // completions seen, sends and receives: what wait looks for
+  // What the waits did (logged at comm_close): returned at once (something
+  // had come), slept and woken by the channel, by a device event, by the timeout.
+  uint64_t waits_at_once = 0, waits_woken = 0, waits_event = 0, waits_timed_out = 0;
   // rdma_cm (use_cm): the event channel and this rank's listener.
   struct rdma_event_channel* channel = nullptr;
   struct rdma_cm_id* listener = nullptr;
@@ -229,6 +246,18 @@ void drainConn(Conn* conn, int ms);
 int drainBoundMs(const Comm* comm);
 // Whether the peer's closing mark is in this side's keepalive word.
 bool peerMarkedClosed(const Conn* conn);
+
+// wake.cc
+// Makes the channel, the shared receive queue and its completion queue, or
+// leaves comm->wake false (logging why). Before any connection.
+void openWake(Comm* comm);
+// After every connection was destroyed.
+void closeWake(Comm* comm);
+// Takes the receive completions (peers' signals) and posts the receives again.
+epResult_t drainWake(Comm* comm);
+// The table's wait: progress, then sleep on the channel until a signal or an
+// awaited completion comes, or timeout_us.
+epResult_t waitComm(Comm* comm, int timeout_us);
 
 // fault.cc
 void parseFault(Context* c, const char* spec);

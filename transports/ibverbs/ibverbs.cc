@@ -120,6 +120,7 @@ void releaseComm(Comm* comm) {
   for (auto& conn : comm->conns)
     if (conn) destroyConn(conn.release());
   cmClose(comm);
+  closeWake(comm);
   closePort(comm);
   delete comm;
 }
@@ -155,6 +156,7 @@ epResult_t ibCommOpen(void* ctx, const epTransportCommInfo_v2_t* info, void** ou
   comm->use_cm = wantRdmaCm(c);
   comm->conns.resize(size_t(in.nranks) * EP_TRAFFIC_CLASSES);
   epResult_t res = openPort(comm);
+  if (res == epSuccess) openWake(comm);  // without one, waits nap: not an error
   if (res == epSuccess && comm->use_cm) res = cmOpen(comm);
   if (res != epSuccess) {
     releaseComm(comm);
@@ -282,6 +284,7 @@ epResult_t ibPut(void* vconn, void* mem, size_t offset, const void* remote, size
 epResult_t ibTest(void* vconn, uint64_t request, int* done) { return test(static_cast<Conn*>(vconn), request, done); }
 
 epResult_t ibProgress(void* vcomm) { return progress(static_cast<Comm*>(vcomm)); }
+epResult_t ibWait(void* vcomm, int timeout_us) { return waitComm(static_cast<Comm*>(vcomm), timeout_us); }
 
 epResult_t ibConnInfo(void* vconn, epTransportConnInfo_v2_t* info) {
   const auto* conn = static_cast<Conn*>(vconn);
@@ -343,7 +346,13 @@ epResult_t ibFinalize(void* ctx) {
   return epSuccess;
 }
 
-const epTransport_v2_t kTable = {
+// Version 3 (with wait) for this library; version 2 for a library that
+// knows no later table (its waits nap).
+const epTransport_v3_t kTable = {
+    kName,        3,           ibInit,     ibProperties, nullptr,    ibCommOpen,  ibEndpoint, ibConnect,
+    ibRegMem,     ibMemHandle, ibDeregMem, ibPut,        ibTest,     ibProgress,  ibConnInfo, ibLastError,
+    ibClose,      ibCommClose, ibFinalize, ibWait};
+const epTransport_v2_t kTableV2 = {
     kName,        2,           ibInit,     ibProperties, nullptr,    ibCommOpen,  ibEndpoint, ibConnect,
     ibRegMem,     ibMemHandle, ibDeregMem, ibPut,        ibTest,     ibProgress,  ibConnInfo, ibLastError,
     ibClose,      ibCommClose, ibFinalize};
@@ -352,7 +361,8 @@ const epTransport_v2_t kTable = {
 
 }  // namespace ibv
 
-extern "C" __attribute__((visibility("default"))) const epTransport_v2_t epTransport_v2 = ibv::kTable;
+extern "C" __attribute__((visibility("default"))) const epTransport_v3_t epTransport_v3 = ibv::kTable;
+extern "C" __attribute__((visibility("default"))) const epTransport_v2_t epTransport_v2 = ibv::kTableV2;
 
 // Testing: the verbs objects (contexts, PDs, CQs, QPs, MRs, rdma_cm ids and
 // channels) this process holds through the module; 0 once every

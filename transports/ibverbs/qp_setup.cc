@@ -61,6 +61,12 @@ struct ibv_qp_init_attr qpInitAttr(Conn* conn) {
   a.cap.max_send_sge = 1;
   a.cap.max_recv_sge = 1;
   a.cap.max_inline_data = kInlineWanted;
+  if (conn->comm->wake) {  // peers' signals (WRITE WITH IMMEDIATE) take the shared receives
+    a.srq = conn->comm->srq;
+    a.recv_cq = conn->comm->wake_cq;
+    a.cap.max_recv_wr = 0;
+    a.cap.max_recv_sge = 0;
+  }
   return a;
 }
 
@@ -82,7 +88,8 @@ epResult_t createConn(Comm* comm, int peer, epTrafficClass_t cls, Conn** out) {
   conn->cls = cls;
   conn->depth = std::min<uint32_t>(kSendDepth, uint32_t(std::max(16, p.dev_attr.max_qp_wr)));
   const int cqe = std::min<int>(int(conn->depth) * nqps + 16, std::max(64, p.dev_attr.max_cqe));
-  conn->cq = c->v.create_cq(p.ctx, cqe, conn.get(), nullptr, 0);
+  // With a channel, its completions can wake a rank asleep in wait.
+  conn->cq = c->v.create_cq(p.ctx, cqe, conn.get(), comm->wake ? comm->comp_channel : nullptr, 0);
   if (conn->cq == nullptr)
     return fail(comm, epSystemError, peer, "rank %d (%s): ibv_create_cq of %d entries failed on %s: %s", peer,
                 className(cls), cqe, p.device.c_str(), strerror(errno));
@@ -190,6 +197,7 @@ epResult_t makeEndpoint(Conn* conn, void* buf, size_t* bytes) {
   w.ka_rkey = conn->aux_mr->rkey;
   w.ipv4 = p.ipv4;
   w.cm_port = comm->listen_port;
+  w.flags = comm->wake ? kEndpointWakes : 0;
   for (size_t i = 0; i < conn->qps.size(); i++) {
     w.qpn[i] = conn->qps[i].qp ? conn->qps[i].qp->qp_num : 0;
     w.psn[i] = conn->qps[i].psn;
@@ -228,6 +236,7 @@ epResult_t checkEndpoint(Conn* conn, const void* blob, size_t bytes, WireEndpoin
                 comm->port.roce ? "RoCE" : "InfiniBand");
   conn->peer_ka_addr = w->ka_addr;
   conn->peer_ka_rkey = w->ka_rkey;
+  conn->peer_wakes = (w->flags & kEndpointWakes) != 0;
   conn->peer_mtu = w->mtu;
   if (w->roce) gidText(w->gid, conn->remote_desc, sizeof(conn->remote_desc));
   else snprintf(conn->remote_desc, sizeof(conn->remote_desc), "LID %u", unsigned(w->lid));

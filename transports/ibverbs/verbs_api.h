@@ -6,8 +6,9 @@
 // these tables, so that libmoeep loads on machines without RDMA packages and
 // the module says why it cannot run instead.
 //
-// ibv_post_send, ibv_poll_cq and ibv_req_notify_cq are inline functions of
-// verbs.h that call through the device context: they need no symbol. The
+// ibv_post_send, ibv_poll_cq, ibv_post_srq_recv and ibv_req_notify_cq are
+// inline functions of verbs.h that call through the device context: they
+// need no symbol. The
 // table still carries post_send and poll_cq as pointers, because that is the
 // seam where faults are injected (fault.h): the data path calls only these.
 #pragma once
@@ -45,6 +46,13 @@ struct Verbs {
   struct ibv_qp* (*create_qp)(struct ibv_pd* pd, struct ibv_qp_init_attr* attr);
   int (*modify_qp)(struct ibv_qp* qp, struct ibv_qp_attr* attr, int mask);
   int (*destroy_qp)(struct ibv_qp* qp);
+  // The completion channel (wake.cc): waits that sleep.
+  struct ibv_comp_channel* (*create_comp_channel)(struct ibv_context* ctx);
+  int (*destroy_comp_channel)(struct ibv_comp_channel* channel);
+  int (*get_cq_event)(struct ibv_comp_channel* channel, struct ibv_cq** cq, void** cq_context);
+  void (*ack_cq_events)(struct ibv_cq* cq, unsigned int nevents);
+  struct ibv_srq* (*create_srq)(struct ibv_pd* pd, struct ibv_srq_init_attr* attr);
+  int (*destroy_srq)(struct ibv_srq* srq);
   int (*get_async_event)(struct ibv_context* ctx, struct ibv_async_event* event);
   void (*ack_async_event)(struct ibv_async_event* event);
   const char* (*wc_status_str)(enum ibv_wc_status status);

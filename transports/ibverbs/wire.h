@@ -10,6 +10,9 @@ namespace ibv {
 
 constexpr uint32_t kEndpointMagic = 0x65704942u;  // 'epIB'
 constexpr uint16_t kEndpointVersion = 1;
+// WireEndpoint.flags: the side that made it posts receives for its signals,
+// so they may come as RDMA WRITE WITH IMMEDIATE and wake it (wake.cc).
+constexpr uint16_t kEndpointWakes = 0x1;
 
 struct WireEndpoint {
   uint32_t magic;
@@ -29,7 +32,7 @@ struct WireEndpoint {
   uint32_t ka_rkey;
   uint32_t ipv4;     // rdma_cm: the listener's address (network order)
   uint16_t cm_port;  // rdma_cm: the listener's port (network order)
-  uint16_t pad;
+  uint16_t flags;    // kEndpointWakes; 0 from a module without a completion channel
   uint32_t qpn[16];  // endpoint exchange: each QP's number and first PSN
   uint32_t psn[16];
   char device[32];

@@ -23,6 +23,17 @@ void wake(Comm* c) {
   (void)rc;  // a full counter already wakes the thread
 }
 
+// After a round of the thread that moved something: wakes a caller asleep in
+// wait. The count moves after what the round stored (signals, data), so a
+// caller that sees it move sees those too.
+void wakeWaiters(Comm* c) {
+  c->events.fetch_add(1);
+  if (c->sleepers.load() > 0) {
+    std::lock_guard<std::mutex> l(c->wait_mu);
+    c->wait_cv.notify_all();
+  }
+}
+
 // A frame's put is done once all its frames are written; puts retire in order.
 void frameWritten(Conn* k, uint64_t put_id) {
   if (put_id == kNoPut) return;
@@ -264,8 +275,10 @@ void ioLoop(Comm* c) {
       ssize_t rc = read(c->wake_fd, &count, sizeof(count));
       (void)rc;
     }
+    bool moved = !more.empty();
     for (size_t i = 1; i < fds.size(); i++) {
       if (fds[i].revents == 0) continue;
+      moved = true;
       Conn* k = who[i].first;
       if (who[i].second < 0) {
         std::lock_guard<std::mutex> rl(c->recv_mu);
@@ -280,6 +293,11 @@ void ioLoop(Comm* c) {
       std::lock_guard<std::mutex> rl(c->recv_mu);
       if (!k->closing) receive(c, k);
     }
+    if (!moved) {
+      std::lock_guard<std::mutex> el(c->err_mu);
+      moved = c->broken;  // a verdict of this round (a send's grace ran out)
+    }
+    if (moved) wakeWaiters(c);
   }
 }
 
@@ -480,6 +498,23 @@ epResult_t progress(void* comm) {
   auto* c = static_cast<Comm*>(comm);
   std::lock_guard<std::mutex> el(c->err_mu);
   return c->broken ? epRemoteError : epSuccess;
+}
+
+epResult_t wait(void* comm, int timeout_us) {
+  auto* c = static_cast<Comm*>(comm);
+  if (c->events.load() == c->wait_seen) {
+    // sleepers before events: the thread moves events before it reads
+    // sleepers, so one of the two sees the other.
+    c->sleepers.fetch_add(1);
+    {
+      std::unique_lock<std::mutex> l(c->wait_mu);
+      c->wait_cv.wait_for(l, std::chrono::microseconds(std::max(timeout_us, 0)),
+                          [c] { return c->events.load() != c->wait_seen; });
+    }
+    c->sleepers.fetch_sub(1);
+  }
+  c->wait_seen = c->events.load();
+  return progress(comm);
 }
 
 }  // namespace epsock

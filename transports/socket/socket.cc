@@ -236,6 +236,22 @@ epResult_t finalize(void*) { return epSuccess; }
 
 }  // namespace epsock
 
+// Version 3 (with wait) for this library; version 2 for a library that
+// knows no later table.
+extern "C" __attribute__((visibility("default"))) const epTransport_v3_t epTransport_v3 = {
+    epsock::kName,         3,
+    epsock::init,          epsock::properties,
+    nullptr,  // can_connect: every peer
+    epsock::commOpen,      epsock::endpoint,
+    epsock::connect,       epsock::regMem,
+    epsock::memHandle,     epsock::deregMem,
+    epsock::put,           epsock::test,
+    epsock::progress,      epsock::connInfo,
+    epsock::lastError,     epsock::closeConnection,
+    epsock::commClose,     epsock::finalize,
+    epsock::wait,
+};
+
 extern "C" __attribute__((visibility("default"))) const epTransport_v2_t epTransport_v2 = {
     epsock::kName,         2,
     epsock::init,          epsock::properties,

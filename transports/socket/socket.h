@@ -160,6 +160,14 @@ struct Comm {
   uint64_t io_gen = 0;   // the gen the thread's current round was built from
   std::condition_variable io_cv;
 
+  // wait: the thread counts its rounds that moved something (a frame
+  // received, written, a failure); a caller sleeps until the count moves.
+  std::atomic<uint64_t> events{0};
+  std::atomic<int> sleepers{0};
+  std::mutex wait_mu;
+  std::condition_variable wait_cv;
+  uint64_t wait_seen = 0;  // the count when the caller's last wait returned (caller's thread)
+
   std::mutex err_mu;
   std::string err_msg;   // the first error
   int err_peer = -1;
@@ -184,5 +192,8 @@ epResult_t put(void* conn, void* mem, size_t offset, const void* remote_handle, 
                size_t signal_offset, uint64_t signal_value, unsigned flags, uint64_t* request);
 epResult_t test(void* conn, uint64_t request, int* done);
 epResult_t progress(void* comm);
+// Sleeps until the thread moved something since the last wait returned, or
+// timeout_us passed; then progress.
+epResult_t wait(void* comm, int timeout_us);
 
 }  // namespace epsock

@@ -13,6 +13,9 @@
 //   killed    a sender killed mid-transfer, then a receiver killed: the other
 //             side's progress or put fails naming rank 1 within 5 s
 //   goodbye   a receiver that closes in order: puts to it are dropped, no error
+//   wait      rank 0 sleeps in wait (5 s at a time) until rank 1's signal,
+//             sent 0.5 s later, wakes it: well before 5 s, with little CPU;
+//             with nothing coming, wait sleeps its timeout out
 //   endpoint  a malformed endpoint, one for another rank, one whose port
 //             nobody listens on, one of a rank that never connects back: a
 //             clear error, within the timeout
@@ -274,6 +277,45 @@ bool goodbye(int link, pid_t) {
   return true;
 }
 
+double cpuSeconds();
+
+bool waitCase(int link, pid_t) {
+  Side s;
+  const size_t bytes = 4096;
+  CHECK(setupSide(link, bytes, 20000, &s), "setup");
+  char go = 1;
+  if (g_rank == 1) {
+    CHECK(linkRecv(link, &go, 1), "rank 0 ready");
+    usleep(500000);
+    CHECK(putRetry(s, 0, 64, 64, 0, 7, EP_PUT_SIGNAL) == epSuccess, "the signal");
+    CHECK(linkRecv(link, &go, 1), "rank 0 woken");
+    s.close();
+    return true;
+  }
+  // Nothing coming: each wait sleeps (about) its timeout.
+  auto start = Clock::now();
+  for (int i = 0; i < 5; i++) CHECK(T3->wait(s.comm, 40000) == epSuccess, "wait: %s", s.lastError().c_str());
+  const double idle_s = secondsSince(start);
+  CHECK(idle_s > 0.15, "5 waits of 40 ms with nothing coming returned after %.3f s", idle_s);
+  CHECK(linkSend(link, &go, 1), "tell rank 1");
+  start = Clock::now();
+  const double cpu0 = cpuSeconds();
+  int waits = 0;
+  while (loadSignal(s, 0) < 7) {
+    CHECK(T3->wait(s.comm, 5000000) == epSuccess, "wait: %s", s.lastError().c_str());
+    waits++;
+    CHECK(secondsSince(start) < 30, "no signal within 30 s");
+  }
+  const double woken = secondsSince(start), cpu = cpuSeconds() - cpu0;
+  CHECK(linkSend(link, &go, 1), "tell rank 1");
+  printf("    5 idle waits of 40 ms took %.3f s; the signal sent after 0.5 s woke rank 0 after %.3f s (%d waits, "
+         "%.3f s of CPU)\n", idle_s, woken, waits, cpu);
+  CHECK(woken < 2.0, "rank 0 was not woken by the signal: %.3f s (a wait runs 5 s unless something comes)", woken);
+  CHECK(cpu < 0.05 * woken, "%.3f s of CPU while asleep %.3f s", cpu, woken);
+  s.close();
+  return true;
+}
+
 // One process: connects to endpoints that cannot work.
 bool badEndpoints() {
   printf("--- endpoint\n");
@@ -506,12 +548,12 @@ int main(int argc, char** argv) {
     else if (a == "--runs" && i + 1 < argc) runs = atoi(argv[++i]);
     else if (a == "-v") g_verbose = true;
     else {
-      fprintf(stderr, "usage: %s [--module PATH] [--case order|killed|goodbye|endpoint|bench]... [--puts N] "
+      fprintf(stderr, "usage: %s [--module PATH] [--case order|killed|goodbye|wait|endpoint|bench]... [--puts N] "
               "[--runs N] [-v]\n", argv[0]);
       return 2;
     }
   }
-  if (cases.empty()) cases = {"order", "killed", "goodbye", "endpoint"};
+  if (cases.empty()) cases = {"order", "killed", "goodbye", "wait", "endpoint"};
   setvbuf(stdout, nullptr, _IOLBF, 0);
   if (!loadModule(module)) return 1;
   g_params["SOCKET_IFNAME"] = "lo";
@@ -528,6 +570,8 @@ int main(int argc, char** argv) {
       tally(runPair("killed receiver", killedReceiver, 60, true));
     } else if (c == "goodbye") {
       tally(runPair("goodbye", goodbye));
+    } else if (c == "wait") {
+      tally(runPair("wait", waitCase));
     } else if (c == "endpoint") {
       tally(badEndpoints());
     } else if (c == "bench") {

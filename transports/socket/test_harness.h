@@ -28,6 +28,7 @@ inline int g_rank = 0;
 inline bool g_verbose = false;
 inline std::map<std::string, std::string> g_params;  // what get_param answers
 inline const epTransport_v2_t* T = nullptr;
+inline const epTransport_v3_t* T3 = nullptr;  // the same module's version-3 table (wait)
 inline void* g_ctx = nullptr;
 
 #define CHECK(cond, ...)                                                                          \
@@ -67,6 +68,11 @@ inline bool loadModule(const std::string& path) {
   T = static_cast<const epTransport_v2_t*>(dlsym(lib, "epTransport_v2"));
   if (T == nullptr || T->version != 2 || strcmp(T->name, "socket") != 0) {
     fprintf(stderr, "%s: no version-2 table called socket\n", path.c_str());
+    return false;
+  }
+  T3 = static_cast<const epTransport_v3_t*>(dlsym(lib, "epTransport_v3"));
+  if (T3 == nullptr || T3->version != 3 || T3->wait == nullptr || T3->put != T->put) {
+    fprintf(stderr, "%s: no version-3 table with wait, or one unlike its version-2 table\n", path.c_str());
     return false;
   }
   return true;
