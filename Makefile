@@ -121,7 +121,8 @@ TEST_MODULES := $(BUILD)/tests/modules/libmoeep-transport-fake.so \
                 $(BUILD)/tests/modules/libmoeep-transport-fakenet.so \
                 $(BUILD)/tests/modules/libmoeep-transport-noput.so \
                 $(BUILD)/tests/modules/libmoeep-transport-both.so \
-                $(BUILD)/tests/modules/libmoeep-transport-waits.so
+                $(BUILD)/tests/modules/libmoeep-transport-waits.so \
+                $(BUILD)/tests/modules/libmoeep-transport-badthree.so
 tests: $(UNIT_BINS) $(MP_BINS) $(SELFTEST_BINS) $(TEST_MODULES)
 
 MODULE_FLAGS = $(CPPFLAGS_BASE) $(CXXFLAGS_BASE) -shared
@@ -159,6 +160,9 @@ $(BUILD)/tests/modules/libmoeep-transport-both.so: tests/modules/fake_transport_
 $(BUILD)/tests/modules/libmoeep-transport-waits.so: tests/modules/fake_transport_v2.cc include/moeep_transport.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="waits"' -DFAKE_V3 $< -o $@
+$(BUILD)/tests/modules/libmoeep-transport-badthree.so: tests/modules/fake_transport_v2.cc include/moeep_transport.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(MODULE_FLAGS) '-DFAKE_NAME="badthree"' -DFAKE_V3 -DFAKE_V3_BAD $< -o $@
 
 $(BUILD)/obj/%.o: %.cc
 	@mkdir -p $(dir $@)

@@ -46,7 +46,8 @@ typedef enum {
 
 /* What the core gives a transport at init. */
 typedef struct {
-  unsigned version; /* EP_TRANSPORT_ABI_VERSION of the core */
+  unsigned version; /* EP_TRANSPORT_ABI_VERSION of the core: a module takes any version at least the one
+                       it needs (a core of a later version still calls every older table it loads) */
   void (*log)(epTransportLogLevel_t level, const char *transport, const char *fmt, ...);
   /* Value of parameter EP_<name>, or NULL when unset. */
   const char *(*get_param)(const char *name);
@@ -84,7 +85,7 @@ typedef struct {
  * with the reason). post, test, properties and finalize may be NULL. */
 typedef struct {
   const char *name;  /* short, lower case: "shm", "cuda_ipc", "ibverbs" */
-  unsigned version;  /* EP_TRANSPORT_ABI_VERSION the module was built with */
+  unsigned version;  /* 1 (later table versions come under symbols of their own) */
   epResult_t (*init)(const epTransportEnv_v1_t *env, void **ctx);
   epResult_t (*properties)(void *ctx, epTransportProps_v1_t *props);
   /* *ok = 1 when this transport can join self and peer. */

@@ -268,6 +268,18 @@ void addEntryNet(const epTransport_v2_t* table, unsigned version, epResult_t (*w
   pushEntry(e);
 }
 
+// Version 3 is version 2's table, field for field, then wait.
+#define EP_SAME_FIELD(f) static_assert(offsetof(epTransport_v3_t, f) == offsetof(epTransport_v2_t, f), #f)
+EP_SAME_FIELD(name);
+EP_SAME_FIELD(version);
+EP_SAME_FIELD(init);
+EP_SAME_FIELD(comm_open);
+EP_SAME_FIELD(put);
+EP_SAME_FIELD(progress);
+EP_SAME_FIELD(finalize);
+#undef EP_SAME_FIELD
+static_assert(offsetof(epTransport_v3_t, wait) == sizeof(epTransport_v2_t), "wait follows version 2's fields");
+
 // Version 2's fields of a version-3 table, as a version-2 table the entry
 // points to for the life of the process.
 const epTransport_v2_t* v2View(const epTransport_v3_t* t) {
@@ -363,17 +375,23 @@ void loadModulesFrom(const std::string& dir) {
       EP_WARN(kSubsysTransport, "transport module %s not loaded: %s", path.c_str(), dlerror());
       continue;
     }
-    // The newest table the module offers that this core knows: v3, v2, else v1.
+    // The newest table the module offers that this core knows: v3, v2, else
+    // v1. A version-3 table that cannot be taken leaves the module's version
+    // 2 to be tried (it still loads, without wait).
+    std::string v3_problem;
     if (void* sym3 = dlsym(lib, "epTransport_v3")) {
-      const std::string bad = notATable(sym3, "epTransport_v3", sizeof(epTransport_v3_t));
+      v3_problem = notATable(sym3, "epTransport_v3", sizeof(epTransport_v3_t));
       const auto* table3 = static_cast<const epTransport_v3_t*>(sym3);
-      if (!bad.empty())
-        addRefused(n + strlen(prefix), path, bad);
-      else if (table3->name == nullptr || table3->name[0] == '\0')
-        addRefused(n + strlen(prefix), path, "its table has no name");
-      else
+      if (v3_problem.empty() && (table3->name == nullptr || table3->name[0] == '\0'))
+        v3_problem = "its epTransport_v3 table has no name";
+      else if (v3_problem.empty() && table3->version != 3)
+        v3_problem = "its epTransport_v3 table says version " + std::to_string(table3->version) + ", not 3";
+      if (v3_problem.empty()) {
         addEntryNet(v2View(table3), 3, table3->wait, path);
-      continue;
+        continue;
+      }
+      EP_WARN(kSubsysTransport, "transport module %s: %s: its epTransport_v2, if any, is taken instead",
+              path.c_str(), v3_problem.c_str());
     }
     if (void* sym2 = dlsym(lib, "epTransport_v2")) {
       const std::string bad = notATable(sym2, "epTransport_v2", sizeof(epTransport_v2_t));
@@ -384,6 +402,10 @@ void loadModulesFrom(const std::string& dir) {
         addRefused(n + strlen(prefix), path, "its table has no name");
       else
         addEntryNet(table2, 2, nullptr, path);
+      continue;
+    }
+    if (!v3_problem.empty()) {
+      addRefused(n + strlen(prefix), path, v3_problem);
       continue;
     }
     void* sym = dlsym(lib, "epTransport_v1");

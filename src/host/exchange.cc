@@ -265,6 +265,7 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
   const auto timeout = std::chrono::milliseconds(comm_.config().timeout_ms);
   unsigned idle_rounds = 0;
   int sleep_us = kNetWaitFirstUs;  // the next sleep in the transport's wait
+  auto last_liveness_check = Clock::now();
   // A peer found exited is only declared gone after one more pass finds
   // nothing new: it may have published its last chunks just before exiting,
   // between our last look at its ring and the liveness check.
@@ -389,7 +390,10 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
       struct timespec nap = {0, idle_rounds < kIdleRoundsBeforeSleep ? 2000L : 200000L};
       nanosleep(&nap, nullptr);
     }
-    if ((idle_rounds & 63) == 0 || slept) {
+    // Between sleeps; never more often than every ms (a transport's wait
+    // may return early, often: a peer whose signals wake nobody).
+    if ((idle_rounds & 63) == 0 || (slept && Clock::now() - last_liveness_check > std::chrono::milliseconds(1))) {
+      last_liveness_check = Clock::now();
       // A waited-on peer that exited, else one that closed its communicator.
       int gone = -1;
       bool closed = false;

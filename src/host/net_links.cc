@@ -293,8 +293,8 @@ epResult_t NetLinks::whyFailed(epResult_t res, int* peer, std::string* why) {
 }
 
 epResult_t NetLinks::wait(int timeout_us, int* peer, std::string* why) {
-  if (transport_->wait == nullptr) {
-    struct timespec nap = {timeout_us / 1000000, long(timeout_us % 1000000) * 1000L};
+  if (transport_->wait == nullptr) {  // nothing would end a long sleep early: a nap
+    struct timespec nap = {0, 1000L * std::min(timeout_us, 200)};
     nanosleep(&nap, nullptr);
     return progress(peer, why);
   }

@@ -1,11 +1,13 @@
 // Network transport modules (table versions 2 and 3) for the loader tests,
-// built four ways by the Makefile:
+// built five ways by the Makefile:
 //   libmoeep-transport-fakenet.so    a valid version-2 table named "fakenet"
 //   libmoeep-transport-noput.so      a version-2 table without put (FAKE_NO_PUT)
 //   libmoeep-transport-both.so       exports epTransport_v1 and epTransport_v2
 //                                    (FAKE_BOTH): the core takes v2
 //   libmoeep-transport-waits.so      exports epTransport_v2 and epTransport_v3
 //                                    (FAKE_V3): the core takes v3, with wait
+//   libmoeep-transport-badthree.so   the same, its v3 table saying version 7
+//                                    (FAKE_V3_BAD): the core takes v2
 // They move no data: init succeeds, which is all the loader looks at; the
 // other callbacks fail.
 #include <cstdio>
@@ -84,8 +86,13 @@ const epTransport_v1_t fakeOld = {FAKE_NAME, 1,       fakeInit, nullptr, v1CanCo
 #endif
 
 #ifdef FAKE_V3
+#ifdef FAKE_V3_BAD
+#define FAKE_V3_VERSION 7
+#else
+#define FAKE_V3_VERSION 3
+#endif
 const epTransport_v3_t fakeNet3 = {
-    FAKE_NAME,    3,          fakeInit,      nullptr,   nullptr,       fakeCommOpen, fakeEndpoint, fakeConnect,
+    FAKE_NAME,    FAKE_V3_VERSION,          fakeInit,      nullptr,   nullptr,       fakeCommOpen, fakeEndpoint, fakeConnect,
     fakeRegMem,   fakeMemHandle, fakeDeregMem, FAKE_PUT, fakeTest,     fakeProgress, nullptr,      fakeLastError,
     fakeClose,    fakeCommClose, fakeFinalize, fakeWait};
 #endif

@@ -144,8 +144,8 @@ void symbol_that_is_not_a_table_is_refused(void**) {
 
 // Network tables come under a symbol per version: a valid version-2 one is
 // available as ABI v2 (no wait), one without put is refused naming it, a
-// module that exports v1 and v2 is taken at v2, and one that exports v2 and
-// v3 at v3, with its wait.
+// module that exports v1 and v2 is taken at v2, one that exports v2 and v3
+// at v3, with its wait, and one whose v3 table is wrong at its v2.
 void version_2_tables_are_loaded_and_checked(void**) {
   inChild(nullptr, [] {
     Found f = find("fakenet");
@@ -165,6 +165,9 @@ void version_2_tables_are_loaded_and_checked(void**) {
       return std::string("a module with tables v2 and v3 was not taken at version 3 with its wait");
     if (w->net->put == nullptr || w->net->finalize == nullptr || strcmp(w->net->name, "waits") != 0)
       return std::string("version 3's fields were not carried into the entry's version-2 view");
+    const ep::TransportEntry* b3 = ep::transportFind("badthree");
+    if (b3 == nullptr || b3->version != 2 || b3->wait != nullptr)
+      return std::string("a module whose v3 table says version 7 was not taken at its version 2");
     return std::string();
   });
 }
@@ -195,7 +198,8 @@ void version_2_finalize_is_called_at_exit(void**) {
     setenv("EP_TRANSPORT_PATH", g_modules.c_str(), 1);
     unsetenv("EP_TRANSPORTS");
     setenv("FAKE_FINALIZE_FILE", path, 1);
-    const bool loaded = find("fakenet").available && find("both").available && find("waits").available;
+    const bool loaded = find("fakenet").available && find("both").available && find("waits").available &&
+                        find("badthree").available;
     exit(loaded ? 0 : 3);  // exit, not _exit: static destructors run
   }
   int status = 0;
@@ -204,9 +208,9 @@ void version_2_finalize_is_called_at_exit(void**) {
   assert_int_equal(WEXITSTATUS(status), 0);
   const std::string text = logged(path);
   unlink(path);
-  if (text.size() != strlen("finalize fakenet\nfinalize both\nfinalize waits\n") ||
+  if (text.size() != strlen("finalize fakenet\nfinalize both\nfinalize waits\nfinalize badthree\n") ||
       text.find("finalize fakenet\n") == std::string::npos || text.find("finalize both\n") == std::string::npos ||
-      text.find("finalize waits\n") == std::string::npos)
+      text.find("finalize waits\n") == std::string::npos || text.find("finalize badthree\n") == std::string::npos)
     fail_msg("finalize calls: '%s'", text.c_str());
 }
 

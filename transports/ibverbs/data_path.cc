@@ -150,6 +150,8 @@ epResult_t keepalive(Conn* conn, int64_t now) {
   return postWrite(conn, 0, 0, 0, 8, true, &beat, conn->peer_ka_addr, conn->peer_ka_rkey, true);
 }
 
+}  // namespace
+
 // Asynchronous device events: a QP that went to the error state, a port that
 // went down, a device that was lost. Read without blocking.
 epResult_t asyncEvents(Comm* comm) {
@@ -197,14 +199,19 @@ epResult_t asyncEvents(Comm* comm) {
       case IBV_EVENT_DEVICE_FATAL:
         return fail(comm, epRemoteError, -1, "device %s was lost (%s)", comm->port.device.c_str(),
                     c->v.event_type_str(type));
+      case IBV_EVENT_SRQ_ERR:  // peers' signals would wait for receives for ever
+      case IBV_EVENT_CQ_ERR:
+        return fail(comm, epRemoteError, -1, "%s port %d: %s (a completion queue overran, or the shared receive "
+                    "queue failed)", comm->port.device.c_str(), comm->port.port, c->v.event_type_str(type));
+      case IBV_EVENT_SRQ_LIMIT_REACHED:  // this progress posts receives again (wake.cc), then re-arms it
+        comm->srq_rearm = true;
+        break;
       default:
         logf(c, epTransportLogInfo, "%s: event %s", comm->port.device.c_str(), c->v.event_type_str(type));
     }
   }
   return epSuccess;
 }
-
-}  // namespace
 
 bool peerMarkedClosed(const Conn* conn) { return __atomic_load_n(&conn->aux[0], __ATOMIC_ACQUIRE) == kClosedMark; }
 
@@ -386,25 +393,31 @@ epResult_t test(Conn* conn, uint64_t request, int* done) {
 
 epResult_t progress(Comm* comm) {
   if (comm->failed()) return failedResult(comm);
-  if (comm->wake) {
-    const epResult_t res = drainWake(comm);
-    if (res != epSuccess) return res;
-  }
+  // The connections first: a failed poll there names its peer.
   for (const auto& conn : comm->conns) {
     if (!conn || !conn->connected) continue;
     const epResult_t res = pollConn(conn.get());
     if (res != epSuccess) return res;
   }
-  // Events and keepalives need no haste: one look in 64 calls, then by the clock.
+  if (comm->wake) {
+    const epResult_t res = drainWake(comm);
+    if (res != epSuccess) return res;
+  }
+  // Events and keepalives need no haste: one look in 64 calls, at least one
+  // every kHousekeepingMs (a rank asleep in wait calls seldom), and at once
+  // when wait saw an event come.
   static thread_local unsigned calls = 0;
-  if ((++calls & 63) != 0) return epSuccess;
+  const int64_t now_ms = nowMs();
+  if ((++calls & 63) != 0 && now_ms - comm->housekeeping_ms < kHousekeepingMs && !comm->events_pending)
+    return epSuccess;
+  comm->housekeeping_ms = now_ms;
+  comm->events_pending = false;
   epResult_t res = asyncEvents(comm);
   if (res == epSuccess && comm->use_cm) res = cmPoll(comm);
   if (res != epSuccess) return res;
-  const int64_t now = nowMs();
   for (const auto& conn : comm->conns) {
     if (!conn) continue;
-    res = keepalive(conn.get(), now);
+    res = keepalive(conn.get(), now_ms);
     if (res != epSuccess) return res;
   }
   return epSuccess;

@@ -33,6 +33,8 @@ constexpr uint32_t kSignalEvery = 16;  // a completion asked for every so many r
 constexpr uint32_t kInlineWanted = 128;  // bytes asked of max_inline_data
 constexpr size_t kStripeMin = 256 * 1024;  // puts at least this long use every QP of a connection
 constexpr int kKeepaliveMs = 200;      // an idle connection's liveness write, while progress is called
+constexpr int kHousekeepingMs = 50;    // device events, rdma_cm events, keepalives: at least this often
+constexpr uint8_t kMinRnrTimer = 12;   // 0.64 ms between a peer's retries when no receive is posted here
 // What a closing rank writes last into its peer's keepalive word: the peer
 // then takes the connection's end for a close, not a failure.
 constexpr uint64_t kClosedMark = ~uint64_t(0);
@@ -110,6 +112,7 @@ struct Conn {
   bool closing = false;
   bool peer_closed = false;  // the peer wrote kClosedMark, then went
   bool peer_wakes = false;   // the peer takes signals as WRITE WITH IMMEDIATE (kEndpointWakes)
+  bool peer_sends_imm = false;  // ... and sends its own so (kEndpointSendsImm): they wake this side
   // Small registered memory of this side: [0, 64) the word peers' keepalives
   // land on; then one 8-byte signal source per send-queue slot of QP 0, used
   // where the NIC cannot send 8 bytes inline.
@@ -164,6 +167,9 @@ struct Comm {
   struct ibv_srq* srq = nullptr;
   uint32_t srq_depth = 0;
   uint64_t activity = 0;  // completions seen, sends and receives: what wait looks for
+  int64_t housekeeping_ms = 0;  // when progress last looked at events and keepalives
+  bool events_pending = false;  // wait saw the device's (or rdma_cm's) event descriptor readable
+  bool srq_rearm = false;       // the shared receives' limit event came: arm it again after reposting
   // What the waits did (logged at comm_close): returned at once (something
   // had come), slept and woken by the channel, by a device event, by the timeout.
   uint64_t waits_at_once = 0, waits_woken = 0, waits_event = 0, waits_timed_out = 0;
@@ -235,6 +241,8 @@ epResult_t put(Conn* conn, Mem* mem, size_t offset, const void* remote_handle, s
 epResult_t test(Conn* conn, uint64_t request, int* done);
 epResult_t progress(Comm* comm);
 epResult_t pollConn(Conn* conn);
+// Asynchronous device events, read without blocking (errors name the peer).
+epResult_t asyncEvents(Comm* comm);
 // Writes kClosedMark to the peer and waits (at most ms) for the
 // connection's writes to be acknowledged, so that last signals reach it.
 void drainConn(Conn* conn, int ms);

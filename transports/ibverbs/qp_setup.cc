@@ -197,7 +197,7 @@ epResult_t makeEndpoint(Conn* conn, void* buf, size_t* bytes) {
   w.ka_rkey = conn->aux_mr->rkey;
   w.ipv4 = p.ipv4;
   w.cm_port = comm->listen_port;
-  w.flags = comm->wake ? kEndpointWakes : 0;
+  w.flags = kEndpointSendsImm | (comm->wake ? kEndpointWakes : 0);
   for (size_t i = 0; i < conn->qps.size(); i++) {
     w.qpn[i] = conn->qps[i].qp ? conn->qps[i].qp->qp_num : 0;
     w.psn[i] = conn->qps[i].psn;
@@ -237,6 +237,7 @@ epResult_t checkEndpoint(Conn* conn, const void* blob, size_t bytes, WireEndpoin
   conn->peer_ka_addr = w->ka_addr;
   conn->peer_ka_rkey = w->ka_rkey;
   conn->peer_wakes = (w->flags & kEndpointWakes) != 0;
+  conn->peer_sends_imm = (w->flags & kEndpointSendsImm) != 0;
   conn->peer_mtu = w->mtu;
   if (w->roce) gidText(w->gid, conn->remote_desc, sizeof(conn->remote_desc));
   else snprintf(conn->remote_desc, sizeof(conn->remote_desc), "LID %u", unsigned(w->lid));
@@ -261,7 +262,7 @@ epResult_t connectExchange(Conn* conn, const void* blob, size_t bytes) {
     a.dest_qp_num = w.qpn[i];
     a.rq_psn = w.psn[i];
     a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
+    a.min_rnr_timer = kMinRnrTimer;
     a.ah_attr.dlid = w.lid;
     a.ah_attr.sl = uint8_t(tc.service_level);
     a.ah_attr.port_num = uint8_t(p.port);

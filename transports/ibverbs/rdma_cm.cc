@@ -153,9 +153,19 @@ void handleEvent(Comm* comm, struct rdma_cm_event* ev) {
              strerror(errno));
       break;
     }
-    case RDMA_CM_EVENT_ESTABLISHED:
+    case RDMA_CM_EVENT_ESTABLISHED: {
       q.established = true;
+      // The kernel's connection manager sets the RNR timer to 0, which
+      // means 655 ms between a peer's retries when this side's shared
+      // receives ran out (wake.cc); the exchange setup's 0.64 ms instead.
+      struct ibv_qp_attr a;
+      memset(&a, 0, sizeof(a));
+      a.min_rnr_timer = kMinRnrTimer;
+      if (comm->wake && q.qp && c->v.modify_qp(q.qp, &a, IBV_QP_MIN_RNR_TIMER) != 0)
+        logf(c, epTransportLogInfo, "rank %d (%s, QP %d): setting the RNR timer failed: %s", peer,
+             className(conn->cls), qi, strerror(errno));
       break;
+    }
     case RDMA_CM_EVENT_DISCONNECTED:
       q.established = false;
       if (peerMarkedClosed(conn)) {

@@ -60,6 +60,7 @@ bool loadVerbs(Verbs* v, std::string* why) {
             bind(lib, name, "ibv_ack_cq_events", &v->ack_cq_events, true, why) &&
             bind(lib, name, "ibv_create_srq", &v->create_srq, true, why) &&
             bind(lib, name, "ibv_destroy_srq", &v->destroy_srq, true, why) &&
+            bind(lib, name, "ibv_modify_srq", &v->modify_srq, true, why) &&
             bind(lib, name, "ibv_get_async_event", &v->get_async_event, true, why) &&
             bind(lib, name, "ibv_ack_async_event", &v->ack_async_event, true, why) &&
             bind(lib, name, "ibv_wc_status_str", &v->wc_status_str, true, why) &&

@@ -53,6 +53,7 @@ struct Verbs {
   void (*ack_cq_events)(struct ibv_cq* cq, unsigned int nevents);
   struct ibv_srq* (*create_srq)(struct ibv_pd* pd, struct ibv_srq_init_attr* attr);
   int (*destroy_srq)(struct ibv_srq* srq);
+  int (*modify_srq)(struct ibv_srq* srq, struct ibv_srq_attr* attr, int mask);
   int (*get_async_event)(struct ibv_context* ctx, struct ibv_async_event* event);
   void (*ack_async_event)(struct ibv_async_event* event);
   const char* (*wc_status_str)(enum ibv_wc_status status);

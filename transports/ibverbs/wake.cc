@@ -29,6 +29,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <strings.h>
 
 #include "ib.h"
 
@@ -36,12 +37,21 @@ namespace ibv {
 
 namespace {
 
-constexpr uint32_t kSrqDepth = 4096;  // shared receives posted (at most the device's max_srq_wr)
+// Shared receives posted: room for kSrqPerPeer signals from every other rank
+// between two of this rank's looks (a ring's heads and credits, call
+// numbers, closing flags: some 2 x slots + 3 per peer and class), at least
+// kSrqMin, at most kSrqMax, the device's max_srq_wr and the CQ's size.
+constexpr uint32_t kSrqMin = 4096, kSrqMax = 65536, kSrqPerPeer = 96;
 constexpr int kRepostBatch = 32;
+// A rank that waits for a peer whose signals wake nobody (its module is older)
+// sleeps at most this long at a time.
+constexpr int kUnwokenSleepUs = 200;
 
 bool wantWake(const Context* c) {
   const char* v = c->env->get_param("IB_COMPLETION_CHANNEL");
-  return v == nullptr || v[0] == '\0' || strcmp(v, "0") != 0;
+  if (v == nullptr || v[0] == '\0') return true;
+  return !(strcmp(v, "0") == 0 || strcasecmp(v, "off") == 0 || strcasecmp(v, "false") == 0 ||
+           strcasecmp(v, "no") == 0);
 }
 
 // Posts n receives without a buffer, in batches.
@@ -61,6 +71,32 @@ int postReceives(Comm* comm, uint32_t n) {
     n -= k;
   }
   return 0;
+}
+
+// Asks for IBV_EVENT_SRQ_LIMIT_REACHED once fewer than a quarter of the
+// receives are left: the event wakes a rank asleep in wait, whose progress
+// posts them again before peers find none (best effort: not every device
+// has the limit).
+void armLimit(Comm* comm) {
+  struct ibv_srq_attr a;
+  memset(&a, 0, sizeof(a));
+  a.srq_limit = comm->srq_depth / 4;
+  if (comm->ctx->v.modify_srq(comm->srq, &a, IBV_SRQ_LIMIT) != 0) {
+    static bool said = false;
+    if (!said)
+      logf(comm->ctx, epTransportLogInfo, "%s: no limit event on the shared receive queue (%s)",
+           comm->port.device.c_str(), strerror(errno));
+    said = true;
+  }
+}
+
+// The peer of a QP number (a receive's completion names its QP), or -1.
+int peerOfQp(const Comm* comm, uint32_t qp_num) {
+  for (const auto& conn : comm->conns)
+    if (conn)
+      for (const Qp& q : conn->qps)
+        if (q.qp && q.qp->qp_num == qp_num) return conn->peer;
+  return -1;
 }
 
 // A connection whose next completion the caller may be waiting for: a
@@ -89,17 +125,24 @@ void openWake(Comm* comm) {
       why = "EP_IB_COMPLETION_CHANNEL=0";
       return false;
     }
-    if (p.dev_attr.max_srq == 0 || p.dev_attr.max_srq_wr <= 0) {
+    if (p.ctx->device->transport_type != IBV_TRANSPORT_IB) {  // iWARP has no immediates
+      why = "not an InfiniBand or RoCE device";
+      return false;
+    }
+    if (p.dev_attr.max_srq == 0 || p.dev_attr.max_srq_wr <= 0 || p.dev_attr.max_cqe <= 64) {
       why = "the device has no shared receive queue";
       return false;
     }
-    comm->srq_depth = std::min<uint32_t>(kSrqDepth, uint32_t(p.dev_attr.max_srq_wr));
+    const uint64_t wanted = uint64_t(kSrqPerPeer) * uint64_t(std::max(1, comm->info.nranks - 1));
+    comm->srq_depth = uint32_t(std::min<uint64_t>(std::max<uint64_t>(wanted, kSrqMin), kSrqMax));
+    comm->srq_depth = std::min(comm->srq_depth, uint32_t(p.dev_attr.max_srq_wr));
+    comm->srq_depth = std::min(comm->srq_depth, uint32_t(p.dev_attr.max_cqe - 16));
     comm->comp_channel = c->v.create_comp_channel(p.ctx);
     if (comm->comp_channel == nullptr) return failed("ibv_create_comp_channel");
     g_live_objects++;
     const int fd = comm->comp_channel->fd;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    const int cqe = std::min<int>(int(comm->srq_depth) + 16, std::max(64, p.dev_attr.max_cqe));
+    const int cqe = int(comm->srq_depth) + 16;  // every receive's completion fits
     comm->wake_cq = c->v.create_cq(p.ctx, cqe, nullptr, comm->comp_channel, 0);
     if (comm->wake_cq == nullptr) return failed("ibv_create_cq (receives)");
     g_live_objects++;
@@ -115,6 +158,7 @@ void openWake(Comm* comm) {
       errno = rc;
       return failed("posting the shared receives");
     }
+    armLimit(comm);
     return true;
   };
   if (!make()) {
@@ -132,7 +176,7 @@ void closeWake(Comm* comm) {
   Context* c = comm->ctx;
   if (comm->wake)
     logf(c, epTransportLogInfo, "rank %d: waits: %llu returned at once, %llu slept and were woken by a completion, "
-         "%llu by a device event, %llu by their timeout", comm->info.rank, (unsigned long long)comm->waits_at_once,
+         "%llu by a device or connection event, %llu by their timeout", comm->info.rank, (unsigned long long)comm->waits_at_once,
          (unsigned long long)comm->waits_woken, (unsigned long long)comm->waits_event,
          (unsigned long long)comm->waits_timed_out);
   comm->wake = false;
@@ -161,17 +205,29 @@ epResult_t drainWake(Comm* comm) {
     if (n < 0)
       return fail(comm, epRemoteError, -1, "polling the receive completion queue on %s port %d failed%s",
                   comm->port.device.c_str(), comm->port.port, deviceLost() ? ": the device is lost" : "");
-    if (n == 0) return epSuccess;
-    // A failed receive (its QP went to the error state) is the sending
-    // side's to report: the receive is only given back.
+    if (n == 0) break;
+    // A receive flushed because its QP went to the error state is the
+    // sending side's to report: the receive is only given back.
+    for (int i = 0; i < n; i++)
+      if (wc[i].status != IBV_WC_SUCCESS && wc[i].status != IBV_WC_WR_FLUSH_ERR) {
+        const int peer = peerOfQp(comm, wc[i].qp_num);
+        return fail(comm, epRemoteError, peer, "rank %d: a signal's receive failed on %s port %d: %s (status %d)",
+                    peer, comm->port.device.c_str(), comm->port.port, c->v.wc_status_str(wc[i].status),
+                    int(wc[i].status));
+      }
     comm->activity += uint64_t(n);
     const int rc = postReceives(comm, uint32_t(n));
     if (rc != 0)
       return fail(comm, epRemoteError, -1, "posting receives again on %s port %d failed: %s%s",
                   comm->port.device.c_str(), comm->port.port, strerror(rc),
                   deviceLost() ? " (the device is lost)" : "");
-    if (n < kRepostBatch) return epSuccess;
+    if (n < kRepostBatch) break;
   }
+  if (comm->srq_rearm) {
+    comm->srq_rearm = false;
+    armLimit(comm);
+  }
+  return epSuccess;
 }
 
 epResult_t waitComm(Comm* comm, int timeout_us) {
@@ -184,34 +240,49 @@ epResult_t waitComm(Comm* comm, int timeout_us) {
   }
   const uint64_t before = comm->activity;
   epResult_t res = progress(comm);
-  if (res != epSuccess || comm->activity != before) {
+  if (res != epSuccess) return res;
+  if (comm->activity != before) {
     comm->waits_at_once++;
     return res;
   }
   // Arm, then look again: what came between the two looks raised no event.
-  if (ibv_req_notify_cq(comm->wake_cq, 0) != 0)
-    return fail(comm, epRemoteError, -1, "arming the receive completion queue on %s failed",
-                comm->port.device.c_str());
-  for (const auto& conn : comm->conns)
-    if (conn && conn->connected && awaitsCompletion(conn.get()) && ibv_req_notify_cq(conn->cq, 0) != 0)
-      return fail(comm, epRemoteError, conn->peer, "rank %d (%s): arming its completion queue on %s failed",
-                  conn->peer, className(conn->cls), comm->port.device.c_str());
+  int rc = ibv_req_notify_cq(comm->wake_cq, 0);
+  if (rc != 0)
+    return fail(comm, epRemoteError, -1, "arming the receive completion queue on %s failed: %s",
+                comm->port.device.c_str(), strerror(rc));
+  for (const auto& conn : comm->conns) {
+    if (!conn || !conn->connected) continue;
+    if (!conn->peer_sends_imm) timeout_us = std::min(timeout_us, kUnwokenSleepUs);
+    if (awaitsCompletion(conn.get()) && (rc = ibv_req_notify_cq(conn->cq, 0)) != 0)
+      return fail(comm, epRemoteError, conn->peer, "rank %d (%s): arming its completion queue on %s failed: %s",
+                  conn->peer, className(conn->cls), comm->port.device.c_str(), strerror(rc));
+  }
   res = drainWake(comm);
   for (const auto& conn : comm->conns)
     if (res == epSuccess && conn && conn->connected) res = pollConn(conn.get());
-  if (res != epSuccess || comm->activity != before) {
+  if (res != epSuccess) return res;
+  if (comm->activity != before) {
     comm->waits_at_once++;
     return res;
   }
 
-  struct pollfd fds[2] = {{comm->comp_channel->fd, POLLIN, 0}, {comm->port.ctx->async_fd, POLLIN, 0}};
+  // The device's asynchronous events and rdma_cm's (a peer's disconnect)
+  // wake it too: progress then reads them at once.
+  struct pollfd fds[3] = {{comm->comp_channel->fd, POLLIN, 0},
+                          {comm->port.ctx->async_fd, POLLIN, 0},
+                          {comm->use_cm && comm->channel ? comm->channel->fd : -1, POLLIN, 0}};
   struct timespec ts = {timeout_us / 1000000, long(timeout_us % 1000000) * 1000L};
-  if (ppoll(fds, 2, &ts, nullptr) < 0 && errno != EINTR)
+  if (ppoll(fds, 3, &ts, nullptr) < 0 && errno != EINTR)
     return fail(comm, epSystemError, -1, "waiting on the completion channel of %s: %s", comm->port.device.c_str(),
                 strerror(errno));
-  if (fds[0].revents & POLLIN) comm->waits_woken++;
-  else if (fds[1].revents & POLLIN) comm->waits_event++;
-  else comm->waits_timed_out++;
+  if (fds[0].revents & POLLIN) {
+    comm->waits_woken++;
+  } else if ((fds[1].revents | fds[2].revents) & POLLIN) {
+    comm->waits_event++;
+    comm->events_pending = true;
+  } else {
+    comm->waits_timed_out++;
+  }
   if (fds[0].revents & POLLIN) {  // each event taken and acknowledged (destroy_cq waits for the acks)
     struct ibv_cq* cq = nullptr;
     void* cq_ctx = nullptr;

@@ -13,6 +13,10 @@ constexpr uint16_t kEndpointVersion = 1;
 // WireEndpoint.flags: the side that made it posts receives for its signals,
 // so they may come as RDMA WRITE WITH IMMEDIATE and wake it (wake.cc).
 constexpr uint16_t kEndpointWakes = 0x1;
+// The side that made it sends its signals WITH IMMEDIATE to a peer that asks
+// (kEndpointWakes). A module from before the completion channel sets neither:
+// its signals wake nobody, so a rank that waits for it must not sleep long.
+constexpr uint16_t kEndpointSendsImm = 0x2;
 
 struct WireEndpoint {
   uint32_t magic;
