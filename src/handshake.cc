@@ -56,6 +56,7 @@ const char* purposeName(uint16_t purpose) {
   switch (purpose) {
     case kPurposeRoot: return "bootstrap root";
     case kPurposeRing: return "bootstrap ring";
+    case kPurposeRecovery: return "recovery (shrink)";
     default: return "unknown purpose";
   }
 }

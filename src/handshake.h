@@ -37,7 +37,7 @@ constexpr size_t kMaxPayload = 1024;
 // What a listening socket is for; a hello for another purpose is refused (a
 // rank that dials a ring port as if it were the root, say). Network
 // transports add their own values.
-enum Purpose : uint16_t { kPurposeRoot = 1, kPurposeRing = 2 };
+enum Purpose : uint16_t { kPurposeRoot = 1, kPurposeRing = 2, kPurposeRecovery = 3 };
 const char* purposeName(uint16_t purpose);
 
 struct Challenge {
