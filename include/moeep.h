@@ -87,7 +87,7 @@ typedef enum {
 /* ---- Communicator configuration -----------------------------------------
  * Fields set to 0 (or -1 where noted) take the value of the matching EP_*
  * variable, else the library default. Precedence: struct > EP_* > default. */
-#define EP_CONFIG_VERSION 2 /* raised with every field added: read up to its version's last field */
+#define EP_CONFIG_VERSION 3 /* raised with every field added: read up to its version's last field */
 typedef struct {
   size_t size;                 /* sizeof(epConfig_t) as the caller compiled it */
   unsigned magic;              /* EP_CONFIG_MAGIC */
@@ -126,13 +126,16 @@ typedef struct {
   int ib_timeout;              /* QP local ACK timeout 1..31 (4.096 us * 2^t); default 20 */
   int ib_retry_cnt;            /* QP retries 0..7 before a link fault is an error; default 7 */
   int ib_qp_budget;            /* most QPs per rank 0..2^20, 0: no cap; default 0 */
+  /* Version 3. */
+  int enable_shrink;           /* 1: epCommShrink may be called (each rank opens a listener of its own
+                                  at init; host backend); 0: EP_ENABLE_SHRINK, else off */
 } epConfig_t;
 
 #define EP_CONFIG_INITIALIZER                                                      \
   {                                                                                \
     sizeof(epConfig_t), EP_CONFIG_MAGIC, EP_CONFIG_VERSION, 0, 0, 0, 0, epBfloat16, \
         epBfloat16, epBackendAuto, -1, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1,  \
-        -1, -1, -1, -1, -1, -1, -1, -1                                             \
+        -1, -1, -1, -1, -1, -1, -1, -1, 0                                          \
   }
 
 /* ---- Library ------------------------------------------------------------- */
@@ -177,6 +180,19 @@ EP_API epResult_t epCommDestroy(epComm_t comm);
  * them to leave, then frees comm: comm must not be used afterwards. Safe from
  * another thread; one destroy or abort per communicator. */
 EP_API epResult_t epCommAbort(epComm_t comm);
+/* After a call failed because ranks died (epRemoteError or epTimeout naming
+ * one), the survivors agree on the dead set and go on without it: a
+ * collective of every surviving rank (config.enable_shrink at init; host
+ * backend). suspects (may be NULL) adds ranks the caller knows to be gone.
+ * On success dead[0..*ndead) (room for nranks entries) is the set every
+ * survivor agreed on, ascending, the same on all of them, and the
+ * communicator works again: from the next call on the dead ranks' experts
+ * are masked (their terms are zero, docs/SEMANTICS.md, "Shrink") and handles
+ * made before are refused. epRemoteError when the others declared this rank
+ * dead, when the survivors it can reach are no majority of the ranks before,
+ * or when another rank died during the shrink (call it again); the
+ * communicator then stays failed. docs/SHRINK.md. */
+EP_API epResult_t epCommShrink(epComm_t comm, const int *suspects, int nsuspects, int *dead, int *ndead);
 EP_API epResult_t epCommRank(epComm_t comm, int *rank);
 EP_API epResult_t epCommSize(epComm_t comm, int *size);
 /* Experts owned by this rank: [*first, *first + *count). */

@@ -262,8 +262,8 @@ typedef struct {
 } epTransport_v2_t;
 
 /* Version 3: version 2's table, field for field (each as documented
- * there), then wait. Mandatory and optional callbacks as in version 2; wait
- * is optional. */
+ * there), then wait and drop_peer. Mandatory and optional callbacks as in
+ * version 2; wait and drop_peer are optional. */
 typedef struct {
   const char *name;
   unsigned version; /* 3 */
@@ -297,6 +297,12 @@ typedef struct {
    * error as progress returns it. NULL: the core naps between calls to
    * progress. */
   epResult_t (*wait)(void *comm, int timeout_us);
+  /* After a shrink (epCommShrink): peer is gone for good, and the core has
+   * closed every connection to it. The transport forgets the errors that
+   * concerned that peer, so that progress, put and wait report only others'
+   * from then on. Optional (NULL: the communicator's error stays, and the
+   * core cannot shrink a communicator across nodes over this transport). */
+  epResult_t (*drop_peer)(void *comm, int peer);
 } epTransport_v3_t;
 
 #ifdef __cplusplus

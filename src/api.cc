@@ -80,6 +80,9 @@ epResult_t checkHandle(epComm* comm, const char* fn, epHandle* h) {
     return setError(comm, epInvalidArgument, "%s: handle is not a live routing handle", fn);
   if (h->comm != comm)
     return setError(comm, epInvalidArgument, "%s: handle belongs to another communicator (or to one already destroyed)", fn);
+  if (h->epoch != comm->shrink_epoch)
+    return setError(comm, epInvalidUsage, "%s: the handle was made before epCommShrink (its routing names dead ranks)",
+                    fn);
   if (h->low_latency)
     return setError(comm, epInvalidArgument,
                     "%s: handle comes from epLowLatencyDispatch (use epLowLatencyCombine; its routing has no "
@@ -301,6 +304,7 @@ EP_API epResult_t epDispatchPrepare(epComm_t comm, const epDispatchArgs_t* user,
     EPCHECK(checkRoutingArgs(comm, fn, a, true));
     auto h = std::make_unique<epHandle>();
     h->comm = comm;
+    h->epoch = comm->shrink_epoch;
     EPCHECK(prepareRouting(comm, fn, a, h.get(), stream));
     commAddHandle(comm, h.get());
     *handle = h.release();
@@ -349,6 +353,7 @@ EP_API epResult_t epDispatch(epComm_t comm, const epDispatchArgs_t* user, epHand
     EPCHECK(checkDispatchArgs(comm, fn, a, true));
     auto h = std::make_unique<epHandle>();
     h->comm = comm;
+    h->epoch = comm->shrink_epoch;
     EPCHECK(prepareRouting(comm, fn, a, h.get(), stream));
     epResult_t res = comm->backend->dispatch(a, h.get(), true, stream);
     if (res != epSuccess) {

@@ -30,6 +30,9 @@ epResult_t checkLLHandle(epComm* comm, const char* fn, epHandle* h) {
   if (h == nullptr) return setError(comm, epInvalidArgument, "%s: handle is NULL", fn);
   if (h->magic != kHandleMagic) return setError(comm, epInvalidArgument, "%s: handle is not a live handle", fn);
   if (h->comm != comm) return setError(comm, epInvalidArgument, "%s: handle belongs to another communicator", fn);
+  if (h->epoch != comm->shrink_epoch)
+    return setError(comm, epInvalidUsage, "%s: the handle was made before epCommShrink (its routing names dead ranks)",
+                    fn);
   if (!h->low_latency)
     return setError(comm, epInvalidArgument, "%s: handle comes from epDispatch, not epLowLatencyDispatch", fn);
   return epSuccess;
@@ -126,6 +129,7 @@ EP_API epResult_t epLowLatencyDispatch(epComm_t comm, const epLowLatencyDispatch
         "dispatch)"));
     auto h = std::make_unique<epHandle>();
     h->comm = comm;
+    h->epoch = comm->shrink_epoch;
     h->low_latency = true;
     h->routing.num_tokens = a.num_tokens;
     h->routing.num_topk = a.num_topk;

@@ -56,6 +56,17 @@ class Backend {
   virtual void releaseHandle(epHandle* h) { (void)h; }
   // Unblocks waits after epCommAbort (the abort flag is already set).
   virtual void abort() {}
+  // Shrink (docs/SHRINK.md): whether this backend can go on without dead
+  // ranks; the number of its collective steps so far (the survivors agree on
+  // the largest); and, once they agreed, the mask and the step number every
+  // survivor continues from (the data of the call that failed is dropped).
+  virtual bool canShrink() const { return false; }
+  virtual uint64_t steps() const { return 0; }
+  virtual epResult_t shrink(const std::vector<bool>& dead, uint64_t steps) {
+    (void)dead;
+    (void)steps;
+    return epNotSupported;
+  }
   // The transport that carries this rank's bytes to peer (another rank):
   // "shm", "cuda_ipc", a network transport's name.
   virtual const char* peerTransport(int peer) const = 0;

@@ -80,6 +80,7 @@ struct ConfigDigest {
   unsigned long long buffer_bytes_cap;
   int node_size;  // EP_NODE_SIZE: the ranks must agree on which of them share a node
   int staging;    // EP_CUDA_NETWORK, EP_TEST_STAGED: which backend the ranks make
+  int enable_shrink;  // every rank opens its recovery listener, or none
   IbTraffic ib;  // as resolved; which of them must agree: ibTrafficAgree
 };
 
@@ -113,6 +114,7 @@ epResult_t checkDigests(epComm* comm, const std::vector<RankInfo>& infos) {
     EP_CHECK_FIELD(combine_type)
     EP_CHECK_FIELD(backend_kind)
     EP_CHECK_FIELD(low_latency)
+    EP_CHECK_FIELD(enable_shrink)
     if (d.staging != mine.staging)
       return setError(comm, epInvalidArgument,
                       "EP_CUDA_NETWORK / EP_TEST_STAGED differ across ranks: rank %d has %d / %d, rank %d has %d / %d "
@@ -165,6 +167,30 @@ bool cudaNeedsNetwork(const epComm& comm) {
   return param::CUDA_NETWORK() != 0;
 }
 
+// config.enable_shrink: this rank's recovery listener (the survivors of a
+// death agree over these, docs/SHRINK.md), its address shared with every rank.
+epResult_t openRecovery(epComm* comm) {
+  if (!comm->backend->canShrink())
+    return setError(comm, epNotSupported,
+                    "config.enable_shrink (EP_ENABLE_SHRINK): the %s backend cannot shrink (the host backend can)",
+                    comm->backend->name());
+  std::string why;
+  const epResult_t res = recovery::RecoveryLink::open(comm->bootstrap, &comm->recovery, &why);
+  if (res != epSuccess) return setError(comm, res, "config.enable_shrink: the recovery listener: %s", why.c_str());
+  std::vector<PackedAddress> packed(static_cast<size_t>(comm->nranks));
+  packAddress(comm->recovery->address(), &packed[size_t(comm->rank)]);
+  EPCHECK(bootstrapAllGather(comm->bootstrap, packed.data(), sizeof(PackedAddress)));
+  std::vector<SocketAddress> addrs(static_cast<size_t>(comm->nranks));
+  for (int r = 0; r < comm->nranks; r++)
+    if (!unpackAddress(packed[size_t(r)], &addrs[size_t(r)]))
+      return setError(comm, epInternalError, "config.enable_shrink: rank %d sent no recovery address", r);
+  comm->recovery->setPeers(std::move(addrs));
+  comm->dead.assign(size_t(comm->nranks), false);
+  EP_INFO(kSubsysInit, "rank %d: recovery listener at %s (shrink enabled)", comm->rank,
+          comm->recovery->address().toString().c_str());
+  return epSuccess;
+}
+
 epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* init_abort) {
   EPCHECK(bootstrapInit(id, comm->rank, comm->nranks, comm->cfg.timeout_ms, &comm->abort_flag, comm,
                         &comm->bootstrap, init_abort));
@@ -193,7 +219,7 @@ epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* 
                int(kind), comm->nranks, comm->cfg.low_latency,
                int(param::HOST_CHUNK_TOKENS()), int(param::HOST_RING_SLOTS()),
                (unsigned long long)comm->cfg.buffer_bytes_cap, int(param::NODE_SIZE()),
-               int(param::CUDA_NETWORK() != 0) * 2 + int(param::TEST_STAGED() != 0)};
+               int(param::CUDA_NETWORK() != 0) * 2 + int(param::TEST_STAGED() != 0), comm->cfg.enable_shrink};
   me.digest.ib = comm->cfg.ib;
   EPCHECK(bootstrapAllGather(comm->bootstrap, infos.data(), sizeof(RankInfo)));
   EPCHECK(checkDigests(comm, infos));
@@ -234,6 +260,7 @@ epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* 
   } else {
     EPCHECK(createHostBackend(view, &comm->backend));
   }
+  if (comm->cfg.enable_shrink) EPCHECK(openRecovery(comm));
   EPCHECK(bootstrapBarrier(comm->bootstrap));
   EP_INFO(kSubsysInit, "rank %d/%d ready: %s backend, %d nodes, experts [%d, %d), buffer %zu bytes",
           comm->rank, comm->nranks, comm->backend->name(), comm->nodes.num_nodes, comm->first_expert,
@@ -255,6 +282,7 @@ void commFree(epComm* comm) {
     comm->handles.clear();
   }
   comm->backend.reset();
+  comm->recovery.reset();
   bootstrapClose(comm->bootstrap);
   comm->bootstrap = nullptr;
   comm->magic = kDeadMagic;

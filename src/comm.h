@@ -18,6 +18,7 @@
 #include "moeep_transport.h"
 #include "node_map.h"
 #include "plan.h"
+#include "recovery/recovery_link.h"
 #include "routing.h"
 
 namespace ep {
@@ -76,6 +77,12 @@ struct epComm : ep::CommFacts {
   std::atomic<int> ll_uncombined[2] = {{kLLFree}, {kLLFree}};
   std::atomic<int> ll_receive_owed[2] = {{kLLFree}, {kLLFree}};
   std::unique_ptr<ep::Backend> backend;
+  // Shrink (config.enable_shrink, docs/SHRINK.md): the recovery link the
+  // survivors agree over, the shrinks so far (handles carry the number they
+  // were made at), and the ranks found dead.
+  std::unique_ptr<ep::recovery::RecoveryLink> recovery;
+  uint32_t shrink_epoch = 0;
+  std::vector<bool> dead;  // [R]
   std::mutex error_mu;
   std::string last_error;
   // Live handles: destroying the comm first detaches them, so a later

@@ -20,8 +20,9 @@ namespace ep {
 size_t configCallerBytes(const epConfig_t& user) {
   constexpr size_t kVersion1End = offsetof(epConfig_t, ib_ar_control) + sizeof(int);
   constexpr size_t kVersion2End = offsetof(epConfig_t, ib_qp_budget) + sizeof(int);
-  static_assert(EP_CONFIG_VERSION == 2, "a new version of epConfig_t needs its end in configCallerBytes");
-  return std::min(user.size, user.version <= 1 ? kVersion1End : kVersion2End);
+  constexpr size_t kVersion3End = offsetof(epConfig_t, enable_shrink) + sizeof(int);
+  static_assert(EP_CONFIG_VERSION == 3, "a new version of epConfig_t needs its end in configCallerBytes");
+  return std::min(user.size, user.version <= 1 ? kVersion1End : user.version == 2 ? kVersion2End : kVersion3End);
 }
 
 epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm* comm) {
@@ -87,6 +88,7 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
   r.num_sms = c.num_sms > 0 ? c.num_sms : int(param::NUM_SMS());
   r.max_nodes_per_token = c.max_nodes_per_token;
   r.low_latency = c.low_latency;
+  r.enable_shrink = c.enable_shrink != 0 ? c.enable_shrink : int(param::ENABLE_SHRINK());
 
   // Upper bounds keep every buffer size computed from the config far from
   // overflowing size_t (a larger buffer could not be allocated anyway).
@@ -110,6 +112,9 @@ epResult_t configResolve(const epConfig_t* user, int nranks, Config* out, epComm
                       dataTypeName(t), size_t(r.hidden) * dataTypeSize(t));
   if (r.low_latency != 0 && r.low_latency != 1)
     return setError(comm, epInvalidArgument, "config.low_latency = %d must be 0 or 1", r.low_latency);
+  if (r.enable_shrink != 0 && r.enable_shrink != 1)
+    return setError(comm, epInvalidArgument, "config.enable_shrink = %d (else EP_ENABLE_SHRINK) must be 0 or 1",
+                    r.enable_shrink);
   if (r.max_nodes_per_token < 0)
     return setError(comm, epInvalidArgument, "config.max_nodes_per_token = %d is negative",
                     r.max_nodes_per_token);

@@ -26,6 +26,7 @@ struct Config {
   int num_sms = 0;
   int max_nodes_per_token = 0;
   int low_latency = 0;
+  int enable_shrink = 0;  // epCommShrink allowed (a recovery listener per rank)
   IbTraffic ib;  // InfiniBand traffic settings, resolved by ibTrafficResolve
 };
 

@@ -30,6 +30,10 @@ struct epHandle {
   bool ll_combined = false;  // low latency: each dispatch is combined once
   int ll_set = 0;            // low latency: the buffer set of its pair (epComm::ll_uncombined)
   void* backend_state = nullptr;
+  uint32_t epoch = 0;  // the communicator's shrinks before it was made: one made before a shrink is refused
+  // The call's expert ids with the dead ranks' experts -1 (after a shrink,
+  // host backend): what the handle's calls read in place of the caller's.
+  std::vector<int64_t> masked_ids;
   // Host backend across nodes (src/host/hier.h): tokens each source forwards
   // to this rank (its rail peer on this node), and, once dispatched, each
   // forwarded token's mask of this node's ranks (local indices) that take it.

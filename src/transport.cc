@@ -238,14 +238,15 @@ void addEntry(const epTransport_v1_t* table, const std::string& origin) {
 // the symbol's version: a later table version comes under a symbol of its own.
 // The core calls version 2's fields through net (for version 3, a copy of
 // them) and wait through the entry.
-void addEntryNet(const epTransport_v2_t* table, unsigned version, epResult_t (*wait)(void*, int),
+void addEntryNet(const epTransport_v2_t* table, unsigned version, const epTransport_v3_t* v3,
                  const std::string& origin) {
   if (alreadyLoaded(table->name, origin)) return;
   TransportEntry e;
   e.name = table->name;
   e.version = version;
   e.net = table;
-  e.wait = wait;
+  e.wait = v3 ? v3->wait : nullptr;
+  e.drop_peer = v3 ? v3->drop_peer : nullptr;
   e.origin = origin;
   const char* missing = nullptr;
   if (!allowedByUser(table->name)) {
@@ -279,6 +280,7 @@ EP_SAME_FIELD(progress);
 EP_SAME_FIELD(finalize);
 #undef EP_SAME_FIELD
 static_assert(offsetof(epTransport_v3_t, wait) == sizeof(epTransport_v2_t), "wait follows version 2's fields");
+static_assert(offsetof(epTransport_v3_t, drop_peer) == sizeof(epTransport_v2_t) + sizeof(void*), "then drop_peer");
 
 // Version 2's fields of a version-3 table, as a version-2 table the entry
 // points to for the life of the process.
@@ -387,7 +389,7 @@ void loadModulesFrom(const std::string& dir) {
       else if (v3_problem.empty() && table3->version != 3)
         v3_problem = "its epTransport_v3 table says version " + std::to_string(table3->version) + ", not 3";
       if (v3_problem.empty()) {
-        addEntryNet(v2View(table3), 3, table3->wait, path);
+        addEntryNet(v2View(table3), 3, table3, path);
         continue;
       }
       EP_WARN(kSubsysTransport, "transport module %s: %s: its epTransport_v2, if any, is taken instead",

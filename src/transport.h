@@ -15,6 +15,7 @@ struct TransportEntry {
   const epTransport_v1_t* table = nullptr;  // version 1: memory peers map (shm, cuda_ipc)
   const epTransport_v2_t* net = nullptr;    // versions 2 and 3: network transports (put with a signal)
   epResult_t (*wait)(void* comm, int timeout_us) = nullptr;  // version 3's wait (may be NULL)
+  epResult_t (*drop_peer)(void* comm, int peer) = nullptr;   // version 3's drop_peer (may be NULL)
   void* ctx = nullptr;        // from init, when available
   bool available = false;     // init succeeded and EP_TRANSPORTS allows it
   std::string origin;         // "built-in" or the module's path

@@ -113,6 +113,12 @@ for n in 1 2 3 4; do
 done
 run "mp_lowlat 3 ranks, high-throughput calls between the low-latency ones" timeout 600 "$BUILD/tests/mp_lowlat" \
   -n 3 --cases 6 --seed 2010 --interleave-ht
+# epCommShrink (docs/SHRINK.md): rank 1 dies between calls; the survivors' next
+# dispatch fails naming it, they agree on it, and their layers after the
+# shrink match the reference without it (its experts -1), high-throughput
+# calls between them; a layout counts no token for it.
+run "mp_lowlat 4 ranks, a rank dies, the survivors shrink" timeout 300 "$BUILD/tests/mp_lowlat" -n 4 --cases 3 \
+  --seed 61 --shrink --interleave-ht
 run "test_fuzz_api 4 ranks (threads, the same random arguments on every rank)" timeout 300 \
   "$BUILD/tests/test_fuzz_api" --ranks 4 --iters 2000 --seed 4
 run "mp_topo (4 ranks as 2 nodes of 2)" timeout 300 "$BUILD/tests/mp_topo"

@@ -81,7 +81,7 @@ bool Exchanger::peerClosed(int rank) const {
 void Exchanger::announceClose() {
   const int me = comm_.rank();
   for (int r = 0; r < comm_.nranks(); r++) {
-    if (r == me) continue;
+    if (r == me || dead(r)) continue;
     if (remote(r)) {  // best effort: a peer that misses it still sees the connection close
       // Both flags on the connection of the last chunk this rank put into r's
       // ring, so that they land after it: r, still waiting for that chunk,
@@ -159,7 +159,7 @@ bool Exchanger::returnCredits() {
   const int me = comm_.rank();
   bool all = true;
   for (int s = 0; s < comm_.nranks(); s++) {
-    if (!remote(s)) continue;
+    if (!remote(s) || dead(s)) continue;
     const uint64_t tail = geo_.ctrl(segments_[me], s)->tail;
     if (tail == credited_[size_t(s)]) continue;
     if (net_->signal(s, geo_.shadowOffset(me) + offsetof(RingCtrl, tail), tail) == epSuccess)
@@ -217,8 +217,13 @@ epResult_t Exchanger::failTimeout(const std::vector<StreamSpec>& sends,
 
 epResult_t Exchanger::run(ChunkKind kind, std::vector<StreamSpec>& sends, std::vector<StreamSpec>& recvs,
                           const char* what, const std::vector<int>* order) {
-  if (net_ != nullptr && lowLatencyKind(kind) && !net_->classConnected(epTrafficLowLatency))
+  if (net_ != nullptr && lowLatencyKind(kind) && !net_->classConnected(epTrafficLowLatency)) {
+    if (std::find(dead_.begin(), dead_.end(), true) != dead_.end())
+      return setError(comm_, epNotSupported,
+                      "%s: the first low-latency call across nodes after epCommShrink: its connections are made "
+                      "over the bootstrap, which the death broke (make a low-latency call before)", what);
     EPCHECK(connectLowLatency(what));
+  }
   return runCall(kind, ++calls_, sends, recvs, what, order);
 }
 
@@ -253,8 +258,10 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
   const int R = comm_.nranks(), me = comm_.rank(), per_chunk = geo_.chunk_records;
   std::vector<int> sent(R, 0), received(R, 0);
   void* my_segment = segments_[me];
+  for (int d = 0; d < R; d++)
+    if (dead(d)) sends[d].records = recvs[d].records = 0;  // masked: nothing to or from it
   for (int d = 0; d < R; d++) {  // where this rank is, for a peer's timeout report (failTimeout)
-    if (d == me) continue;
+    if (d == me || dead(d)) continue;
     if (remote(d))
       net_->signal(d, geo_.ctrlOffset(me) + offsetof(RingCtrl, source_call), call_seq);  // best effort
     else
@@ -332,6 +339,11 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
       uint64_t tail = ctrl->tail;  // only this rank writes it
       if (loadAcquire(&ctrl->head) == tail) break;  // nothing yet from s
       const ChunkHeader* slot = geo_.slot(my_segment, s, tail);
+      if (slot->call_seq < stale_before_) {  // the failed call's, before a shrink: dropped
+        storeRelease(&ctrl->tail, tail + 1);
+        progress = true;
+        continue;
+      }
       if (slot->call_seq != call_seq || slot->kind != kind || slot->first != uint32_t(received[s]) ||
           slot->count == 0 || int(slot->count) > recvs[s].records - received[s]) {
         comm_.markFailed(epInvalidUsage);
@@ -427,7 +439,7 @@ epResult_t Exchanger::drainRemote(const char* what, uint64_t call_seq) {
   for (unsigned idle = 0;; idle++) {
     int waited = -1;
     for (int d = 0; d < R && waited < 0; d++) {
-      if (!remote(d)) continue;
+      if (!remote(d) || dead(d)) continue;
       const RingCtrl* sh = geo_.shadow(segments_[me], d);
       if (sh->head != loadAcquire(&sh->tail)) waited = d;
     }
@@ -453,6 +465,12 @@ epResult_t Exchanger::drainRemote(const char* what, uint64_t call_seq) {
       nanosleep(&nap, nullptr);
     }
   }
+}
+
+void Exchanger::shrink(const std::vector<bool>& dead, uint64_t steps) {
+  dead_ = dead;
+  calls_ = steps;
+  stale_before_ = steps + 1;
 }
 
 epResult_t Exchanger::exchangeCounts(ChunkKind kind, Routing* routing, const char* what) {

@@ -47,6 +47,13 @@ class Exchanger {
   // Marks this rank's rings closed, in its own segment and in its peers'
   // (the communicator is going away): peers waiting on it stop waiting.
   void announceClose();
+  // Collective steps this rank made (the number of the latest).
+  uint64_t steps() const { return calls_; }
+  // After a shrink (docs/SHRINK.md): the dead ranks get and give nothing from
+  // now on, and the survivors go on from step `steps`, the largest any of
+  // them reached. Chunks of earlier steps still in a ring, or landing later
+  // (the failed call's), are taken and dropped, not read.
+  void shrink(const std::vector<bool>& dead, uint64_t steps);
 
  private:
   epResult_t runCall(ChunkKind kind, uint64_t call_seq, std::vector<StreamSpec>& sends,
@@ -85,6 +92,9 @@ class Exchanger {
   std::vector<int> staging_;        // [R]
   std::vector<uint64_t> credited_;  // [R] the tail each remote source was last told
   std::vector<int> ring_cls_;       // [R] the class of the last chunk put into d's ring (-1: none yet)
+  std::vector<bool> dead_;          // [R] ranks a shrink removed
+  uint64_t stale_before_ = 0;       // chunks of steps before this one are a failed call's: dropped
+  bool dead(int r) const { return !dead_.empty() && dead_[size_t(r)]; }
 };
 
 }  // namespace host

@@ -52,7 +52,11 @@ class HostBackend : public Backend {
                            const char* unweighted_what, int unweighted);
   epResult_t llDispatch(const epLowLatencyDispatchArgs_t& args, epHandle* h, bool send_only,
                         epStream_t) override {
-    return host::llDispatch(comm_, *exchanger_, args, h, send_only);
+    if (!shrunk_) return host::llDispatch(comm_, *exchanger_, args, h, send_only);
+    epLowLatencyDispatchArgs_t a = args;  // the handle keeps the masked ids for its combine
+    a.topk_idx = maskIds(args.topk_idx, args.topk_idx_type, args.num_tokens, args.num_topk, &h->masked_ids);
+    a.topk_idx_type = epInt64;
+    return host::llDispatch(comm_, *exchanger_, a, h, send_only);
   }
   epResult_t llCombine(const epLowLatencyCombineArgs_t& args, epHandle* h, bool send_only,
                        epStream_t) override {
@@ -61,6 +65,17 @@ class HostBackend : public Backend {
   epResult_t llComplete(epHandle* h, epStream_t) override { return host::llComplete(comm_, h); }
   void releaseHandle(epHandle* h) override {
     if (h->low_latency) host::llRelease(h);
+  }
+  bool canShrink() const override { return true; }
+  uint64_t steps() const override { return exchanger_->steps(); }
+  epResult_t shrink(const std::vector<bool>& dead, uint64_t steps) override {
+    if (net_)  // the network forgets the dead peers (their connections' errors)
+      for (int r = 0; r < comm_.nranks(); r++)
+        if (dead[size_t(r)] && net_->remote(r)) EPCHECK(net_->dropPeer(r));
+    dead_ = dead;
+    shrunk_ = std::find(dead.begin(), dead.end(), true) != dead.end();
+    exchanger_->shrink(dead, steps);
+    return epSuccess;
   }
   const char* peerTransport(int peer) const override {
     return net_ && net_->remote(peer) ? net_->transportName() : "shm";
@@ -79,6 +94,28 @@ class HostBackend : public Backend {
   bool hier_ = false;
   host::Forwarding fw_;
   std::vector<float> acc_, acc_w_;  // combine's sums, reused between calls
+  // After a shrink: the dead ranks, whose experts every call masks.
+  std::vector<bool> dead_;
+  bool shrunk_ = false;
+
+  // ids (T x K of type) with the dead ranks' experts -1, in *store (int64).
+  const int64_t* maskIds(const void* ids, epDataType_t type, int T, int K, std::vector<int64_t>* store) const {
+    store->resize(size_t(T) * size_t(K));
+    const Placement& pl = comm_.placement();
+    for (size_t i = 0; i < store->size(); i++) {
+      const int64_t e = topkAt(ids, type, i);
+      (*store)[i] = e >= 0 && dead_[size_t(pl.owner(e))] ? -1 : e;
+    }
+    return store->data();
+  }
+  // High throughput across nodes after a shrink: a dead rail peer's node
+  // would need a substitute forwarder (docs/SHRINK.md), not built yet.
+  epResult_t refuseHierAfterShrink(const char* fn) const {
+    if (!shrunk_ || !hier_) return epSuccess;
+    return setError(comm_, epNotSupported,
+                    "%s: high-throughput calls across nodes after epCommShrink need a substitute forwarder for the "
+                    "dead ranks' nodes, which is not built (low-latency calls work)", fn);
+  }
 };
 
 HostBackend::~HostBackend() {
@@ -197,14 +234,26 @@ epResult_t HostBackend::init() {
   return epSuccess;
 }
 
-epResult_t HostBackend::layout(const epLayoutArgs_t& a, epStream_t) {
+epResult_t HostBackend::layout(const epLayoutArgs_t& args, epStream_t) {
+  epLayoutArgs_t a = args;
+  std::vector<int64_t> masked;
+  if (shrunk_ && a.topk_idx != nullptr) {
+    a.topk_idx = maskIds(args.topk_idx, args.topk_idx_type, args.num_tokens, args.num_topk, &masked);
+    a.topk_idx_type = epInt64;
+  }
   computeLayout(comm_.placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk,
                 comm_.nodes().node_of_rank.data(), comm_.nodes().num_nodes, a.tokens_per_rank,
                 a.tokens_per_node, a.tokens_per_expert, a.is_token_in_rank);
   return epSuccess;
 }
 
-epResult_t HostBackend::prepare(const char*, const epDispatchArgs_t& a, epHandle* h, epStream_t) {
+epResult_t HostBackend::prepare(const char* fn, const epDispatchArgs_t& args, epHandle* h, epStream_t) {
+  EPCHECK(refuseHierAfterShrink(fn));
+  epDispatchArgs_t a = args;
+  if (shrunk_ && a.topk_idx != nullptr) {
+    a.topk_idx = maskIds(args.topk_idx, args.topk_idx_type, args.num_tokens, args.num_topk, &h->masked_ids);
+    a.topk_idx_type = epInt64;
+  }
   Routing routing;
   buildSendSide(comm_.placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, &routing);
 
@@ -215,7 +264,13 @@ epResult_t HostBackend::prepare(const char*, const epDispatchArgs_t& a, epHandle
   return epSuccess;
 }
 
-epResult_t HostBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool, epStream_t) {
+epResult_t HostBackend::dispatch(const epDispatchArgs_t& args, epHandle* h, bool, epStream_t) {
+  EPCHECK(refuseHierAfterShrink("epDispatch"));
+  epDispatchArgs_t a = args;
+  if (shrunk_ && a.topk_idx != nullptr) {  // the ids prepare masked (a cached re-dispatch's own ones again)
+    a.topk_idx = maskIds(args.topk_idx, args.topk_idx_type, args.num_tokens, args.num_topk, &h->masked_ids);
+    a.topk_idx_type = epInt64;
+  }
   const Config& cfg = comm_.config();
   const int R = comm_.nranks(), K = a.num_topk;
   const Routing& rt = h->routing;

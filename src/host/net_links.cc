@@ -301,6 +301,23 @@ epResult_t NetLinks::wait(int timeout_us, int* peer, std::string* why) {
   return whyFailed(transport_->wait(tcomm_, timeout_us), peer, why);
 }
 
+epResult_t NetLinks::dropPeer(int peer) {
+  if (transport_->drop_peer == nullptr)
+    return setError(comm_, epNotSupported,
+                    "epCommShrink: transport %s cannot forget a dead peer's errors (no drop_peer, transport ABI v3)",
+                    transport_->name);
+  for (int k = 0; k < EP_TRAFFIC_CLASSES; k++) {
+    void*& conn = conns_[slot(peer, epTrafficClass_t(k))];
+    if (conn == nullptr) continue;
+    t_->close(conn);
+    conn = nullptr;
+  }
+  const epResult_t res = transport_->drop_peer(tcomm_, peer);
+  if (res != epSuccess)
+    return setError(comm_, res, "epCommShrink: transport %s could not drop rank %d", transport_->name, peer);
+  return epSuccess;
+}
+
 bool NetLinks::connInfo(int peer, epTransportConnInfo_v2_t* info) const {
   // Connections made at open only (the low-latency ones come later, on the
   // calling thread): throughput where there is one, else control.

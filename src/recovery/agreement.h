@@ -2,8 +2,8 @@
 // as a state machine of one survivor: no sockets, no clocks. The caller
 // carries the messages over its own connections and says when a peer stayed
 // silent past the round's bound; tests drive many of them over a simulated
-// network (tests/unit/test_agreement.cc). Not yet used by the library:
-// epCommShrink, which will drive it, is not built.
+// network (tests/unit/test_agreement.cc). recovery_link.h drives it over
+// real connections for epCommShrink.
 #pragma once
 
 #include <cstdint>

@@ -9,8 +9,8 @@
 //
 // runAgreement drives an Agreement (agreement.h) over these links: rounds,
 // silence, the DECIDE relay, then a barrier in which every survivor has
-// decided. Not yet used by the library (epCommShrink is not built); tested
-// across processes by tests/unit/test_recovery_link.cc.
+// decided. epCommShrink (src/api_shrink.cc) runs it; tested across
+// processes by tests/unit/test_recovery_link.cc.
 #pragma once
 
 #include <atomic>

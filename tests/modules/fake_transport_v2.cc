@@ -58,6 +58,7 @@ epResult_t fakeFinalize(void*) {
 
 #ifdef FAKE_V3
 epResult_t fakeWait(void*, int) { return epSuccess; }
+epResult_t fakeDropPeer(void*, int) { return epSuccess; }
 #endif
 
 #ifdef FAKE_NO_PUT
@@ -94,7 +95,7 @@ const epTransport_v1_t fakeOld = {FAKE_NAME, 1,       fakeInit, nullptr, v1CanCo
 const epTransport_v3_t fakeNet3 = {
     FAKE_NAME,    FAKE_V3_VERSION,          fakeInit,      nullptr,   nullptr,       fakeCommOpen, fakeEndpoint, fakeConnect,
     fakeRegMem,   fakeMemHandle, fakeDeregMem, FAKE_PUT, fakeTest,     fakeProgress, nullptr,      fakeLastError,
-    fakeClose,    fakeCommClose, fakeFinalize, fakeWait};
+    fakeClose,    fakeCommClose, fakeFinalize, fakeWait, fakeDropPeer};
 #endif
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Low-latency dispatch / combine on the host backend against a reference
 // written from docs/SEMANTICS.md, on random shapes, whole and split into send / receive halves.
 //
-//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht]
+//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink]
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -97,10 +99,9 @@ float yValue(uint64_t seed, int rank, int expert, int src, int token, int j) {
 // is where a ring that changed class too early would show.
 bool g_interleave_ht = false;
 
-void interleavedHighThroughput(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm,
-                               Tally* tally) {
+void interleavedHighThroughput(const LLShape& s, const std::vector<Input>& all, const Input& mine, int rank,
+                               epComm_t comm, Tally* tally) {
   const int R = s.nranks, L = s.experts / R, H = s.hidden, K = s.topk_of[rank], T = s.tokens[rank];
-  const Input& mine = all[size_t(rank)];
   auto ranksOf = [&](int src, int t) {  // the ranks token t of src goes to
     std::vector<bool> to(size_t(R), false);
     const int Ks = s.topk_of[src];
@@ -160,25 +161,23 @@ void interleavedHighThroughput(const LLShape& s, const std::vector<Input>& all, 
   epHandleDestroy(h);
 }
 
-void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally* tally) {
-  const int rank = li.rank, R = s.nranks, L = s.experts / R, M = s.max_tokens, H = s.hidden, K = s.topk_of[rank];
+// --shrink (the last case): after it ran once, rank 1 exits before the next
+// dispatch; the others' dispatch fails naming it, they shrink (the dead set
+// must be that rank alone), and the case runs again, checked against the
+// same reference with that rank's tokens gone and its experts -1 in every
+// token's top-k (docs/SEMANTICS.md, "Shrink"), the calls given the ids as
+// they were.
+bool g_shrink = false;
+
+// One low-latency dispatch and combine (and, with --interleave-ht, a
+// high-throughput layer between them) of this rank's input `real`, checked
+// against the reference of the shape `s` and inputs `all` (this rank's ids
+// there are what the library must use: masked after a shrink).
+void checkLayer(const LLShape& s, const std::vector<Input>& all, const Input& real, int rank, epComm_t comm,
+                Tally* tally) {
+  const int R = s.nranks, L = s.experts / R, M = s.max_tokens, H = s.hidden, K = s.topk_of[rank];
   const size_t cap = size_t(R) * M;
   const int nblocks = (H + 127) / 128;
-  epConfig_t cfg = EP_CONFIG_INITIALIZER;
-  cfg.num_experts = s.experts;
-  cfg.hidden = H;
-  cfg.max_tokens_per_rank = M;
-  cfg.max_topk = s.topk;
-  cfg.backend = epBackendHost;
-  cfg.low_latency = 1;
-  epComm_t comm = nullptr;
-  if (epCommInitRank(&comm, R, id, rank, &cfg) != epSuccess) {
-    fprintf(stderr, "init: %s\n", epGetLastError(nullptr));
-    tally->check(false, "init", rank);
-    return;
-  }
-  std::vector<Input> all;
-  for (int r = 0; r < R; r++) all.push_back(makeInput(s, r));
   const Input& mine = all[rank];
   const int T = s.tokens[rank];
 
@@ -188,9 +187,9 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally
   std::vector<int> recv_count(L, -1), recv_src(size_t(L) * cap + 1, -7);
   epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
   a.flags = (s.pow2 ? EP_LL_ROUND_SCALE_POW2 : 0u) | (s.split ? EP_LL_SEND_ONLY : 0u);
-  a.x = mine.x.data();
-  a.topk_idx = mine.topk.data();
-  a.topk_weights = mine.w.data();
+  a.x = real.x.data();
+  a.topk_idx = real.topk.data();
+  a.topk_weights = real.w.data();
   a.num_tokens = T;
   a.num_topk = K;
   a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
@@ -240,7 +239,7 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally
   tally->check(layout_ok, "ll expert-major layout, counts and sources", rank);
   tally->check(values_ok, "ll received values and scales", rank);
 
-  if (g_interleave_ht) interleavedHighThroughput(s, all, rank, comm, tally);
+  if (g_interleave_ht) interleavedHighThroughput(s, all, real, rank, comm, tally);
 
   // Combine: y[e][slot] from (rank, expert, source, token); expected sum as docs/SEMANTICS.md states it.
   std::vector<uint16_t> y(size_t(L) * cap * H, 0);
@@ -278,6 +277,101 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, Tally
   c.flags = 0;
   tally->check(epLowLatencyCombine(comm, &c, h, nullptr) == epInvalidUsage, "a handle is combined once", rank);
   epHandleDestroy(h);
+}
+
+void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool shrink, Tally* tally) {
+  const int rank = li.rank, R = s.nranks;
+  epConfig_t cfg = EP_CONFIG_INITIALIZER;
+  cfg.num_experts = s.experts;
+  cfg.hidden = s.hidden;
+  cfg.max_tokens_per_rank = s.max_tokens;
+  cfg.max_topk = s.topk;
+  cfg.backend = epBackendHost;
+  cfg.low_latency = 1;
+  if (shrink) {
+    cfg.enable_shrink = 1;
+    cfg.timeout_ms = 6000;
+  }
+  epComm_t comm = nullptr;
+  if (epCommInitRank(&comm, R, id, rank, &cfg) != epSuccess) {
+    fprintf(stderr, "init: %s\n", epGetLastError(nullptr));
+    tally->check(false, "init", rank);
+    return;
+  }
+  std::vector<Input> all;
+  for (int r = 0; r < R; r++) all.push_back(makeInput(s, r));
+  checkLayer(s, all, all[rank], rank, comm, tally);
+  if (shrink && R > 2) {
+    // Rank 1 dies: the others find it after taking rank 0's chunks, and the
+    // higher ranks' chunks of the failed step stay in the rings (dropped after the shrink).
+    const int gone = 1;
+    if (rank == gone) {
+      // Dies between calls: the others meet it in their next dispatch. Its
+      // last chunks of the layer above may still be on their way (a network
+      // transport's thread sends them): they are given a second first.
+      sleep(1);
+      fflush(stdout);
+      _exit(0);
+    }
+    // The dispatch that meets the death fails, naming the dead rank.
+    const int L = s.experts / R, cap = R * s.max_tokens;
+    std::vector<uint8_t> rx(size_t(L) * cap * size_t(s.hidden) * 2 + 16);
+    std::vector<float> sc(size_t(L) * cap * ((s.hidden + 127) / 128) + 1);
+    std::vector<int> cnt(L), src(size_t(L) * cap + 1);
+    epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+    a.x = all[rank].x.data();
+    a.topk_idx = all[rank].topk.data();
+    a.topk_weights = all[rank].w.data();
+    a.num_tokens = s.tokens[rank];
+    a.num_topk = s.topk_of[rank];
+    a.wire_type = epBfloat16;
+    a.recv_x = rx.data();
+    a.recv_scales = sc.data();
+    a.recv_count = cnt.data();
+    a.recv_src = src.data();
+    epHandle_t h = nullptr;
+    const epResult_t failed = epLowLatencyDispatch(comm, &a, &h, nullptr);
+    const std::string why = epGetLastError(comm);
+    tally->check(failed == epRemoteError || failed == epTimeout, "the dispatch that meets the death fails", rank);
+    tally->check(why.find("rank " + std::to_string(gone)) != std::string::npos, "naming the dead rank", rank);
+    if (why.find("rank " + std::to_string(gone)) == std::string::npos) fprintf(stderr, "rank %d: %s\n", rank, why.c_str());
+    if (h) epHandleDestroy(h);
+    int dead[16], ndead = -1;
+    const epResult_t shrunk = epCommShrink(comm, nullptr, 0, dead, &ndead);
+    if (shrunk != epSuccess) fprintf(stderr, "rank %d: epCommShrink: %s\n", rank, epGetLastError(comm));
+    tally->check(shrunk == epSuccess && ndead == 1 && dead[0] == gone, "the survivors agree on the dead rank", rank);
+    if (shrunk != epSuccess) {
+      epCommDestroy(comm);
+      return;
+    }
+    // The reference without it: no tokens of its own, its experts -1 everywhere.
+    LLShape masked = s;
+    masked.tokens[gone] = 0;
+    std::vector<Input> kept = all;
+    kept[size_t(gone)] = Input();
+    for (int r = 0; r < R; r++)
+      for (int64_t& e : kept[size_t(r)].topk)
+        if (e >= 0 && e / L == gone) e = -1;
+    checkLayer(masked, kept, all[rank], rank, comm, tally);
+    // The layout of the real ids counts no token for the dead rank.
+    const int K = s.topk_of[rank], T = s.tokens[rank];
+    std::vector<int> per_rank(size_t(R), -1), want(size_t(R), 0);
+    for (int t = 0; t < T; t++)
+      for (int r = 0; r < R; r++) {
+        bool to = false;
+        for (int k = 0; k < K; k++) to |= kept[size_t(rank)].topk[size_t(t) * K + k] / L == r &&
+                                          kept[size_t(rank)].topk[size_t(t) * K + k] >= 0;
+        want[size_t(r)] += to;
+      }
+    epLayoutArgs_t la = EP_LAYOUT_ARGS_INITIALIZER;
+    la.topk_idx = all[rank].topk.data();
+    la.topk_idx_type = epInt64;
+    la.num_tokens = T;
+    la.num_topk = K;
+    la.tokens_per_rank = per_rank.data();
+    tally->check(epLayout(comm, &la, nullptr) == epSuccess && per_rank == want,
+                 "the layout after the shrink counts no token for the dead rank", rank);
+  }
   epCommDestroy(comm);
 }
 
@@ -292,8 +386,9 @@ int main(int argc, char** argv) {
     else if (arg == "--cases" && i + 1 < argc) cases = atoi(argv[++i]);
     else if (arg == "--seed" && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (arg == "--interleave-ht") g_interleave_ht = true;
+    else if (arg == "--shrink") g_shrink = true;
     else {
-      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht]\n", argv[0]);
+      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink]\n", argv[0]);
       return 2;
     }
   }
@@ -302,7 +397,8 @@ int main(int argc, char** argv) {
   LaunchInfo li;
   if (launchRanksWithIds(nranks, 600, cases, ids.data(), &li) != 0) return 1;
   Tally tally;
-  for (int c = 0; c < cases; c++) runCase(makeShape(li.nranks, seed, c), li, ids[c], &tally);
+  // --shrink: the last case only (its last rank does not come back).
+  for (int c = 0; c < cases; c++) runCase(makeShape(li.nranks, seed, c), li, ids[c], g_shrink && c == cases - 1, &tally);
   printf("mp_lowlat rank %d/%d: %d passed, %d failed\n", li.rank, li.nranks, tally.passed, tally.failed);
   return tally.failed == 0 ? 0 : 1;
 }

@@ -22,7 +22,7 @@ BUILD=$(cd "${BUILD:-build}" 2>/dev/null && pwd) || { echo "no build folder: run
 W=${RDMA_VM_WORK:-/tmp/moeep-rdma-vm}
 what=${1:-all}
 skip() { echo "$1"; exit 77; }
-for f in lib/libmoeep-transport-ibverbs.so tests/ib_transport_check bin/ep_bench bin/moeep_info tests/mp_dispatch tests/mp_errors; do
+for f in lib/libmoeep-transport-ibverbs.so tests/ib_transport_check bin/ep_bench bin/moeep_info tests/mp_dispatch tests/mp_errors tests/mp_lowlat; do
   [ -e "$BUILD/$f" ] || skip "$BUILD/$f not built (the ibverbs module needs libibverbs-dev and librdmacm-dev: scripts/install-deps.sh)"
 done
 command -v qemu-system-x86_64 >/dev/null || skip "no qemu-system-x86_64 (scripts/install-deps.sh --rdma)"

@@ -404,7 +404,7 @@ void resolve_accepts_older_v1_sized_struct(void**) {
 // so garbage there changes nothing; a field a later version adds there must
 // not be read from this caller's padding (configCallerBytes).
 void resolve_ignores_tail_padding(void**) {
-  const size_t end = offsetof(epConfig_t, ib_qp_budget) + sizeof(int);
+  const size_t end = offsetof(epConfig_t, enable_shrink) + sizeof(int);
   if (end == sizeof(epConfig_t)) skip();  // no padding on this ABI
   epConfig_t clean = validConfig();
   clean.low_latency = 1;
@@ -416,6 +416,23 @@ void resolve_ignores_tail_padding(void**) {
   assert_int_equal(b.num_experts, a.num_experts);
   assert_int_equal(b.max_nodes_per_token, a.max_nodes_per_token);
   assert_int_equal(b.ib.adaptive_routing[2], 0);
+}
+
+// A version-2 caller's struct ended in 4 bytes of padding where version 3
+// has enable_shrink: that garbage is not read (shrink stays off).
+void resolve_version_2_caller_gets_no_shrink(void**) {
+  const size_t v2_end = offsetof(epConfig_t, ib_qp_budget) + sizeof(int);
+  epConfig_t c = validConfig();
+  c.version = 2;
+  c.size = (v2_end + alignof(epConfig_t) - 1) / alignof(epConfig_t) * alignof(epConfig_t);
+  memset(reinterpret_cast<unsigned char*>(&c) + v2_end, 0x5a, sizeof(epConfig_t) - v2_end);
+  Config r = expect_accepted(c, 2);
+  assert_int_equal(r.enable_shrink, 0);
+  epConfig_t d = validConfig();
+  d.enable_shrink = 1;
+  assert_int_equal(expect_accepted(d, 2).enable_shrink, 1);
+  d.enable_shrink = 2;
+  expect_rejected(d, 2, "enable_shrink");
 }
 
 // A version-1 caller's struct ended in 4 bytes of padding where version 2
@@ -765,6 +782,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(resolve_accepts_older_v1_sized_struct),
       cmocka_unit_test(resolve_ignores_tail_padding),
       cmocka_unit_test(resolve_version_1_caller_gets_version_2_defaults),
+      cmocka_unit_test(resolve_version_2_caller_gets_no_shrink),
       cmocka_unit_test(resolve_accepts_larger_struct_copying_only_known_fields),
       cmocka_unit_test(resolve_rejects_experts_not_multiple_of_ranks),
       cmocka_unit_test(resolve_rejects_nonpositive_experts_and_hidden),

@@ -161,7 +161,7 @@ void version_2_tables_are_loaded_and_checked(void**) {
       return std::string("a module with both tables was not taken at version 2");
     if (e->wait != nullptr || b->wait != nullptr) return std::string("a version-2 table given a wait");
     const ep::TransportEntry* w = ep::transportFind("waits");
-    if (w == nullptr || w->version != 3 || w->net == nullptr || w->wait == nullptr)
+    if (w == nullptr || w->version != 3 || w->net == nullptr || w->wait == nullptr || w->drop_peer == nullptr)
       return std::string("a module with tables v2 and v3 was not taken at version 3 with its wait");
     if (w->net->put == nullptr || w->net->finalize == nullptr || strcmp(w->net->name, "waits") != 0)
       return std::string("version 3's fields were not carried into the entry's version-2 view");

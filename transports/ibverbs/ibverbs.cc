@@ -286,6 +286,22 @@ epResult_t ibTest(void* vconn, uint64_t request, int* done) { return test(static
 epResult_t ibProgress(void* vcomm) { return progress(static_cast<Comm*>(vcomm)); }
 epResult_t ibWait(void* vcomm, int timeout_us) { return waitComm(static_cast<Comm*>(vcomm), timeout_us); }
 
+// After a shrink: the core closed peer's connections (their QPs are gone);
+// the communicator's first error, when it was that peer's, is forgotten. A
+// later failure of another connection records itself again.
+epResult_t ibDropPeer(void* vcomm, int peer) {
+  auto* comm = static_cast<Comm*>(vcomm);
+  std::lock_guard<std::mutex> lock(comm->err_mu);
+  if (comm->err != epSuccess && comm->err_peer == peer) {
+    logf(comm->ctx, epTransportLogInfo, "rank %d: rank %d dropped (shrink): its error is forgotten: %s",
+         comm->info.rank, peer, comm->err_msg.c_str());
+    comm->err = epSuccess;
+    comm->err_peer = -1;
+    comm->err_msg.clear();
+  }
+  return epSuccess;
+}
+
 epResult_t ibConnInfo(void* vconn, epTransportConnInfo_v2_t* info) {
   const auto* conn = static_cast<Conn*>(vconn);
   const Comm* comm = conn->comm;
@@ -351,7 +367,7 @@ epResult_t ibFinalize(void* ctx) {
 const epTransport_v3_t kTable = {
     kName,        3,           ibInit,     ibProperties, nullptr,    ibCommOpen,  ibEndpoint, ibConnect,
     ibRegMem,     ibMemHandle, ibDeregMem, ibPut,        ibTest,     ibProgress,  ibConnInfo, ibLastError,
-    ibClose,      ibCommClose, ibFinalize, ibWait};
+    ibClose,      ibCommClose, ibFinalize, ibWait,       ibDropPeer};
 const epTransport_v2_t kTableV2 = {
     kName,        2,           ibInit,     ibProperties, nullptr,    ibCommOpen,  ibEndpoint, ibConnect,
     ibRegMem,     ibMemHandle, ibDeregMem, ibPut,        ibTest,     ibProgress,  ibConnInfo, ibLastError,

@@ -500,6 +500,23 @@ epResult_t progress(void* comm) {
   return c->broken ? epRemoteError : epSuccess;
 }
 
+epResult_t dropPeer(void* comm, int peer) {
+  auto* c = static_cast<Comm*>(comm);
+  bool others_failed = false;
+  {
+    std::lock_guard<std::mutex> rl(c->recv_mu);
+    for (Conn* k : c->conns)
+      if (k->peer != peer && k->failed) others_failed = true;
+  }
+  std::lock_guard<std::mutex> el(c->err_mu);
+  if (!others_failed) c->broken = false;
+  if (c->err_peer == peer) {  // last_error names someone else's failure, or none
+    c->err_peer = -1;
+    c->err_msg.clear();
+  }
+  return epSuccess;
+}
+
 epResult_t wait(void* comm, int timeout_us) {
   auto* c = static_cast<Comm*>(comm);
   if (c->events.load() == c->wait_seen) {

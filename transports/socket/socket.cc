@@ -249,7 +249,7 @@ extern "C" __attribute__((visibility("default"))) const epTransport_v3_t epTrans
     epsock::progress,      epsock::connInfo,
     epsock::lastError,     epsock::closeConnection,
     epsock::commClose,     epsock::finalize,
-    epsock::wait,
+    epsock::wait,          epsock::dropPeer,
 };
 
 extern "C" __attribute__((visibility("default"))) const epTransport_v2_t epTransport_v2 = {

@@ -195,5 +195,7 @@ epResult_t progress(void* comm);
 // Sleeps until the thread moved something since the last wait returned, or
 // timeout_us passed; then progress.
 epResult_t wait(void* comm, int timeout_us);
+// After a shrink: forgets the errors of peer, whose connections the core closed.
+epResult_t dropPeer(void* comm, int peer);
 
 }  // namespace epsock

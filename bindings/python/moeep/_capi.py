@@ -1,5 +1,5 @@
 """The C ABI of libmoeep as ctypes declarations (include/moeep.h: epConfig_t at
-version 2, every other struct at version 1; epCommPeerInfo_t, epPeerClassInfo_t). Field names and order follow the header exactly; the layout is
+version 3, every other struct at version 1; epCommPeerInfo_t, epPeerClassInfo_t). Field names and order follow the header exactly; the layout is
 checked against the C compiler's by tests/ffi/python_layout_check.py.
 """
 import ctypes as C
@@ -35,7 +35,7 @@ LL_ROUND_SCALE_POW2 = 0x2
 
 UNIQUE_ID_BYTES = 128
 
-CONFIG_VERSION = 2  # EP_CONFIG_VERSION; every other struct is at version 1
+CONFIG_VERSION = 3  # EP_CONFIG_VERSION; every other struct is at version 1
 
 _IB_FIELDS = ("ib_sl_throughput", "ib_sl_low_latency", "ib_sl_control", "ib_traffic_class",
               "ib_gid_index", "ib_qps_per_peer", "ib_ar_throughput", "ib_ar_low_latency",
@@ -53,7 +53,8 @@ class Config(C.Structure):
                 ("max_topk", C.c_int), ("dispatch_type", C.c_int), ("combine_type", C.c_int),
                 ("backend", C.c_int), ("device", C.c_int), ("buffer_bytes_cap", C.c_size_t),
                 ("timeout_ms", C.c_int), ("num_sms", C.c_int), ("max_nodes_per_token", C.c_int),
-                ("low_latency", C.c_int)] + [(name, C.c_int) for name in _IB_FIELDS]
+                ("low_latency", C.c_int)] + [(name, C.c_int) for name in _IB_FIELDS] + \
+               [("enable_shrink", C.c_int)]
 
 
 class LayoutArgs(C.Structure):
@@ -151,6 +152,7 @@ _PROTOTYPES = {
     "epCommInitAll": [C.POINTER(_handle), C.c_int, C.POINTER(C.c_int), C.POINTER(Config)],
     "epCommDestroy": [_handle],
     "epCommAbort": [_handle],
+    "epCommShrink": [_handle, C.POINTER(C.c_int), C.c_int, C.POINTER(C.c_int), C.POINTER(C.c_int)],
     "epCommRank": [_handle, C.POINTER(C.c_int)],
     "epCommSize": [_handle, C.POINTER(C.c_int)],
     "epCommLocalExperts": [_handle, C.POINTER(C.c_int), C.POINTER(C.c_int)],

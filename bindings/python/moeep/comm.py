@@ -160,6 +160,17 @@ class Communicator(_Released):
             ptr, self._ptr = self._ptr, None
             check(_capi.lib().epCommAbort(ptr), None, "epCommAbort")
 
+    def shrink(self, suspects=()):
+        """epCommShrink: after a call failed because ranks died, the survivors
+        agree on the dead ranks and go on without them (config enable_shrink).
+        suspects: ranks known to be gone. Returns the dead ranks, ascending."""
+        suspects = list(suspects)
+        arr = (C.c_int * max(1, len(suspects)))(*suspects)
+        dead = (C.c_int * self.size)()
+        n = C.c_int()
+        self._check(_capi.lib().epCommShrink(self._ptr, arr, len(suspects), dead, C.byref(n)), "epCommShrink")
+        return [dead[i] for i in range(n.value)]
+
     # ---- queries --------------------------------------------------------------
     def _query_int(self, fn):
         v = C.c_int()

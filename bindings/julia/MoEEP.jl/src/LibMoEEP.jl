@@ -1,4 +1,4 @@
-# The C ABI of libmoeep (include/moeep.h: epConfig_t at version 2, every other struct at version 1): structs
+# The C ABI of libmoeep (include/moeep.h: epConfig_t at version 3, every other struct at version 1): structs
 # with the header's names and fields, constants, and the library's path.
 # tests/ffi/julia_layout_check.py compares these structs with the C
 # compiler's layout and every ccall's argument list with the header.
@@ -26,7 +26,7 @@ const epBackendCuda = Cint(2)
 const epPathKind_t = Cint
 
 const EP_CONFIG_MAGIC = Cuint(0x65704366)
-const EP_CONFIG_VERSION = 2  # every other struct is at version 1
+const EP_CONFIG_VERSION = 3  # every other struct is at version 1
 const EP_DISPATCH_ARGS_MAGIC = Cuint(0x65704469)
 const EP_COMBINE_ARGS_MAGIC = Cuint(0x6570436f)
 const EP_LAYOUT_ARGS_MAGIC = Cuint(0x65704c61)
@@ -81,6 +81,7 @@ struct epConfig_t
     ib_timeout::Cint
     ib_retry_cnt::Cint
     ib_qp_budget::Cint
+    enable_shrink::Cint  # version 3
 end
 
 struct epPeerClassInfo_t

@@ -81,7 +81,7 @@ pub const EP_COMBINE_ARGS_MAGIC: c_uint = 0x6570_436f;
 pub const EP_LL_DISPATCH_ARGS_MAGIC: c_uint = 0x6570_4c64;
 pub const EP_LL_COMBINE_ARGS_MAGIC: c_uint = 0x6570_4c63;
 
-pub const EP_CONFIG_VERSION: c_uint = 2;
+pub const EP_CONFIG_VERSION: c_uint = 3;
 pub const EP_LAYOUT_ARGS_VERSION: c_uint = 1;
 pub const EP_COMM_PEER_INFO_MAGIC: c_uint = 0x6570_5069;
 pub const EP_COMM_PEER_INFO_VERSION: c_uint = 1;
@@ -130,6 +130,8 @@ pub struct epConfig_t {
     pub ib_timeout: c_int,
     pub ib_retry_cnt: c_int,
     pub ib_qp_budget: c_int,
+    /// Version 3.
+    pub enable_shrink: c_int,
 }
 
 impl epConfig_t {
@@ -167,6 +169,7 @@ impl epConfig_t {
             ib_timeout: -1,
             ib_retry_cnt: -1,
             ib_qp_budget: -1,
+            enable_shrink: 0,
         }
     }
 }
@@ -446,6 +449,13 @@ extern "C" {
         -> epResult_t;
     pub fn epCommDestroy(comm: epComm_t) -> epResult_t;
     pub fn epCommAbort(comm: epComm_t) -> epResult_t;
+    pub fn epCommShrink(
+        comm: epComm_t,
+        suspects: *const c_int,
+        nsuspects: c_int,
+        dead: *mut c_int,
+        ndead: *mut c_int,
+    ) -> epResult_t;
     pub fn epCommRank(comm: epComm_t, rank: *mut c_int) -> epResult_t;
     pub fn epCommSize(comm: epComm_t, size: *mut c_int) -> epResult_t;
     pub fn epCommLocalExperts(comm: epComm_t, first: *mut c_int, count: *mut c_int) -> epResult_t;

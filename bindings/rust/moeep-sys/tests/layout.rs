@@ -36,7 +36,7 @@ fn rust_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize, usize)>
             combine_type, backend, device, buffer_bytes_cap, timeout_ms, num_sms, max_nodes_per_token,
             low_latency, ib_sl_throughput, ib_sl_low_latency, ib_sl_control, ib_traffic_class, ib_gid_index,
             ib_qps_per_peer, ib_ar_throughput, ib_ar_low_latency, ib_ar_control, ib_tc_throughput, ib_tc_low_latency,
-            ib_tc_control, ib_timeout, ib_retry_cnt, ib_qp_budget
+            ib_tc_control, ib_timeout, ib_retry_cnt, ib_qp_budget, enable_shrink
         }),
         rust_layout!(epLayoutArgs_t {
             size, magic, version, topk_idx, topk_idx_type, num_tokens, num_topk, tokens_per_rank,
