@@ -96,11 +96,11 @@ epResult_t RecoveryLink::open(const Bootstrap* b, std::unique_ptr<RecoveryLink>*
   // Where this rank's bootstrap connections are: the address its peers reach.
   SocketAddress bind_addr;
   const int fd = b->next_fd.valid() ? b->next_fd.get() : b->prev_fd.get();
-  if (fd < 0 || !localAddress(fd, &bind_addr)) {
-    *why = "no bootstrap connection to take an address from";
+  if (fd >= 0 ? !localAddress(fd, &bind_addr) : !parseSocketAddress("127.0.0.1:0", AF_INET, &bind_addr, why)) {
+    if (why->empty()) *why = "cannot read the address of the bootstrap connections";
     return epInternalError;
   }
-  bind_addr.setPort(0);
+  bind_addr.setPort(0);  // one rank alone (no ring): loopback, which nobody dials
   if (!link->listener_.listen(bind_addr, &link->address_, why)) return epSystemError;
   link->thread_ = std::thread(&RecoveryLink::serve, link.get());
   *out = std::move(link);

@@ -302,6 +302,20 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
   for (int r = 0; r < R; r++) all.push_back(makeInput(s, r));
   checkLayer(s, all, all[rank], rank, comm, tally);
   if (shrink && R > 2) {
+    // A high-throughput handle of every rank, made before the death.
+    const int Kc = s.topk_of[rank];
+    std::vector<uint16_t> ht_recv(size_t(R) * s.max_tokens * size_t(s.hidden) + 1);
+    epDispatchArgs_t pa = EP_DISPATCH_ARGS_INITIALIZER;
+    pa.x = all[rank].x.data();
+    pa.x_type = epBfloat16;
+    pa.topk_idx = all[rank].topk.data();
+    pa.topk_idx_type = epInt64;
+    pa.num_tokens = s.tokens[rank];
+    pa.num_topk = Kc;
+    pa.recv_x = ht_recv.data();
+    pa.recv_capacity = int64_t(R) * s.max_tokens;
+    epHandle_t old = nullptr;
+    tally->check(epDispatchPrepare(comm, &pa, &old, nullptr) == epSuccess, "a prepare before the death", rank);
     // Rank 1 dies: the others find it after taking rank 0's chunks, and the
     // higher ranks' chunks of the failed step stay in the rings (dropped after the shrink).
     const int gone = 1;
@@ -352,6 +366,20 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
     for (int r = 0; r < R; r++)
       for (int64_t& e : kept[size_t(r)].topk)
         if (e >= 0 && e / L == gone) e = -1;
+    // A handle made before the shrink is refused (its routing names the dead rank).
+    epHandle_t again = old;
+    tally->check(old != nullptr && epDispatch(comm, &pa, &again, nullptr) == epInvalidUsage &&
+                     std::string(epGetLastError(comm)).find("before epCommShrink") != std::string::npos,
+                 "a handle from before the shrink is refused", rank);
+    if (old) epHandleDestroy(old);
+    int nodes = 0;
+    epCommNodes(comm, &nodes, nullptr);
+    if (nodes > 1) {  // high throughput across nodes: no substitute forwarder yet
+      epHandle_t hh = nullptr;
+      tally->check(epDispatchPrepare(comm, &pa, &hh, nullptr) == epNotSupported &&
+                       std::string(epGetLastError(comm)).find("substitute forwarder") != std::string::npos,
+                   "high throughput across nodes after the shrink: epNotSupported", rank);
+    }
     checkLayer(masked, kept, all[rank], rank, comm, tally);
     // The layout of the real ids counts no token for the dead rank.
     const int K = s.topk_of[rank], T = s.tokens[rank];

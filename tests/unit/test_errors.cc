@@ -1,6 +1,7 @@
 // Result codes and messages: epGetErrorString, epGetLastError (thread-local
 // when comm is NULL), epGetVersion, and the public calls given a NULL or dead
 // communicator or handle: each returns a result, never crashes.
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -227,6 +228,33 @@ void calls_on_dead_comm_are_rejected(void**) {
   assert_string_equal(epGetLastError(&dead), ep::threadLastError());
 }
 
+// epCommShrink: refused on a communicator made without enable_shrink, and
+// its arguments checked; one rank alone shrinks at once, losing nobody.
+void shrink_is_refused_where_it_cannot_run(void**) {
+  epConfig_t cfg = validConfig();
+  epComm_t comm = nullptr;
+  assert_result(epCommInitAll(&comm, 1, nullptr, &cfg), epSuccess);
+  int dead[1] = {-1}, ndead = -1;
+  assert_result(epCommShrink(comm, nullptr, 0, dead, &ndead), epInvalidUsage);
+  assert_contains(epGetLastError(comm), "enable_shrink");
+  assert_int_equal(ndead, -1);
+  assert_result(epCommDestroy(comm), epSuccess);
+
+  cfg.enable_shrink = 1;
+  assert_result(epCommInitAll(&comm, 1, nullptr, &cfg), epSuccess);
+  assert_result(epCommShrink(comm, nullptr, 0, nullptr, &ndead), epInvalidArgument);
+  const int self[1] = {0};
+  assert_result(epCommShrink(comm, self, 1, dead, &ndead), epInvalidArgument);
+  assert_contains(epGetLastError(comm), "this rank");
+  const int far[1] = {5};
+  assert_result(epCommShrink(comm, far, 1, dead, &ndead), epInvalidArgument);
+  // One rank alone: nobody to lose, it decides at once.
+  assert_result(epCommShrink(comm, nullptr, 0, dead, &ndead), epSuccess);
+  assert_int_equal(ndead, 0);
+  assert_result(epCommDestroy(comm), epSuccess);
+
+}
+
 void calls_with_dead_handle_are_rejected(void**) {
   epHandle dead;
   dead.magic = ep::kDeadMagic;
@@ -315,6 +343,7 @@ int main() {
       cmocka_unit_test(data_calls_with_null_comm_are_rejected),
       cmocka_unit_test(destroy_calls_accept_null),
       cmocka_unit_test(calls_on_dead_comm_are_rejected),
+      cmocka_unit_test(shrink_is_refused_where_it_cannot_run),
       cmocka_unit_test(calls_with_dead_handle_are_rejected),
       cmocka_unit_test(handle_recv_count_needs_output_and_known_counts),
       cmocka_unit_test(built_in_shm_transport_is_listed_and_available),
