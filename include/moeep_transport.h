@@ -297,11 +297,12 @@ typedef struct {
    * error as progress returns it. NULL: the core naps between calls to
    * progress. */
   epResult_t (*wait)(void *comm, int timeout_us);
-  /* After a shrink (epCommShrink): peer is gone for good, and the core has
-   * closed every connection to it. The transport forgets the errors that
-   * concerned that peer, so that progress, put and wait report only others'
-   * from then on. Optional (NULL: the communicator's error stays, and the
-   * core cannot shrink a communicator across nodes over this transport). */
+  /* After a shrink (epCommShrink): peer is gone for good. Called before the
+   * core closes its connections: the transport treats them as failed (their
+   * close waits for nothing) and forgets the errors that concerned that
+   * peer, so that progress, put and wait report only others' from then on.
+   * Optional (NULL: the communicator's error stays, and the core refuses
+   * enable_shrink across nodes over this transport). */
   epResult_t (*drop_peer)(void *comm, int peer);
 } epTransport_v3_t;
 

@@ -51,7 +51,8 @@ epResult_t checkSetState(epComm* comm, const char* fn, const std::atomic<int>& s
 }  // namespace
 
 void ep::llForgetHandle(epComm* comm, const epHandle* h) {
-  if (!h->low_latency) return;
+  // A handle from before a shrink owes nothing: the shrink freed its set.
+  if (!h->low_latency || h->epoch != comm->shrink_epoch) return;
   // A combine (or its receive half) this handle owes will never run: its set
   // stays owed for good.
   if (h->dispatched && !h->ll_combined) comm->ll_uncombined[h->ll_set].store(epComm::kLLLost);

@@ -62,7 +62,11 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
     o.silence_ms = silenceMs(comm);
     o.abort = &comm->abort_flag;
     recovery::AgreeResult res;
-    const uint32_t epoch = comm->shrink_epoch + 1;
+    // A new epoch for each attempt (one that failed in its final barrier may
+    // have succeeded elsewhere), or the newer one a peer began.
+    const uint32_t epoch =
+        std::max({comm->shrink_attempts + 1, comm->shrink_epoch + 1, comm->recovery->newestEpoch()});
+    comm->shrink_attempts = epoch;
     const epResult_t rc =
         recovery::runAgreement(*comm->recovery, members, epoch, known, comm->backend->steps(), o, &res);
     if (rc == epAborted) return setError(comm, epAborted, "%s: communicator aborted", fn);

@@ -172,7 +172,8 @@ bool cudaNeedsNetwork(const epComm& comm) {
 epResult_t openRecovery(epComm* comm) {
   if (!comm->backend->canShrink())
     return setError(comm, epNotSupported,
-                    "config.enable_shrink (EP_ENABLE_SHRINK): the %s backend cannot shrink (the host backend can)",
+                    "config.enable_shrink (EP_ENABLE_SHRINK): the %s backend cannot shrink (the host backend can, "
+                    "over network transports that can drop a dead peer: transport ABI v3 drop_peer)",
                     comm->backend->name());
   std::string why;
   const epResult_t res = recovery::RecoveryLink::open(comm->bootstrap, &comm->recovery, &why);

@@ -82,6 +82,7 @@ struct epComm : ep::CommFacts {
   // were made at), and the ranks found dead.
   std::unique_ptr<ep::recovery::RecoveryLink> recovery;
   uint32_t shrink_epoch = 0;
+  uint32_t shrink_attempts = 0;  // the epoch of the last attempt, done or not
   std::vector<bool> dead;  // [R]
   std::mutex error_mu;
   std::string last_error;

@@ -180,7 +180,7 @@ epResult_t Exchanger::failPeerGone(int gone, bool closed, const char* what, uint
     return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what, seq, gone,
                     comm_.peers()[gone].pid);
   for (int r = 0; r < comm_.nranks(); r++)
-    if (r != comm_.rank() && comm_.peerExited(r))
+    if (r != comm_.rank() && !dead(r) && comm_.peerExited(r))
       return setError(comm_, epRemoteError,
                       "%s (call %llu): rank %d left the call (destroyed or aborted its communicator); "
                       "rank %d (pid %d) exited",
@@ -258,8 +258,19 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
   const int R = comm_.nranks(), me = comm_.rank(), per_chunk = geo_.chunk_records;
   std::vector<int> sent(R, 0), received(R, 0);
   void* my_segment = segments_[me];
-  for (int d = 0; d < R; d++)
-    if (dead(d)) sends[d].records = recvs[d].records = 0;  // masked: nothing to or from it
+  for (int d = 0; d < R; d++) {
+    if (!dead(d)) continue;
+    // Masked: nothing to or from it. Counts go to every rank by design; data
+    // for a dead rank means its experts were not masked in the routing.
+    const bool counts = kind == kChunkCounts || kind == kChunkLLCounts || kind == kChunkForwardCounts ||
+                        kind == kChunkLLConnect;
+    if (!counts && sends[d].records > 0) {
+      comm_.markFailed(epInternalError);
+      return setError(comm_, epInternalError, "%s (call %llu): %d records for rank %d, which a shrink removed",
+                      what, (unsigned long long)call_seq, sends[d].records, d);
+    }
+    sends[d].records = recvs[d].records = 0;
+  }
   for (int d = 0; d < R; d++) {  // where this rank is, for a peer's timeout report (failTimeout)
     if (d == me || dead(d)) continue;
     if (remote(d))

@@ -66,7 +66,7 @@ class HostBackend : public Backend {
   void releaseHandle(epHandle* h) override {
     if (h->low_latency) host::llRelease(h);
   }
-  bool canShrink() const override { return true; }
+  bool canShrink() const override { return !net_ || net_->canDrop(); }
   uint64_t steps() const override { return exchanger_->steps(); }
   epResult_t shrink(const std::vector<bool>& dead, uint64_t steps) override {
     if (net_)  // the network forgets the dead peers (their connections' errors)

@@ -306,15 +306,17 @@ epResult_t NetLinks::dropPeer(int peer) {
     return setError(comm_, epNotSupported,
                     "epCommShrink: transport %s cannot forget a dead peer's errors (no drop_peer, transport ABI v3)",
                     transport_->name);
+  // First the transport gives the peer up (its connections' close then
+  // waits for nothing), then the connections go.
+  const epResult_t res = transport_->drop_peer(tcomm_, peer);
+  if (res != epSuccess)
+    return setError(comm_, res, "epCommShrink: transport %s could not drop rank %d", transport_->name, peer);
   for (int k = 0; k < EP_TRAFFIC_CLASSES; k++) {
     void*& conn = conns_[slot(peer, epTrafficClass_t(k))];
     if (conn == nullptr) continue;
     t_->close(conn);
     conn = nullptr;
   }
-  const epResult_t res = transport_->drop_peer(tcomm_, peer);
-  if (res != epSuccess)
-    return setError(comm_, res, "epCommShrink: transport %s could not drop rank %d", transport_->name, peer);
   return epSuccess;
 }
 

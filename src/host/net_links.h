@@ -88,10 +88,11 @@ class NetLinks {
   // timeout_us passed, moving data as progress does (canWait(); otherwise it
   // naps). Errors as progress.
   epResult_t wait(int timeout_us, int* peer, std::string* why);
-  // After a shrink: closes every connection to peer (dead) and has the
-  // transport forget its errors. epNotSupported where the transport cannot
-  // (no drop_peer).
+  // After a shrink: the transport gives peer (dead) up and forgets its
+  // errors, then every connection to it is closed. epNotSupported where the
+  // transport cannot (no drop_peer: canDrop()).
   epResult_t dropPeer(int peer);
+  bool canDrop() const { return transport_->drop_peer != nullptr; }
   // Connection details of peer for epCommPeerInfo (false: not a network
   // peer): its throughput connection, else its control one.
   bool connInfo(int peer, epTransportConnInfo_v2_t* info) const;

@@ -316,6 +316,26 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
     pa.recv_capacity = int64_t(R) * s.max_tokens;
     epHandle_t old = nullptr;
     tally->check(epDispatchPrepare(comm, &pa, &old, nullptr) == epSuccess, "a prepare before the death", rank);
+    // And a low-latency dispatch never combined: destroyed after the shrink,
+    // it must not hold its buffer set (the shrink freed it).
+    const int Lc = s.experts / R, capc = R * s.max_tokens;
+    std::vector<uint8_t> ll_rx(size_t(Lc) * capc * size_t(s.hidden) * 2 + 16);
+    std::vector<float> ll_sc(size_t(Lc) * capc * ((s.hidden + 127) / 128) + 1);
+    std::vector<int> ll_cnt(Lc), ll_src(size_t(Lc) * capc + 1);
+    epLowLatencyDispatchArgs_t la0 = EP_LL_DISPATCH_ARGS_INITIALIZER;
+    la0.x = all[rank].x.data();
+    la0.topk_idx = all[rank].topk.data();
+    la0.topk_weights = all[rank].w.data();
+    la0.num_tokens = s.tokens[rank];
+    la0.num_topk = Kc;
+    la0.wire_type = epBfloat16;
+    la0.recv_x = ll_rx.data();
+    la0.recv_scales = ll_sc.data();
+    la0.recv_count = ll_cnt.data();
+    la0.recv_src = ll_src.data();
+    epHandle_t ll_old = nullptr;
+    tally->check(epLowLatencyDispatch(comm, &la0, &ll_old, nullptr) == epSuccess,
+                 "a low-latency dispatch before the death, never combined", rank);
     // Rank 1 dies: the others find it after taking rank 0's chunks, and the
     // higher ranks' chunks of the failed step stay in the rings (dropped after the shrink).
     const int gone = 1;
@@ -372,6 +392,7 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
                      std::string(epGetLastError(comm)).find("before epCommShrink") != std::string::npos,
                  "a handle from before the shrink is refused", rank);
     if (old) epHandleDestroy(old);
+    if (ll_old) epHandleDestroy(ll_old);
     int nodes = 0;
     epCommNodes(comm, &nodes, nullptr);
     if (nodes > 1) {  // high throughput across nodes: no substitute forwarder yet
@@ -381,6 +402,7 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
                    "high throughput across nodes after the shrink: epNotSupported", rank);
     }
     checkLayer(masked, kept, all[rank], rank, comm, tally);
+    checkLayer(masked, kept, all[rank], rank, comm, tally);  // both buffer sets, after the destroyed handle's
     // The layout of the real ids counts no token for the dead rank.
     const int K = s.topk_of[rank], T = s.tokens[rank];
     std::vector<int> per_rank(size_t(R), -1), want(size_t(R), 0);

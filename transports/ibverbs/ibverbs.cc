@@ -286,11 +286,14 @@ epResult_t ibTest(void* vconn, uint64_t request, int* done) { return test(static
 epResult_t ibProgress(void* vcomm) { return progress(static_cast<Comm*>(vcomm)); }
 epResult_t ibWait(void* vcomm, int timeout_us) { return waitComm(static_cast<Comm*>(vcomm), timeout_us); }
 
-// After a shrink: the core closed peer's connections (their QPs are gone);
-// the communicator's first error, when it was that peer's, is forgotten. A
-// later failure of another connection records itself again.
+// After a shrink, before the core closes peer's connections: they count as
+// closed by the peer (close waits for no acknowledgement), and the
+// communicator's first error, when it was that peer's, is forgotten. A later
+// failure of another connection records itself again.
 epResult_t ibDropPeer(void* vcomm, int peer) {
   auto* comm = static_cast<Comm*>(vcomm);
+  for (const auto& conn : comm->conns)  // their close waits for nothing (drainConn)
+    if (conn && conn->peer == peer) conn->peer_closed = true;
   std::lock_guard<std::mutex> lock(comm->err_mu);
   if (comm->err != epSuccess && comm->err_peer == peer) {
     logf(comm->ctx, epTransportLogInfo, "rank %d: rank %d dropped (shrink): its error is forgotten: %s",

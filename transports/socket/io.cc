@@ -502,11 +502,14 @@ epResult_t progress(void* comm) {
 
 epResult_t dropPeer(void* comm, int peer) {
   auto* c = static_cast<Comm*>(comm);
+  // Its connections count as failed (their close flushes nothing), and the
+  // communicator is broken only by the others'. err_mu inside recv_mu: a
+  // failure of another connection cannot fall between the look and the reset.
+  std::lock_guard<std::mutex> rl(c->recv_mu);
   bool others_failed = false;
-  {
-    std::lock_guard<std::mutex> rl(c->recv_mu);
-    for (Conn* k : c->conns)
-      if (k->peer != peer && k->failed) others_failed = true;
+  for (Conn* k : c->conns) {
+    if (k->peer == peer) k->failed.store(true);
+    else if (k->failed) others_failed = true;
   }
   std::lock_guard<std::mutex> el(c->err_mu);
   if (!others_failed) c->broken = false;

@@ -47,9 +47,10 @@ class UniqueId:
 
 def make_config(num_experts, hidden, max_tokens_per_rank, max_topk, dispatch_type="bfloat16",
                 combine_type="bfloat16", backend="auto", device=-1, buffer_bytes_cap=0, timeout_ms=0,
-                num_sms=0, max_nodes_per_token=0, low_latency=False, **ib):
+                num_sms=0, max_nodes_per_token=0, low_latency=False, enable_shrink=False, **ib):
     """An epConfig_t from keyword arguments (0 / -1 leave a field to its EP_*
-    variable or default, as in C); ib_* are the InfiniBand fields by name."""
+    variable or default, as in C); ib_* are the InfiniBand fields by name;
+    enable_shrink lets Comm.shrink (epCommShrink) run."""
     cfg = _capi.initialized(_capi.Config)
     cfg.num_experts, cfg.hidden = num_experts, hidden
     cfg.max_tokens_per_rank, cfg.max_topk = max_tokens_per_rank, max_topk
@@ -60,6 +61,7 @@ def make_config(num_experts, hidden, max_tokens_per_rank, max_topk, dispatch_typ
     cfg.backend, cfg.device = BACKENDS[backend], device
     cfg.buffer_bytes_cap, cfg.timeout_ms, cfg.num_sms = buffer_bytes_cap, timeout_ms, num_sms
     cfg.max_nodes_per_token, cfg.low_latency = max_nodes_per_token, int(bool(low_latency))
+    cfg.enable_shrink = int(bool(enable_shrink))
     for name, value in ib.items():
         if name not in _capi._IB_FIELDS:
             raise TypeError("unknown config field %r" % name)
