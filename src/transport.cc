@@ -285,7 +285,9 @@ static_assert(offsetof(epTransport_v3_t, drop_peer) == sizeof(epTransport_v2_t) 
 // Version 2's fields of a version-3 table, as a version-2 table the entry
 // points to for the life of the process.
 const epTransport_v2_t* v2View(const epTransport_v3_t* t) {
-  static std::deque<epTransport_v2_t> views;
+  // Never destroyed: the finalizer calls through these views at exit, after
+  // statics made later than it (this one) would be gone.
+  static auto* views = new std::deque<epTransport_v2_t>;
   epTransport_v2_t v{};
   v.name = t->name;
   v.version = t->version;
@@ -306,8 +308,8 @@ const epTransport_v2_t* v2View(const epTransport_v3_t* t) {
   v.close = t->close;
   v.comm_close = t->comm_close;
   v.finalize = t->finalize;
-  views.push_back(v);
-  return &views.back();
+  views->push_back(v);
+  return &views->back();
 }
 
 // A module refused before its table could be read (no name, or a symbol that

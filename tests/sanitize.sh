@@ -91,6 +91,12 @@ check "mp_dispatch 4 ranks, 2 nodes, staged" env EP_SOCKET_IFNAME=lo EP_NODE_SIZ
   EP_TEST_STAGED=1 "$SAN/tests/mp_dispatch" -n 4 --cases 6 --seed 3006
 check "mp_lowlat 4 ranks, 2 nodes, staged" env EP_SOCKET_IFNAME=lo EP_NODE_SIZE=2 EP_TRANSPORTS=shm,socket \
   EP_TEST_STAGED=1 "$SAN/tests/mp_lowlat" -n 4 --cases 6 --seed 3007
+# epCommShrink: the recovery listeners' threads, the agreement, the dropped
+# peer's connections, on one node and across 2 over socket.
+check "mp_lowlat 4 ranks, a rank dies, shrink" "$SAN/tests/mp_lowlat" -n 4 --cases 1 --seed 3008 --shrink \
+  --interleave-ht
+check "mp_lowlat 4 ranks, 2 nodes over socket, a rank dies, shrink" env EP_SOCKET_IFNAME=lo EP_NODE_SIZE=2 \
+  EP_TRANSPORTS=shm,socket "$SAN/tests/mp_lowlat" -n 4 --cases 1 --seed 3009 --shrink
 
 echo "sanitize: $passed passed, ${#failed[@]} failed (test_fp8_soft not run: plain arithmetic)"
 [ ${#failed[@]} -eq 0 ] || { printf 'sanitize: FAILED: %s\n' "${failed[@]}"; exit 1; }
