@@ -316,10 +316,14 @@ void a_stopped_proxy_is_seen_by_its_heartbeat(void**) {
 void an_idle_proxy_is_not_taken_for_stopped(void**) {
   Rig rig(16);
   assert_int_equal(rig.proxy->start(), epSuccess);
-  usleep(300 * 1000);  // idle well past the stall bound below
+  // Idle well past the stall bound below. The bound is long enough that a
+  // proxy thread starved by a loaded machine (2 cores under the sanitizers)
+  // still beats within it: a failed assert here leaves the thread running
+  // over a Rig that is gone.
+  usleep(1200 * 1000);
   int peer = -1;
   bool stalled = true;
-  assert_int_equal(waitFlag(rig.flags, kFlagCompleted, 1, 500, 100, &peer, &stalled), epTimeout);
+  assert_int_equal(waitFlag(rig.flags, kFlagCompleted, 1, 1500, 1000, &peer, &stalled), epTimeout);
   assert_false(stalled);
   assert_true(rig.flag(kFlagHeartbeat) > 10);
   assert_int_equal(rig.proxy->start(), epInvalidUsage);  // once
