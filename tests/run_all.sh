@@ -85,6 +85,7 @@ run "python moeep: 2 host ranks as processes (NumPy), every output" timeout 300 
   "$PY" bindings/python/tests/test_host_ranks.py --ranks 2
 run "python moeep: 3 host ranks through EP_COMM_ID" timeout 300 \
   "$PY" bindings/python/tests/test_host_ranks.py --ranks 3 --comm-id --cases 2 --seed 7
+run "python moeep: Communicator.shrink, 3 host ranks, one dies" timeout 180 "$PY" bindings/python/tests/test_shrink.py
 run "python moeep: arrays (NumPy, DLPack, CUDA array interface)" timeout 120 "$PY" bindings/python/tests/test_arrays.py
 run "python moeep.deep_ep: DeepEP's surface, the argument table, refusals (no torch)" timeout 120 \
   "$PY" bindings/python/tests/test_deep_ep_args.py bindings/python/README.md
