@@ -50,7 +50,7 @@ def make_config(num_experts, hidden, max_tokens_per_rank, max_topk, dispatch_typ
                 num_sms=0, max_nodes_per_token=0, low_latency=False, enable_shrink=False, **ib):
     """An epConfig_t from keyword arguments (0 / -1 leave a field to its EP_*
     variable or default, as in C); ib_* are the InfiniBand fields by name;
-    enable_shrink lets Comm.shrink (epCommShrink) run."""
+    enable_shrink lets Communicator.shrink (epCommShrink) run."""
     cfg = _capi.initialized(_capi.Config)
     cfg.num_experts, cfg.hidden = num_experts, hidden
     cfg.max_tokens_per_rank, cfg.max_topk = max_tokens_per_rank, max_topk

@@ -13,7 +13,7 @@ EXTENSION = "added"
 
 SHRINK_MESSAGE = ("enable_shrink=True is refused: libmoeep cannot yet mask dead ranks inside a low-latency call "
                   "(DeepEP's shrink mode); a rank that stops here makes its peers' calls fail with epTimeout "
-                  "or epRemoteError, after which moeep.Comm.shrink (epCommShrink, config enable_shrink) lets "
+                  "or epRemoteError, after which moeep.Communicator.shrink (epCommShrink, config enable_shrink) lets "
                   "the survivors go on without it")
 
 LL_WEIGHTS_MESSAGE = (
@@ -41,7 +41,7 @@ TABLE = [
     ("Buffer()", "allow_mnnvl", IGNORED, "a node is a host; multi-node NVLink domains are not used"),
     ("Buffer()", "explicitly_destroy", ACCEPTED, "True: `destroy()` frees the communicators (and is required); "
      "False: garbage collection does"),
-    ("Buffer()", "enable_shrink", REFUSED, "True is refused until the library can mask dead ranks inside a low-latency call; `moeep.Comm.shrink` goes on without dead ranks after a call failed"),
+    ("Buffer()", "enable_shrink", REFUSED, "True is refused until the library can mask dead ranks inside a low-latency call; `moeep.Communicator.shrink` goes on without dead ranks after a call failed"),
     ("Buffer()", "num_max_tokens_per_rank", EXTENSION, "`config.max_tokens_per_rank` of the high-throughput "
      "communicators; default: the largest batch of any rank at the first call, at least 4096"),
     ("Buffer.set_num_sms", "new_num_sms", ACCEPTED, "`config.num_sms` of communicators made afterwards; "
