@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "config.h"
@@ -44,6 +45,12 @@ class BackendComm {
   BackendComm(epComm* comm, const CommFacts* facts, Bootstrap* bootstrap, const std::atomic<int>* abort_flag,
               std::atomic<int>* failed)
       : comm_(comm), facts_(facts), bootstrap_(bootstrap), abort_flag_(abort_flag), failed_(failed) {}
+  // Shrink: the newest epoch a peer's recovery message carried, and this
+  // rank's current one (both the core's, for shrinkBegan).
+  void watchShrink(const std::atomic<uint32_t>* heard, const uint32_t* epoch) {
+    shrink_heard_ = heard;
+    shrink_epoch_ = epoch;
+  }
 
   int rank() const { return facts_->rank; }
   int nranks() const { return facts_->nranks; }
@@ -70,6 +77,9 @@ class BackendComm {
   void markFailed(epResult_t why) { failed_->store(int(why)); }
   // Where setError keeps a backend's messages (the communicator's last error).
   epComm* errorTarget() const { return comm_; }
+  // A peer began epCommShrink (a rank died): this rank's waits stop, so that
+  // it joins the shrink instead of waiting out its timeout.
+  bool shrinkBegan() const { return shrink_heard_ != nullptr && shrink_heard_->load() > *shrink_epoch_; }
 
  private:
   epComm* comm_;
@@ -77,6 +87,8 @@ class BackendComm {
   Bootstrap* bootstrap_;
   const std::atomic<int>* abort_flag_;
   std::atomic<int>* failed_;
+  const std::atomic<uint32_t>* shrink_heard_ = nullptr;
+  const uint32_t* shrink_epoch_ = nullptr;
 };
 
 // setError (debug.h) for a backend: the message becomes its communicator's

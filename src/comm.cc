@@ -176,7 +176,7 @@ epResult_t openRecovery(epComm* comm) {
                     "over network transports that can drop a dead peer: transport ABI v3 drop_peer)",
                     comm->backend->name());
   std::string why;
-  const epResult_t res = recovery::RecoveryLink::open(comm->bootstrap, &comm->recovery, &why);
+  const epResult_t res = recovery::RecoveryLink::open(comm->bootstrap, &comm->shrink_heard, &comm->recovery, &why);
   if (res != epSuccess) return setError(comm, res, "config.enable_shrink: the recovery listener: %s", why.c_str());
   std::vector<PackedAddress> packed(static_cast<size_t>(comm->nranks));
   packAddress(comm->recovery->address(), &packed[size_t(comm->rank)]);
@@ -246,7 +246,8 @@ epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* 
   // The plan needs no backend (peer access comes from the CUDA hook, set at
   // load), and the backends read it: the NIC each rank's network traffic uses.
   EPCHECK(buildPlanOf(comm));
-  const BackendComm view(comm, comm, comm->bootstrap, &comm->abort_flag, &comm->broken);
+  BackendComm view(comm, comm, comm->bootstrap, &comm->abort_flag, &comm->broken);
+  view.watchShrink(&comm->shrink_heard, &comm->shrink_epoch);
   if (kind == epBackendCuda && cudaNeedsNetwork(*comm)) {
     // GPUs on different nodes: the host backend's paths on staged copies
     // (docs/PROXY.md, "The staged path"), the same on every rank (the node

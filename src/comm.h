@@ -83,6 +83,7 @@ struct epComm : ep::CommFacts {
   std::unique_ptr<ep::recovery::RecoveryLink> recovery;
   uint32_t shrink_epoch = 0;
   uint32_t shrink_attempts = 0;  // the epoch of the last attempt, done or not
+  std::atomic<uint32_t> shrink_heard{0};  // the newest epoch a peer's recovery message carried
   std::vector<bool> dead;  // [R]
   std::mutex error_mu;
   std::string last_error;

@@ -120,6 +120,10 @@ run "mp_lowlat 3 ranks, high-throughput calls between the low-latency ones" time
 # calls between them; a layout counts no token for it.
 run "mp_lowlat 4 ranks, a rank dies, the survivors shrink" timeout 300 "$BUILD/tests/mp_lowlat" -n 4 --cases 3 \
   --seed 61 --shrink --interleave-ht
+# A rank that calls epCommShrink ends the others' waits for it at once (its
+# first message), well before their timeout; nobody is found dead.
+run "mp_lowlat 4 ranks, one begins a shrink while the others wait" timeout 300 "$BUILD/tests/mp_lowlat" -n 4 \
+  --cases 2 --seed 62 --shrink-notice
 run "test_fuzz_api 4 ranks (threads, the same random arguments on every rank)" timeout 300 \
   "$BUILD/tests/test_fuzz_api" --ranks 4 --iters 2000 --seed 4
 run "mp_topo (4 ranks as 2 nodes of 2)" timeout 300 "$BUILD/tests/mp_topo"

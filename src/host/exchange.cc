@@ -417,6 +417,12 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
     // may return early, often: a peer whose signals wake nobody).
     if ((idle_rounds & 63) == 0 || (slept && Clock::now() - last_liveness_check > std::chrono::milliseconds(1))) {
       last_liveness_check = Clock::now();
+      if (comm_.shrinkBegan()) {  // a peer left its call for epCommShrink: this one cannot complete
+        comm_.markFailed(epRemoteError);
+        return setError(comm_, epRemoteError,
+                        "%s (call %llu): a peer began epCommShrink (a rank died, or it suspects one): this call "
+                        "cannot complete; call epCommShrink", what, (unsigned long long)call_seq);
+      }
       // A waited-on peer that exited, else one that closed its communicator.
       int gone = -1;
       bool closed = false;

@@ -88,11 +88,13 @@ const char* stateName(Agreement::State s) {
 RecoveryLink::RecoveryLink(const Bootstrap* b, ListenerOptions options)
     : rank_(b->rank), nranks_(b->nranks), key_(b->key), job_(b->nonce), listener_(std::move(options)) {}
 
-epResult_t RecoveryLink::open(const Bootstrap* b, std::unique_ptr<RecoveryLink>* out, std::string* why) {
+epResult_t RecoveryLink::open(const Bootstrap* b, std::atomic<uint32_t>* heard, std::unique_ptr<RecoveryLink>* out,
+                              std::string* why) {
   ListenerOptions options =
       bootstrapListenerOptions(b, hs::kPurposeRecovery, "rank " + std::to_string(b->rank) + "'s recovery listener");
   options.max_payload = wireBytes(b->nranks);
   std::unique_ptr<RecoveryLink> link(new RecoveryLink(b, std::move(options)));
+  link->heard_ = heard;
   // Where this rank's bootstrap connections are: the address its peers reach.
   SocketAddress bind_addr;
   const int fd = b->next_fd.valid() ? b->next_fd.get() : b->prev_fd.get();
@@ -126,8 +128,12 @@ void RecoveryLink::serve() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       inbox_.push_back(std::move(got));
-      uint32_t seen = newest_epoch_.load();
-      while (inbox_.back().msg.epoch > seen && !newest_epoch_.compare_exchange_weak(seen, inbox_.back().msg.epoch)) {
+      const uint32_t epoch = inbox_.back().msg.epoch;
+      for (std::atomic<uint32_t>* w : {&newest_epoch_, heard_}) {
+        if (w == nullptr) continue;
+        uint32_t seen = w->load();
+        while (epoch > seen && !w->compare_exchange_weak(seen, epoch)) {
+        }
       }
     }
     cv_.notify_all();

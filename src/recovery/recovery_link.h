@@ -38,8 +38,10 @@ namespace recovery {
 class RecoveryLink {
  public:
   // Listens on the address of the rank's bootstrap connections (port chosen
-  // by the system), with the job's key, and starts the thread.
-  static epResult_t open(const Bootstrap* b, std::unique_ptr<RecoveryLink>* out, std::string* why);
+  // by the system), with the job's key, and starts the thread. heard (may be
+  // NULL) follows newestEpoch(), for whoever watches it without the link.
+  static epResult_t open(const Bootstrap* b, std::atomic<uint32_t>* heard, std::unique_ptr<RecoveryLink>* out,
+                         std::string* why);
   ~RecoveryLink();
   RecoveryLink(const RecoveryLink&) = delete;
   RecoveryLink& operator=(const RecoveryLink&) = delete;
@@ -79,6 +81,7 @@ class RecoveryLink {
   std::condition_variable cv_;
   std::deque<Received> inbox_;
   std::atomic<uint32_t> newest_epoch_{0};
+  std::atomic<uint32_t>* heard_ = nullptr;
 };
 
 struct AgreeOptions {

@@ -1,10 +1,11 @@
 // Low-latency dispatch / combine on the host backend against a reference
 // written from docs/SEMANTICS.md, on random shapes, whole and split into send / receive halves.
 //
-//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink]
+//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice]
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -168,6 +169,12 @@ void interleavedHighThroughput(const LLShape& s, const std::vector<Input>& all, 
 // token's top-k (docs/SEMANTICS.md, "Shrink"), the calls given the ids as
 // they were.
 bool g_shrink = false;
+// --shrink-notice (the last case): nobody dies; rank 0 calls epCommShrink
+// while the others are in a dispatch that waits for it. Its first message
+// must end their dispatch well before the timeout (20 s) with an error saying
+// a shrink began; they shrink too, nobody is found dead, and the next layer
+// matches the full reference.
+bool g_shrink_notice = false;
 
 // One low-latency dispatch and combine (and, with --interleave-ht, a
 // high-throughput layer between them) of this rank's input `real`, checked
@@ -290,7 +297,7 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
   cfg.low_latency = 1;
   if (shrink) {
     cfg.enable_shrink = 1;
-    cfg.timeout_ms = 6000;
+    cfg.timeout_ms = g_shrink_notice ? 20000 : 6000;
   }
   epComm_t comm = nullptr;
   if (epCommInitRank(&comm, R, id, rank, &cfg) != epSuccess) {
@@ -301,7 +308,40 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
   std::vector<Input> all;
   for (int r = 0; r < R; r++) all.push_back(makeInput(s, r));
   checkLayer(s, all, all[rank], rank, comm, tally);
-  if (shrink && R > 2) {
+  if (shrink && g_shrink_notice && R > 1) {
+    int dead[16], ndead = -1;
+    if (rank != 0) {
+      const int L = s.experts / R, cap = R * s.max_tokens;
+      std::vector<uint8_t> rx(size_t(L) * cap * size_t(s.hidden) * 2 + 16);
+      std::vector<float> sc(size_t(L) * cap * ((s.hidden + 127) / 128) + 1);
+      std::vector<int> cnt(L), src(size_t(L) * cap + 1);
+      epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+      a.x = all[rank].x.data();
+      a.topk_idx = all[rank].topk.data();
+      a.topk_weights = all[rank].w.data();
+      a.num_tokens = s.tokens[rank];
+      a.num_topk = s.topk_of[rank];
+      a.wire_type = epBfloat16;
+      a.recv_x = rx.data();
+      a.recv_scales = sc.data();
+      a.recv_count = cnt.data();
+      a.recv_src = src.data();
+      epHandle_t h = nullptr;
+      const auto t0 = std::chrono::steady_clock::now();
+      const epResult_t failed = epLowLatencyDispatch(comm, &a, &h, nullptr);
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string why = epGetLastError(comm);
+      tally->check(failed == epRemoteError && why.find("began epCommShrink") != std::string::npos,
+                   "a dispatch waiting for a rank in epCommShrink ends, saying so", rank);
+      tally->check(took < 5.0, "well before the timeout", rank);
+      if (failed != epRemoteError || took >= 5.0) fprintf(stderr, "rank %d: %.2f s: %s\n", rank, took, why.c_str());
+      if (h) epHandleDestroy(h);
+    }
+    const epResult_t shrunk = epCommShrink(comm, nullptr, 0, dead, &ndead);
+    if (shrunk != epSuccess) fprintf(stderr, "rank %d: epCommShrink: %s\n", rank, epGetLastError(comm));
+    tally->check(shrunk == epSuccess && ndead == 0, "a shrink with nobody dead finds nobody", rank);
+    if (shrunk == epSuccess) checkLayer(s, all, all[rank], rank, comm, tally);
+  } else if (shrink && R > 2) {
     // A high-throughput handle of every rank, made before the death.
     const int Kc = s.topk_of[rank];
     std::vector<uint16_t> ht_recv(size_t(R) * s.max_tokens * size_t(s.hidden) + 1);
@@ -437,8 +477,10 @@ int main(int argc, char** argv) {
     else if (arg == "--seed" && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (arg == "--interleave-ht") g_interleave_ht = true;
     else if (arg == "--shrink") g_shrink = true;
+    else if (arg == "--shrink-notice") g_shrink = g_shrink_notice = true;
     else {
-      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink]\n", argv[0]);
+      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice]\n",
+              argv[0]);
       return 2;
     }
   }

@@ -55,7 +55,7 @@ int rankMain(const epUniqueId& id, int rank, int nranks, const Body& body) {
          ep::threadLastError());
   std::unique_ptr<RecoveryLink> link;
   std::string why;
-  RCHECK(RecoveryLink::open(b, &link, &why) == epSuccess, "open: %s", why.c_str());
+  RCHECK(RecoveryLink::open(b, nullptr, &link, &why) == epSuccess, "open: %s", why.c_str());
   std::vector<ep::PackedAddress> packed(static_cast<size_t>(nranks));
   ep::packAddress(link->address(), &packed[size_t(rank)]);
   RCHECK(ep::bootstrapAllGather(b, packed.data(), sizeof(ep::PackedAddress)) == epSuccess, "allgather");

@@ -99,6 +99,8 @@ across "mp_lowlat 2 nodes x 2, a rank dies, the survivors shrink" 4 "$BUILD/test
   --seed 73 --shrink
 NODE=1 across "mp_lowlat 5 ranks a node each, a rank dies, the survivors shrink" 5 "$BUILD/tests/mp_lowlat" -n 5 \
   --cases 1 --seed 74 --shrink
+across "mp_lowlat 2 nodes x 2, one begins a shrink while the others wait" 4 "$BUILD/tests/mp_lowlat" -n 4 --cases 1 \
+  --seed 76 --shrink-notice
 # Two connections (streams) per peer and class: each call ends once its peers
 # took its last chunks (what a transport may post only at a later progress).
 across "mp_lowlat 2 nodes x 2 --interleave-ht, EP_IB_QPS_PER_PEER=2" 4 env EP_IB_QPS_PER_PEER=2 \
