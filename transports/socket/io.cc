@@ -311,11 +311,11 @@ void failConn(Conn* k, const char* fmt, ...) {
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   Comm* c = k->comm;
-  {
-    std::lock_guard<std::mutex> el(c->err_mu);
-    c->broken = true;
-  }
+  // The error first, then the mark: a caller that sees the communicator
+  // broken (progress, wait) must find the reason in last_error.
   c->fail(epRemoteError, k->peer, "%s: %s", k->where.c_str(), msg);
+  std::lock_guard<std::mutex> el(c->err_mu);
+  c->broken = true;
 }
 
 epResult_t startIo(Comm* c) {
