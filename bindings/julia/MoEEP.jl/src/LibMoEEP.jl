@@ -81,7 +81,7 @@ struct epConfig_t
     ib_timeout::Cint
     ib_retry_cnt::Cint
     ib_qp_budget::Cint
-    enable_shrink::Cint  # version 3
+    enable_shrink::Cint
 end
 
 struct epPeerClassInfo_t

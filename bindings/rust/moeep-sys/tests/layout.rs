@@ -94,7 +94,7 @@ fn every_struct_matches_the_c_header() {
 #[test]
 fn initializers_fill_size_magic_and_version() {
     let c = epConfig_t::initializer();
-    assert_eq!((c.size, c.magic, c.version, c.device, c.ib_ar_control), (size_of::<epConfig_t>(), EP_CONFIG_MAGIC, 2, -1, -1));
+    assert_eq!((c.size, c.magic, c.version, c.device, c.ib_ar_control), (size_of::<epConfig_t>(), EP_CONFIG_MAGIC, 3, -1, -1));
     assert_eq!((c.ib_tc_throughput, c.ib_timeout, c.ib_qp_budget), (-1, -1, -1));
     let d = epLowLatencyDispatchArgs_t::initializer();
     assert_eq!((d.magic, d.wire_type, d.topk_idx_type), (EP_LL_DISPATCH_ARGS_MAGIC, epFloat8E4M3, epInt64));
