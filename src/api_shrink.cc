@@ -55,6 +55,9 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
     const BackendComm view(comm, comm, comm->bootstrap, &comm->abort_flag, &comm->broken);
     for (int r = 0; r < R; r++)
       if (r != comm->rank && !comm->dead[size_t(r)] && view.peerExited(r)) known.push_back(r);
+    // The rank a failed call found gone (an exit, a broken connection).
+    const int gone = comm->gone.exchange(-1);
+    if (gone >= 0 && gone < R && gone != comm->rank && !comm->dead[size_t(gone)]) known.push_back(gone);
     std::vector<bool> members(static_cast<size_t>(R));
     for (int r = 0; r < R; r++) members[size_t(r)] = !comm->dead[size_t(r)];
 

@@ -6,12 +6,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "config.h"
 #include "moeep_transport.h"
 #include "node_map.h"
 #include "plan.h"
+#include "recovery/shrink_notice.h"
 #include "routing.h"
 
 struct epComm;
@@ -45,11 +47,13 @@ class BackendComm {
   BackendComm(epComm* comm, const CommFacts* facts, Bootstrap* bootstrap, const std::atomic<int>* abort_flag,
               std::atomic<int>* failed)
       : comm_(comm), facts_(facts), bootstrap_(bootstrap), abort_flag_(abort_flag), failed_(failed) {}
-  // Shrink: the newest epoch a peer's recovery message carried, and this
-  // rank's current one (both the core's, for shrinkBegan).
-  void watchShrink(const std::atomic<uint32_t>* heard, const uint32_t* epoch) {
+  // Shrink: the newest epoch a peer's recovery message carried, this rank's
+  // current one (both the core's, for shrinkBegan), and where a failed call
+  // leaves the rank it found gone (noteGone).
+  void watchShrink(const recovery::ShrinkNotice* heard, const uint32_t* epoch, std::atomic<int>* gone) {
     shrink_heard_ = heard;
     shrink_epoch_ = epoch;
+    gone_ = gone;
   }
 
   int rank() const { return facts_->rank; }
@@ -79,7 +83,14 @@ class BackendComm {
   epComm* errorTarget() const { return comm_; }
   // A peer began epCommShrink (a rank died): this rank's waits stop, so that
   // it joins the shrink instead of waiting out its timeout.
-  bool shrinkBegan() const { return shrink_heard_ != nullptr && shrink_heard_->load() > *shrink_epoch_; }
+  bool shrinkBegan() const { return shrink_heard_ != nullptr && shrink_heard_->epoch() > *shrink_epoch_; }
+  // A call failed because rank r exited, left or broke its connection: the
+  // next epCommShrink suspects it, as if its caller had named it.
+  void noteGone(int r) const {
+    if (gone_ != nullptr) gone_->store(r);
+  }
+  // Who began it and whom it counts as dead, for the error (shrinkBegan).
+  std::string shrinkNotice() const { return shrink_heard_ != nullptr ? shrink_heard_->describe() : std::string(); }
 
  private:
   epComm* comm_;
@@ -87,8 +98,9 @@ class BackendComm {
   Bootstrap* bootstrap_;
   const std::atomic<int>* abort_flag_;
   std::atomic<int>* failed_;
-  const std::atomic<uint32_t>* shrink_heard_ = nullptr;
+  const recovery::ShrinkNotice* shrink_heard_ = nullptr;
   const uint32_t* shrink_epoch_ = nullptr;
+  std::atomic<int>* gone_ = nullptr;
 };
 
 // setError (debug.h) for a backend: the message becomes its communicator's

@@ -247,7 +247,7 @@ epResult_t commInit(epComm* comm, const epUniqueId& id, const std::atomic<int>* 
   // load), and the backends read it: the NIC each rank's network traffic uses.
   EPCHECK(buildPlanOf(comm));
   BackendComm view(comm, comm, comm->bootstrap, &comm->abort_flag, &comm->broken);
-  view.watchShrink(&comm->shrink_heard, &comm->shrink_epoch);
+  view.watchShrink(&comm->shrink_heard, &comm->shrink_epoch, &comm->gone);
   if (kind == epBackendCuda && cudaNeedsNetwork(*comm)) {
     // GPUs on different nodes: the host backend's paths on staged copies
     // (docs/PROXY.md, "The staged path"), the same on every rank (the node

@@ -83,8 +83,9 @@ struct epComm : ep::CommFacts {
   std::unique_ptr<ep::recovery::RecoveryLink> recovery;
   uint32_t shrink_epoch = 0;
   uint32_t shrink_attempts = 0;  // the epoch of the last attempt, done or not
-  std::atomic<uint32_t> shrink_heard{0};  // the newest epoch a peer's recovery message carried
+  ep::recovery::ShrinkNotice shrink_heard;  // the newest epoch a peer's recovery message carried, and who began it
   std::vector<bool> dead;  // [R]
+  std::atomic<int> gone{-1};  // the rank the last failed call found gone (-1: none), a suspect for the next shrink
   std::mutex error_mu;
   std::string last_error;
   // Live handles: destroying the comm first detaches them, so a later

@@ -106,6 +106,7 @@ epResult_t Exchanger::netFailed(epResult_t res, int peer, const std::string& why
                                 uint64_t call_seq) {
   comm_.markFailed(epRemoteError);
   (void)res;
+  if (peer >= 0) comm_.noteGone(peer);
   if (peer >= 0)
     return setError(comm_, epRemoteError, "%s (call %llu): rank %d (node %d) over %s: %s", what,
                     (unsigned long long)call_seq, peer, comm_.nodes().node_of_rank[size_t(peer)],
@@ -175,6 +176,7 @@ bool Exchanger::returnCredits() {
 // own, so an exited rank, if any, is named too.
 epResult_t Exchanger::failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq) {
   comm_.markFailed(epRemoteError);
+  comm_.noteGone(gone);
   const unsigned long long seq = call_seq;
   if (!closed)
     return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what, seq, gone,
@@ -420,8 +422,8 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
       if (comm_.shrinkBegan()) {  // a peer left its call for epCommShrink: this one cannot complete
         comm_.markFailed(epRemoteError);
         return setError(comm_, epRemoteError,
-                        "%s (call %llu): a peer began epCommShrink (a rank died, or it suspects one): this call "
-                        "cannot complete; call epCommShrink", what, (unsigned long long)call_seq);
+                        "%s (call %llu): %s (a rank died, or it suspects one): this call cannot complete; call "
+                        "epCommShrink", what, (unsigned long long)call_seq, comm_.shrinkNotice().c_str());
       }
       // A waited-on peer that exited, else one that closed its communicator.
       int gone = -1;

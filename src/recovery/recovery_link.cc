@@ -88,7 +88,7 @@ const char* stateName(Agreement::State s) {
 RecoveryLink::RecoveryLink(const Bootstrap* b, ListenerOptions options)
     : rank_(b->rank), nranks_(b->nranks), key_(b->key), job_(b->nonce), listener_(std::move(options)) {}
 
-epResult_t RecoveryLink::open(const Bootstrap* b, std::atomic<uint32_t>* heard, std::unique_ptr<RecoveryLink>* out,
+epResult_t RecoveryLink::open(const Bootstrap* b, ShrinkNotice* heard, std::unique_ptr<RecoveryLink>* out,
                               std::string* why) {
   ListenerOptions options =
       bootstrapListenerOptions(b, hs::kPurposeRecovery, "rank " + std::to_string(b->rank) + "'s recovery listener");
@@ -128,13 +128,11 @@ void RecoveryLink::serve() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       inbox_.push_back(std::move(got));
-      const uint32_t epoch = inbox_.back().msg.epoch;
-      for (std::atomic<uint32_t>* w : {&newest_epoch_, heard_}) {
-        if (w == nullptr) continue;
-        uint32_t seen = w->load();
-        while (epoch > seen && !w->compare_exchange_weak(seen, epoch)) {
-        }
+      const Received& last = inbox_.back();
+      uint32_t seen = newest_epoch_.load();
+      while (last.msg.epoch > seen && !newest_epoch_.compare_exchange_weak(seen, last.msg.epoch)) {
       }
+      if (heard_ != nullptr) heard_->record(last.msg.epoch, last.from, last.msg.dead);
     }
     cv_.notify_all();
     (void)listener_.reply(peer, epSuccess, nullptr, 0, Wait::afterMs(500, &stop_));

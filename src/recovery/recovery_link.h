@@ -27,6 +27,7 @@
 #include "guarded_listener.h"
 #include "moeep.h"
 #include "recovery/agreement.h"
+#include "recovery/shrink_notice.h"
 #include "socket.h"
 
 namespace ep {
@@ -39,8 +40,9 @@ class RecoveryLink {
  public:
   // Listens on the address of the rank's bootstrap connections (port chosen
   // by the system), with the job's key, and starts the thread. heard (may be
-  // NULL) follows newestEpoch(), for whoever watches it without the link.
-  static epResult_t open(const Bootstrap* b, std::atomic<uint32_t>* heard, std::unique_ptr<RecoveryLink>* out,
+  // NULL) records the first message of each newer epoch, for whoever watches
+  // it without the link.
+  static epResult_t open(const Bootstrap* b, ShrinkNotice* heard, std::unique_ptr<RecoveryLink>* out,
                          std::string* why);
   ~RecoveryLink();
   RecoveryLink(const RecoveryLink&) = delete;
@@ -81,7 +83,7 @@ class RecoveryLink {
   std::condition_variable cv_;
   std::deque<Received> inbox_;
   std::atomic<uint32_t> newest_epoch_{0};
-  std::atomic<uint32_t>* heard_ = nullptr;
+  ShrinkNotice* heard_ = nullptr;
 };
 
 struct AgreeOptions {

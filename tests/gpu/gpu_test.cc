@@ -589,9 +589,7 @@ void checkStagedComms(int R) {
   for (int r = 0; r < R; r++)
     for (int p = 0; p < R; p++) {
       if (p == r) continue;
-      epCommPeerInfo_t info;
-      memset(&info, 0, sizeof(info));
-      info.size = sizeof(info);
+      epCommPeerInfo_t info = EP_COMM_PEER_INFO_INITIALIZER;
       EK(gpu[r], epCommPeerInfo(gpu[r], p, &info));
       const std::string t = info.transport;
       sockets += t == "socket";
