@@ -144,6 +144,16 @@ int railPeer(const NodeMap& m, int rank, int node) {
   return m.node_ranks[node][m.local_rank[rank] % m.node_size[node]];
 }
 
+int railPeerAlive(const NodeMap& m, int rank, int node, const std::vector<bool>& dead) {
+  const int size = m.node_size[size_t(node)];
+  const int first = m.local_rank[size_t(rank)] % size;
+  for (int i = 0; i < size; i++) {
+    const int r = m.node_ranks[size_t(node)][size_t((first + i) % size)];
+    if (dead.empty() || !dead[size_t(r)]) return r;
+  }
+  return -1;
+}
+
 bool railPair(const NodeMap& m, int a, int b) {
   const int na = m.node_of_rank[size_t(a)], nb = m.node_of_rank[size_t(b)];
   return na != nb && (railPeer(m, a, nb) == b || railPeer(m, b, na) == a);

@@ -118,6 +118,11 @@ int64_t planNetworkQps(const Plan& p);
 
 // The rank that `rank` talks RDMA to on node n (itself on its own node).
 int railPeer(const NodeMap& m, int rank, int node);
+// The rail peer once ranks died (dead: [R], empty for none): railPeer where
+// it lives, else its substitute, the next live rank of that node after it
+// in local order (wrapping); -1 where every rank of the node is dead. Every
+// survivor computes the same from the same dead set (docs/SHRINK.md).
+int railPeerAlive(const NodeMap& m, int rank, int node, const std::vector<bool>& dead);
 // Ranks a and b on different nodes exchange high-throughput traffic: one is
 // the other's rail peer (equal local indices; with nodes of unequal sizes the
 // relation is not symmetric, so either way counts).

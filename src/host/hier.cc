@@ -9,23 +9,30 @@
 namespace ep {
 namespace host {
 
-Forwarding buildForwarding(const BackendComm& comm) {
+Forwarding buildForwarding(const BackendComm& comm, const std::vector<bool>& dead) {
   const NodeMap& m = comm.nodes();
-  const int R = comm.nranks(), node = m.node_of_rank[size_t(comm.rank())];
+  const int R = comm.nranks(), me = comm.rank(), node = m.node_of_rank[size_t(me)];
+  auto isDead = [&dead](int r) { return !dead.empty() && dead[size_t(r)]; };
   Forwarding fw;
   fw.carried.assign(size_t(R), {});
   fw.forwarder.assign(size_t(R), -1);
   for (int s = 0; s < R; s++) {
-    const int p = m.node_of_rank[size_t(s)] == node ? s : railPeer(m, s, node);
+    if (isDead(s)) continue;  // sends nothing
+    const int p = m.node_of_rank[size_t(s)] == node ? s : railPeerAlive(m, s, node, dead);
+    if (p < 0) continue;
     fw.forwarder[size_t(s)] = p;
     fw.carried[size_t(p)].push_back(s);  // s ascending, so p (own) comes at its place
   }
   // p itself first, then the other nodes' sources ascending.
   for (int p : m.node_ranks[size_t(node)]) {
+    if (isDead(p)) continue;
     auto& c = fw.carried[size_t(p)];
     c.erase(std::remove(c.begin(), c.end(), p), c.end());
     c.insert(c.begin(), p);
   }
+  fw.rail.assign(size_t(m.num_nodes), -1);
+  for (int n = 0; n < m.num_nodes; n++)
+    if (n != node) fw.rail[size_t(n)] = railPeerAlive(m, me, n, dead);
   return fw;
 }
 
@@ -55,28 +62,22 @@ std::vector<NodeTokens> tokensPerNode(const BackendComm& comm, const Routing& rt
   return out;
 }
 
-// The rail peer this rank sends node n's tokens to (-1: its own node).
-int railOf(const BackendComm& comm, int n) {
-  const NodeMap& m = comm.nodes();
-  return n == m.node_of_rank[size_t(comm.rank())] ? -1 : railPeer(m, comm.rank(), n);
-}
-
 }  // namespace
 
-epResult_t exchangeForwardCounts(const BackendComm& comm, Exchanger& ex, const Routing& rt, epHandle* h) {
+epResult_t exchangeForwardCounts(const BackendComm& comm, Exchanger& ex, const Forwarding& fw, const Routing& rt,
+                                 epHandle* h) {
   const int R = comm.nranks(), me = comm.rank();
   const NodeMap& m = comm.nodes();
   const std::vector<NodeTokens> per_node = tokensPerNode(comm, rt);
   std::vector<StreamSpec> sends(static_cast<size_t>(R)), recvs(static_cast<size_t>(R));
   h->fwd_count.assign(size_t(R), 0);
   for (int n = 0; n < m.num_nodes; n++) {
-    const int f = railOf(comm, n);
+    const int f = fw.rail[size_t(n)];
     if (f < 0) continue;
     const int64_t count = int64_t(per_node[size_t(n)].tokens.size());
     sends[size_t(f)].records = 1;
     sends[size_t(f)].pack = [count](int, int, uint8_t* out) { memcpy(out, &count, 8); };
   }
-  const Forwarding fw = buildForwarding(comm);
   for (int s : fw.carried[size_t(me)]) {
     if (s == me) continue;
     recvs[size_t(s)].records = 1;
@@ -101,7 +102,7 @@ epResult_t hierDispatch(const BackendComm& comm, Exchanger& ex, const Forwarding
   const std::vector<NodeTokens> per_node = tokensPerNode(comm, rt);
   std::vector<StreamSpec> sends(static_cast<size_t>(R)), recvs(static_cast<size_t>(R));
   for (int n = 0; n < m.num_nodes; n++) {
-    const int f = railOf(comm, n);
+    const int f = fw.rail[size_t(n)];
     if (f < 0) continue;
     const NodeTokens& nt = per_node[size_t(n)];
     sends[size_t(f)].records = int(nt.tokens.size());
@@ -301,7 +302,8 @@ epResult_t hierCombine(const BackendComm& comm, Exchanger& ex, const Forwarding&
   }
   const std::vector<NodeTokens> per_node = tokensPerNode(comm, rt);
   std::vector<int> order;  // sources of step 2 by node ascending, this rank at its node's place
-  for (int n = 0; n < m.num_nodes; n++) order.push_back(n == node ? me : railPeer(m, me, n));
+  for (int n = 0; n < m.num_nodes; n++)
+    if (n == node || fw.rail[size_t(n)] >= 0) order.push_back(n == node ? me : fw.rail[size_t(n)]);
   for (int r = 0; r < R; r++)
     if (std::find(order.begin(), order.end(), r) == order.end()) order.push_back(r);
   // This rank's own node: its own sums, added at the node's place.
@@ -317,7 +319,7 @@ epResult_t hierCombine(const BackendComm& comm, Exchanger& ex, const Forwarding&
     }
   };
   for (int n = 0; n < m.num_nodes; n++) {
-    const int f = railOf(comm, n);
+    const int f = fw.rail[size_t(n)];
     if (f < 0) continue;
     const NodeTokens* nt = &per_node[size_t(n)];
     recvs2[size_t(f)].records = int(nt->tokens.size());

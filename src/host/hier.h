@@ -17,7 +17,10 @@
 // own node's among them, then the bias (docs/SEMANTICS.md, "Sum order").
 // A rank forwards for the sources of other nodes whose rail peer it is
 // (railPeer, src/plan.h); it holds their tokens' records, and in combine
-// their float32 partials, for the call.
+// their float32 partials, for the call. After a shrink, a dead rail peer's
+// sources go to its substitute (railPeerAlive): the next live rank of that
+// node, over the control class's connection where the two ranks have no
+// throughput one.
 #pragma once
 
 #include <cstdint>
@@ -41,12 +44,17 @@ struct Forwarding {
   // forwarder[s]: the rank of this node that forwards source s's tokens
   // here (s itself for the ranks of this node).
   std::vector<int> forwarder;
+  // rail[n]: the rank of node n this rank sends that node's tokens to (-1:
+  // its own node, or a node whose ranks all died).
+  std::vector<int> rail;
 };
-Forwarding buildForwarding(const BackendComm& comm);
+// dead: [R] the ranks a shrink removed (empty: none); dead sources carry nothing.
+Forwarding buildForwarding(const BackendComm& comm, const std::vector<bool>& dead = {});
 
 // The count step of a dispatch across nodes (after the flat one): tells each
 // rail peer how many tokens this rank forwards through it (h->fwd_count).
-epResult_t exchangeForwardCounts(const BackendComm& comm, Exchanger& ex, const Routing& rt, epHandle* h);
+epResult_t exchangeForwardCounts(const BackendComm& comm, Exchanger& ex, const Forwarding& fw, const Routing& rt,
+                                 epHandle* h);
 
 struct HierDispatchIo {
   DispatchRecord rec;

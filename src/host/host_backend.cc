@@ -75,6 +75,8 @@ class HostBackend : public Backend {
     dead_ = dead;
     shrunk_ = std::find(dead.begin(), dead.end(), true) != dead.end();
     exchanger_->shrink(dead, steps);
+    // A dead rail peer's sources go to its node's next live rank from now on.
+    if (hier_) fw_ = host::buildForwarding(comm_, dead_);
     return epSuccess;
   }
   const char* peerTransport(int peer) const override {
@@ -107,14 +109,6 @@ class HostBackend : public Backend {
       (*store)[i] = e >= 0 && dead_[size_t(pl.owner(e))] ? -1 : e;
     }
     return store->data();
-  }
-  // High throughput across nodes after a shrink: a dead rail peer's node
-  // would need a substitute forwarder (docs/SHRINK.md), not built yet.
-  epResult_t refuseHierAfterShrink(const char* fn) const {
-    if (!shrunk_ || !hier_) return epSuccess;
-    return setError(comm_, epNotSupported,
-                    "%s: high-throughput calls across nodes after epCommShrink need a substitute forwarder for the "
-                    "dead ranks' nodes, which is not built (low-latency calls work)", fn);
   }
 };
 
@@ -247,8 +241,7 @@ epResult_t HostBackend::layout(const epLayoutArgs_t& args, epStream_t) {
   return epSuccess;
 }
 
-epResult_t HostBackend::prepare(const char* fn, const epDispatchArgs_t& args, epHandle* h, epStream_t) {
-  EPCHECK(refuseHierAfterShrink(fn));
+epResult_t HostBackend::prepare(const char*, const epDispatchArgs_t& args, epHandle* h, epStream_t) {
   epDispatchArgs_t a = args;
   if (shrunk_ && a.topk_idx != nullptr) {
     a.topk_idx = maskIds(args.topk_idx, args.topk_idx_type, args.num_tokens, args.num_topk, &h->masked_ids);
@@ -258,14 +251,13 @@ epResult_t HostBackend::prepare(const char* fn, const epDispatchArgs_t& args, ep
   buildSendSide(comm_.placement(), a.topk_idx, a.topk_idx_type, a.num_tokens, a.num_topk, &routing);
 
   EPCHECK(exchanger_->exchangeCounts(host::kChunkCounts, &routing, "dispatch counts"));
-  if (hier_) EPCHECK(host::exchangeForwardCounts(comm_, *exchanger_, routing, h));
+  if (hier_) EPCHECK(host::exchangeForwardCounts(comm_, *exchanger_, fw_, routing, h));
   h->routing = std::move(routing);
   h->counts_known = true;
   return epSuccess;
 }
 
 epResult_t HostBackend::dispatch(const epDispatchArgs_t& args, epHandle* h, bool, epStream_t) {
-  EPCHECK(refuseHierAfterShrink("epDispatch"));
   epDispatchArgs_t a = args;
   if (shrunk_ && a.topk_idx != nullptr) {  // the ids prepare masked (a cached re-dispatch's own ones again)
     a.topk_idx = maskIds(args.topk_idx, args.topk_idx_type, args.num_tokens, args.num_topk, &h->masked_ids);
