@@ -220,10 +220,10 @@ epResult_t Exchanger::failTimeout(const std::vector<StreamSpec>& sends,
 epResult_t Exchanger::run(ChunkKind kind, std::vector<StreamSpec>& sends, std::vector<StreamSpec>& recvs,
                           const char* what, const std::vector<int>* order) {
   if (net_ != nullptr && lowLatencyKind(kind) && !net_->classConnected(epTrafficLowLatency)) {
-    if (std::find(dead_.begin(), dead_.end(), true) != dead_.end())
-      return setError(comm_, epNotSupported,
-                      "%s: the first low-latency call across nodes after epCommShrink: its connections are made "
-                      "over the bootstrap, which the death broke (make a low-latency call before)", what);
+    if (std::find(dead_.begin(), dead_.end(), true) != dead_.end())  // connected at init where shrink is allowed
+      return setError(comm_, epInternalError,
+                      "%s: the low-latency connections across nodes were not made at init, and a shrink broke the "
+                      "bootstrap they would be made over", what);
     EPCHECK(connectLowLatency(what));
   }
   return runCall(kind, ++calls_, sends, recvs, what, order);

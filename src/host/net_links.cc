@@ -217,6 +217,15 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, const std::vector<boo
 
   EPCHECK(connectPeers(epTrafficControl, remote_));
   EPCHECK(connectPeers(epTrafficThroughput, ht));
+  // With shrink allowed, the low-latency class too: a death breaks the
+  // bootstrap over which the first low-latency call would connect it. The
+  // handles' allgather below is the barrier: no rank puts before every
+  // rank's connections are ready.
+  const bool ll_now = cfg.enable_shrink && cfg.low_latency;
+  if (ll_now) {
+    EPCHECK(connectPeers(epTrafficLowLatency, remote_));
+    class_connected_[epTrafficLowLatency] = true;
+  }
   transportClearWarning();
   res = t_->reg_mem(tcomm_, segment, bytes, EP_TRANSPORT_MEM_HOST, -1, 0, &mem_);
   if (res != epSuccess) {
@@ -225,7 +234,8 @@ epResult_t NetLinks::open(const std::vector<bool>& remote, const std::vector<boo
   }
   EPCHECK(exchangeHandles());
   EP_INFO(kSubsysInit, "host backend: rank %d reaches %d ranks on other nodes through %s (throughput to %d of them; "
-          "low latency at the first low-latency call)", me, nremote, transport_->name, nht);
+          "low latency %s)", me, nremote, transport_->name, nht,
+          ll_now ? "now, config.enable_shrink" : "at the first low-latency call");
   return epSuccess;
 }
 

@@ -7,7 +7,9 @@
 //   throughput   to the rank's throughput peers (its rail pairs: a token
 //                crosses the network once per node, to its rail peer)
 //   low latency  to every rank on another node, made at the first
-//                low-latency call (a rank that never makes one opens none)
+//                low-latency call (a rank that never makes one opens none),
+//                or at open where config.enable_shrink is set (a death
+//                breaks the bootstrap that the first call connects over)
 //   control      to every rank on another node: credits, call numbers, and
 //                the counts of ranks with no throughput connection between
 //                them (closing flags go on the connection of the ring's last

@@ -1,7 +1,7 @@
 // Low-latency dispatch / combine on the host backend against a reference
 // written from docs/SEMANTICS.md, on random shapes, whole and split into send / receive halves.
 //
-//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice]
+//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll]
 #include <unistd.h>
 
 #include <algorithm>
@@ -175,6 +175,11 @@ bool g_shrink = false;
 // a shrink began; they shrink too, nobody is found dead, and the next layer
 // matches the full reference.
 bool g_shrink_notice = false;
+// --shrink-first-ll: as --shrink, but no low-latency call before the death:
+// the dispatch that meets it is the communicator's first low-latency call,
+// and the layer after the shrink the first to complete (across nodes its
+// connections must exist without the bootstrap the death broke).
+bool g_shrink_first_ll = false;
 
 // One low-latency dispatch and combine (and, with --interleave-ht, a
 // high-throughput layer between them) of this rank's input `real`, checked
@@ -307,7 +312,7 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
   }
   std::vector<Input> all;
   for (int r = 0; r < R; r++) all.push_back(makeInput(s, r));
-  checkLayer(s, all, all[rank], rank, comm, tally);
+  if (!(shrink && g_shrink_first_ll)) checkLayer(s, all, all[rank], rank, comm, tally);
   if (shrink && g_shrink_notice && R > 1) {
     int dead[16], ndead = -1;
     if (rank != 0) {
@@ -374,8 +379,9 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
     la0.recv_count = ll_cnt.data();
     la0.recv_src = ll_src.data();
     epHandle_t ll_old = nullptr;
-    tally->check(epLowLatencyDispatch(comm, &la0, &ll_old, nullptr) == epSuccess,
-                 "a low-latency dispatch before the death, never combined", rank);
+    if (!g_shrink_first_ll)
+      tally->check(epLowLatencyDispatch(comm, &la0, &ll_old, nullptr) == epSuccess,
+                   "a low-latency dispatch before the death, never combined", rank);
     // Rank 1 dies: the others find it after taking rank 0's chunks, and the
     // higher ranks' chunks of the failed step stay in the rings (dropped after the shrink).
     const int gone = 1;
@@ -474,8 +480,9 @@ int main(int argc, char** argv) {
     else if (arg == "--interleave-ht") g_interleave_ht = true;
     else if (arg == "--shrink") g_shrink = true;
     else if (arg == "--shrink-notice") g_shrink = g_shrink_notice = true;
+    else if (arg == "--shrink-first-ll") g_shrink = g_shrink_first_ll = true;
     else {
-      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice]\n",
+      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll]\n",
               argv[0]);
       return 2;
     }

@@ -27,9 +27,12 @@ check ep_bench_2_nodes_rdma_cm env EP_NODE_SIZE=1 EP_IB_CM=rdma_cm timeout 200 "
 check mp_dispatch_3_nodes env EP_NODE_SIZE=1 timeout 200 "$BUILD/tests/mp_dispatch" -n 3 --cases 3 --seed 42
 check soak_3_nodes env EP_NODE_SIZE=1 timeout 300 "$BUILD/tests/mp_dispatch" -n 3 --soak 150 --warmup 10
 # epCommShrink over ibverbs: rank 1 of 3 dies; the module forgets it (drop_peer)
-# and the survivors' low-latency layers match the reference without it.
+# and the survivors' layers match the reference without it; shrink_first_ll:
+# no low-latency call before the death (its QPs were made at init).
 check shrink_3_nodes env EP_NODE_SIZE=1 EP_TRANSPORTS=shm,ibverbs timeout 200 "$BUILD/tests/mp_lowlat" -n 3 --cases 2 \
   --seed 75 --shrink
+check shrink_first_ll env EP_NODE_SIZE=1 EP_TRANSPORTS=shm,ibverbs timeout 200 "$BUILD/tests/mp_lowlat" -n 3 --cases 1 \
+  --seed 78 --shrink-first-ll
 # A rank waiting 1.5 s for a late peer over ibverbs sleeps on the completion
 # channel: at most 5% of a core beyond the call's own work (1.5% measured).
 # Napping between looks instead (EP_NET_WAIT=0), the figure beside it, costs

@@ -93,14 +93,19 @@ across "ep_bench --mode ll 2 nodes x 2, EP_BUFFER_BYTES_CAP=600000" 4 env EP_BUF
 across "mp_lowlat 2 nodes x 2 --interleave-ht, EP_BUFFER_BYTES_CAP=400000" 4 env EP_BUFFER_BYTES_CAP=400000 \
   "$BUILD/tests/mp_lowlat" -n 4 --cases 8 --seed 71 --interleave-ht
 across "mp_lowlat 4 nodes x 2 --interleave-ht" 8 "$BUILD/tests/mp_lowlat" -n 8 --cases 4 --seed 72 --interleave-ht
-# epCommShrink across nodes (low latency): rank 1 dies; the socket transport
-# forgets it (drop_peer) and the survivors' layers match the reference without it.
+# epCommShrink across nodes: rank 1 dies; the socket transport forgets it
+# (drop_peer) and the survivors' layers, low latency and high throughput (a
+# dead rail peer's substitute forwarding), match the reference without it.
+# --shrink-first-ll: no low-latency call before the death (the class was
+# connected at init: config.enable_shrink).
 across "mp_lowlat 2 nodes x 2, a rank dies, the survivors shrink" 4 "$BUILD/tests/mp_lowlat" -n 4 --cases 2 \
   --seed 73 --shrink
 NODE=1 across "mp_lowlat 5 ranks a node each, a rank dies, the survivors shrink" 5 "$BUILD/tests/mp_lowlat" -n 5 \
   --cases 1 --seed 74 --shrink
 across "mp_lowlat 2 nodes x 2, one begins a shrink while the others wait" 4 "$BUILD/tests/mp_lowlat" -n 4 --cases 1 \
   --seed 76 --shrink-notice
+across "mp_lowlat 2 nodes x 2, a rank dies before any low-latency call" 4 "$BUILD/tests/mp_lowlat" -n 4 --cases 1 \
+  --seed 77 --shrink-first-ll
 # Two connections (streams) per peer and class: each call ends once its peers
 # took its last chunks (what a transport may post only at a later progress).
 across "mp_lowlat 2 nodes x 2 --interleave-ht, EP_IB_QPS_PER_PEER=2" 4 env EP_IB_QPS_PER_PEER=2 \
