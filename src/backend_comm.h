@@ -84,6 +84,12 @@ class BackendComm {
   // A peer began epCommShrink (a rank died): this rank's waits stop, so that
   // it joins the shrink instead of waiting out its timeout.
   bool shrinkBegan() const { return shrink_heard_ != nullptr && shrink_heard_->epoch() > *shrink_epoch_; }
+  // shrinkBegan, and the call waits (waiting_on(r)) for a rank in that
+  // shrink or counted dead by it: the call cannot complete.
+  template <typename Pred>
+  bool shrinkBlocks(Pred waiting_on) const {
+    return shrinkBegan() && shrink_heard_->blocks(waiting_on);
+  }
   // A call failed because rank r exited, left or broke its connection: the
   // next epCommShrink suspects it, as if its caller had named it.
   void noteGone(int r) const {

@@ -419,7 +419,7 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
     // may return early, often: a peer whose signals wake nobody).
     if ((idle_rounds & 63) == 0 || (slept && Clock::now() - last_liveness_check > std::chrono::milliseconds(1))) {
       last_liveness_check = Clock::now();
-      if (comm_.shrinkBegan()) {  // a peer left its call for epCommShrink: this one cannot complete
+      if (comm_.shrinkBlocks(waitingOn)) {  // a peer it waits for left for epCommShrink, or is dead to one
         comm_.markFailed(epRemoteError);
         return setError(comm_, epRemoteError,
                         "%s (call %llu): %s (a rank died, or it suspects one): this call cannot complete; call "

@@ -1,8 +1,11 @@
-// What a rank heard of a shrink another rank began (docs/SHRINK.md, "The
-// notice"): the recovery link's thread records the first message of each
-// newer epoch; a rank waiting inside a call reads it to fail that call at
-// once, naming who began the shrink and whom it counts as dead, so that the
-// error says which rank died even where this rank had not seen it yet.
+// What a rank heard of a shrink other ranks began (docs/SHRINK.md, "What is
+// built"): the recovery link's thread records the messages of the newest
+// epoch. A rank waiting inside a call fails it at once where it waits for a
+// rank involved in that shrink (one that sent a message of it, so left its
+// calls, or one a message counts as dead), naming who began the shrink and
+// whom it counts as dead, so that the error says which rank died even where
+// this rank had not seen it yet. A call that waits only for ranks still in
+// it goes on: it can complete.
 #pragma once
 
 #include <atomic>
@@ -22,10 +25,27 @@ class ShrinkNotice {
   // A message of `epoch` from rank `from`, whose sender counts `dead` as dead.
   void record(uint32_t epoch, int from, const std::vector<bool>& dead) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (epoch <= epoch_.load()) return;  // the first message of an epoch is the notice
-    from_ = from;
-    dead_ = dead;
+    if (epoch < epoch_.load() || from < 0 || size_t(from) >= dead.size()) return;
+    if (epoch > epoch_.load()) {  // the first message of a newer epoch: the one the error names
+      from_ = from;
+      dead_ = dead;
+      involved_.assign(dead.size(), false);
+    }
+    if (involved_.size() != dead.size()) return;
+    involved_[size_t(from)] = true;
+    for (size_t r = 0; r < dead.size(); r++)
+      if (dead[r]) involved_[r] = true;
     epoch_.store(epoch);
+  }
+
+  // Whether waiting_on(r) holds for a rank r involved in the newest epoch's
+  // shrink: a call waiting for it cannot complete.
+  template <typename Pred>
+  bool blocks(Pred waiting_on) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t r = 0; r < involved_.size(); r++)
+      if (involved_[r] && waiting_on(int(r))) return true;
+    return false;
   }
 
   // "rank 2 began epCommShrink (epoch 1), counting rank 1 dead"
@@ -46,6 +66,7 @@ class ShrinkNotice {
   std::atomic<uint32_t> epoch_{0};
   int from_ = -1;
   std::vector<bool> dead_;
+  std::vector<bool> involved_;  // [R] senders of the newest epoch's messages, and the ranks they count dead
 };
 
 }  // namespace recovery
