@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "moeep.h"
 
@@ -19,6 +20,14 @@ class StagingBuffer {
  public:
   virtual ~StagingBuffer() = default;
   virtual void* data() = 0;
+};
+
+// One region that goes back to the caller: `rows` rows of `width` bytes,
+// `pitch` bytes apart on both sides.
+struct CopyBack {
+  void* dst;
+  const void* host;
+  size_t width, rows, pitch;
 };
 
 // Every call that fails has already set the communicator's error (setError).
@@ -46,6 +55,17 @@ class Stager {
   // `pitch` bytes apart on both sides (rows = 1: a plain copy).
   virtual epResult_t toCaller(void* dst, const void* host, size_t width, size_t rows, size_t pitch,
                               epStream_t stream) = 0;
+  // Every region of `copies` back, in stream order; the regions do not
+  // overlap. One toCaller each unless the stager can do better: a call's
+  // outputs are often hundreds of small regions (a low-latency dispatch's
+  // rows of each local expert).
+  virtual epResult_t toCallerAll(const std::vector<CopyBack>& copies, epStream_t stream) {
+    for (const CopyBack& c : copies) {
+      const epResult_t res = toCaller(c.dst, c.host, c.width, c.rows, c.pitch, stream);
+      if (res != epSuccess) return res;
+    }
+    return epSuccess;
+  }
   // Every byte of dst set to `value`, in stream order.
   virtual epResult_t fill(void* dst, int value, size_t bytes, epStream_t stream) = 0;
   // Waits until the copies back are done, so that their staging may be reused.

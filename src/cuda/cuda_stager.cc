@@ -8,6 +8,7 @@
 
 #include "../backend.h"
 #include "../debug.h"
+#include "../params.h"
 #include "cuda_check.h"
 
 namespace ep {
@@ -102,6 +103,47 @@ class CudaStager : public Stager {
       CUDACHECK(cudaMemcpy2DAsync(dst, pitch, host, pitch, width, rows, cudaMemcpyDefault, stream));
     return epSuccess;
   }
+  // A call's outputs are often hundreds of small regions (a low-latency
+  // dispatch's rows per local expert): one cudaMemcpyAsync each costs a few
+  // microseconds of the host's time apiece, so they go in one
+  // cudaMemcpyBatchAsync (CUDA 12.8). Pitched regions of a few rows are cut
+  // into rows for it; longer ones stay 2D copies. Where the batch is refused
+  // (the legacy stream, an older driver), one copy each. Off unless
+  // EP_CUDA_STAGE_BATCH=1 until it has run on a GPU (docs/BENCHMARKS.md,
+  // 2026-12-07, the staged path on an H100: copies back 0.6-3.7 GB/s).
+  epResult_t toCallerAll(const std::vector<CopyBack>& copies, epStream_t stream) override {
+    batch_dst_.clear();
+    batch_src_.clear();
+    batch_size_.clear();
+    for (const CopyBack& c : copies) {
+      if (c.rows == 1 || c.width == c.pitch) {
+        addToBatch(c.dst, c.host, c.width * c.rows);
+      } else if (c.rows <= kRowsCutForBatch) {
+        for (size_t r = 0; r < c.rows; r++)
+          addToBatch(static_cast<char*>(c.dst) + r * c.pitch, static_cast<const char*>(c.host) + r * c.pitch, c.width);
+      } else {
+        CUDACHECK(cudaMemcpy2DAsync(c.dst, c.pitch, c.host, c.pitch, c.width, c.rows, cudaMemcpyDefault, stream));
+      }
+    }
+    if (batch_dst_.empty()) return epSuccess;
+    if (batch_dst_.size() > 1 && stream != nullptr && param::CUDA_STAGE_BATCH() != 0) {
+      cudaMemcpyAttributes attr = {};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t first = 0;
+      const cudaError_t e = cudaMemcpyBatchAsync(batch_dst_.data(), batch_src_.data(), batch_size_.data(),
+                                                 batch_dst_.size(), &attr, &first, 1, stream);
+      if (e == cudaSuccess) return epSuccess;
+      cudaGetLastError();
+      if (!batch_refused_) {
+        batch_refused_ = true;
+        EP_INFO(kSubsysInit, "cuda_staged: cudaMemcpyBatchAsync refused (%s): copies back one by one",
+                cudaGetErrorString(e));
+      }
+    }
+    for (size_t i = 0; i < batch_dst_.size(); i++)  // the same bytes again where a refused batch wrote some
+      CUDACHECK(cudaMemcpyAsync(batch_dst_[i], batch_src_[i], batch_size_[i], cudaMemcpyDefault, stream));
+    return epSuccess;
+  }
   epResult_t fill(void* dst, int value, size_t bytes, epStream_t stream) override {
     CUDACHECK(cudaMemsetAsync(dst, value, bytes, stream));
     return epSuccess;
@@ -116,6 +158,18 @@ class CudaStager : public Stager {
   }
 
  private:
+  static constexpr size_t kRowsCutForBatch = 64;
+  void addToBatch(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    batch_dst_.push_back(dst);
+    batch_src_.push_back(src);
+    batch_size_.push_back(bytes);
+  }
+  std::vector<void*> batch_dst_;
+  std::vector<const void*> batch_src_;
+  std::vector<size_t> batch_size_;
+  bool batch_refused_ = false;
+
   struct Block {
     void* ptr = nullptr;
     size_t bytes = 0;

@@ -132,12 +132,8 @@ class CallStaging {
     in_flight_ = true;
     const auto start = StageClock::now();
     size_t bytes = 0;
-    epResult_t res = epSuccess;
-    for (const Back& b : outs_) {
-      bytes += b.width * b.rows;
-      res = stager_.toCaller(b.dst, b.host, b.width, b.rows, b.pitch, stream_);
-      if (res != epSuccess) break;
-    }
+    for (const CopyBack& b : outs_) bytes += b.width * b.rows;
+    epResult_t res = outs_.empty() ? epSuccess : stager_.toCallerAll(outs_, stream_);
     outs_.clear();
     if (res == epSuccess) res = stager_.finish(stream_);
     // Drained here on failure too: some of these buffers belong to a handle
@@ -149,11 +145,6 @@ class CallStaging {
   }
 
  private:
-  struct Back {
-    void* dst;
-    const void* host;
-    size_t width, rows, pitch;
-  };
   static double usSince(StageClock::time_point t) {
     return std::chrono::duration<double, std::micro>(StageClock::now() - t).count();
   }
@@ -164,7 +155,7 @@ class CallStaging {
   size_t in_bytes_ = 0;     // of the copies to the host since the last fence
   StageClock::time_point in_start_;
   std::vector<std::unique_ptr<StagingBuffer>> held_;
-  std::vector<Back> outs_;
+  std::vector<CopyBack> outs_;
 };
 
 // The stager's enter()/leave() around a call.
