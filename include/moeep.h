@@ -193,6 +193,12 @@ EP_API epResult_t epCommAbort(epComm_t comm);
  * or when another rank died during the shrink (call it again); the
  * communicator then stays failed. docs/SHRINK.md. */
 EP_API epResult_t epCommShrink(epComm_t comm, const int *suspects, int nsuspects, int *dead, int *ndead);
+/* The ranks the shrinks so far removed, ascending: *ndead is their number,
+ * the first min(*ndead, capacity) are written to dead (may be NULL when
+ * capacity is 0); *epoch (may be NULL) the number of the last completed
+ * shrink (0: none). Not collective; safe beside a call on another thread.
+ * A communicator made without enable_shrink answers 0 and 0. */
+EP_API epResult_t epCommDeadRanks(epComm_t comm, int *dead, int capacity, int *ndead, unsigned int *epoch);
 EP_API epResult_t epCommRank(epComm_t comm, int *rank);
 EP_API epResult_t epCommSize(epComm_t comm, int *size);
 /* Experts owned by this rank: [*first, *first + *count). */

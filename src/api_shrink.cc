@@ -2,6 +2,7 @@
 // set over their recovery links, then the backend drops the failed call's
 // state and masks the dead ranks from the next call on.
 #include <algorithm>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -92,8 +93,11 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
       comm->broken.store(br);
       return br;
     }
-    comm->dead = res.dead;
-    comm->shrink_epoch = epoch;
+    {
+      std::lock_guard<std::mutex> lock(comm->dead_mu);
+      comm->dead = res.dead;
+      comm->shrink_epoch = epoch;
+    }
     comm->broken.store(epSuccess);
     comm->ll_dispatches = 0;  // the survivors pair their low-latency calls from here, alike
     for (int s = 0; s < 2; s++) {
@@ -114,4 +118,25 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
   } catch (...) {
     return g.exception("epCommShrink");
   }
+}
+
+EP_API epResult_t epCommDeadRanks(epComm_t comm, int* dead, int capacity, int* ndead, unsigned int* epoch) try {
+  CallGuard g(comm);
+  EPCHECK(g.enter("epCommDeadRanks"));
+  if (ndead == nullptr) return setError(comm, epInvalidArgument, "epCommDeadRanks: ndead is NULL");
+  if (capacity < 0 || (capacity > 0 && dead == nullptr))
+    return setError(comm, epInvalidArgument, "epCommDeadRanks: capacity %d with dead at %p", capacity,
+                    static_cast<void*>(dead));
+  std::lock_guard<std::mutex> lock(comm->dead_mu);
+  int n = 0;
+  for (int r = 0; r < int(comm->dead.size()); r++)  // empty without enable_shrink
+    if (comm->dead[size_t(r)]) {
+      if (n < capacity) dead[n] = r;
+      n++;
+    }
+  *ndead = n;
+  if (epoch != nullptr) *epoch = comm->shrink_epoch;
+  return epSuccess;
+} catch (...) {
+  return apiException("epCommDeadRanks", nullptr);
 }

@@ -84,7 +84,8 @@ struct epComm : ep::CommFacts {
   uint32_t shrink_epoch = 0;
   uint32_t shrink_attempts = 0;  // the epoch of the last attempt, done or not
   ep::recovery::ShrinkNotice shrink_heard;  // the newest epoch a peer's recovery message carried, and who began it
-  std::vector<bool> dead;  // [R]
+  std::vector<bool> dead;  // [R]; with shrink_epoch, written under dead_mu (epCommDeadRanks reads them anytime)
+  std::mutex dead_mu;
   std::atomic<int> gone{-1};  // the rank the last failed call found gone (-1: none), a suspect for the next shrink
   std::mutex error_mu;
   std::string last_error;

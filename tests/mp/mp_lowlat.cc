@@ -424,6 +424,11 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
       epCommDestroy(comm);
       return;
     }
+    int queried[16] = {-1}, nqueried = -1;
+    unsigned int epoch = 0;
+    tally->check(epCommDeadRanks(comm, queried, 16, &nqueried, &epoch) == epSuccess && nqueried == 1 &&
+                     queried[0] == gone && epoch == 1,
+                 "epCommDeadRanks says the same, epoch 1", rank);
     // The reference without it: no tokens of its own, its experts -1 everywhere.
     LLShape masked = s;
     masked.tokens[gone] = 0;

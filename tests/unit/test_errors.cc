@@ -238,6 +238,15 @@ void shrink_is_refused_where_it_cannot_run(void**) {
   assert_result(epCommShrink(comm, nullptr, 0, dead, &ndead), epInvalidUsage);
   assert_contains(epGetLastError(comm), "enable_shrink");
   assert_int_equal(ndead, -1);
+  // epCommDeadRanks without shrink: nobody, epoch 0; its arguments checked.
+  unsigned int epoch = 7;
+  assert_result(epCommDeadRanks(comm, nullptr, 0, &ndead, &epoch), epSuccess);
+  assert_int_equal(ndead, 0);
+  assert_int_equal(epoch, 0);
+  assert_result(epCommDeadRanks(comm, nullptr, 0, nullptr, &epoch), epInvalidArgument);
+  assert_result(epCommDeadRanks(comm, nullptr, 2, &ndead, &epoch), epInvalidArgument);
+  assert_result(epCommDeadRanks(comm, dead, -1, &ndead, nullptr), epInvalidArgument);
+  assert_result(epCommDeadRanks(nullptr, dead, 1, &ndead, nullptr), epInvalidArgument);
   assert_result(epCommDestroy(comm), epSuccess);
 
   cfg.enable_shrink = 1;
@@ -251,6 +260,10 @@ void shrink_is_refused_where_it_cannot_run(void**) {
   // One rank alone: nobody to lose, it decides at once.
   assert_result(epCommShrink(comm, nullptr, 0, dead, &ndead), epSuccess);
   assert_int_equal(ndead, 0);
+  ndead = -1;
+  assert_result(epCommDeadRanks(comm, dead, 1, &ndead, &epoch), epSuccess);
+  assert_int_equal(ndead, 0);
+  assert_int_equal(epoch, 1);  // the shrink completed, losing nobody
   assert_result(epCommDestroy(comm), epSuccess);
 
 }

@@ -153,6 +153,7 @@ _PROTOTYPES = {
     "epCommDestroy": [_handle],
     "epCommAbort": [_handle],
     "epCommShrink": [_handle, C.POINTER(C.c_int), C.c_int, C.POINTER(C.c_int), C.POINTER(C.c_int)],
+    "epCommDeadRanks": [_handle, C.POINTER(C.c_int), C.c_int, C.POINTER(C.c_int), C.POINTER(C.c_uint)],
     "epCommRank": [_handle, C.POINTER(C.c_int)],
     "epCommSize": [_handle, C.POINTER(C.c_int)],
     "epCommLocalExperts": [_handle, C.POINTER(C.c_int), C.POINTER(C.c_int)],

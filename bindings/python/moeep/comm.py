@@ -171,6 +171,17 @@ class Communicator(_Released):
         self._check(_capi.lib().epCommShrink(self._ptr, arr, len(suspects), dead, C.byref(n)), "epCommShrink")
         return [dead[i] for i in range(n.value)]
 
+    @property
+    def dead_ranks(self):
+        """epCommDeadRanks: (the ranks the shrinks so far removed, ascending,
+        the number of the last completed shrink); ([], 0) before any."""
+        dead = (C.c_int * self.size)()
+        n = C.c_int()
+        epoch = C.c_uint()
+        self._check(_capi.lib().epCommDeadRanks(self._ptr, dead, self.size, C.byref(n), C.byref(epoch)),
+                    "epCommDeadRanks")
+        return [dead[i] for i in range(n.value)], epoch.value
+
     # ---- queries --------------------------------------------------------------
     def _query_int(self, fn):
         v = C.c_int()

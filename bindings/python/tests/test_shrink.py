@@ -47,9 +47,15 @@ def rank_main(rank, nranks, uid):
         if "rank 1" not in str(e):
             print("FAIL rank %d: the error does not name rank 1: %s" % (rank, e), flush=True)
             return 1
+    if comm.dead_ranks != ([], 0):
+        print("FAIL rank %d: dead_ranks before the shrink: %r" % (rank, comm.dead_ranks), flush=True)
+        return 1
     dead = comm.shrink()
     if dead != [1]:
         print("FAIL rank %d: shrink returned %r, not [1]" % (rank, dead), flush=True)
+        return 1
+    if comm.dead_ranks != ([1], 1):
+        print("FAIL rank %d: dead_ranks after the shrink: %r, not ([1], 1)" % (rank, comm.dead_ranks), flush=True)
         return 1
     d = comm.dispatch(to_bfloat16(x), idx)
     # Rows this rank receives: every survivor's tokens with an expert here,

@@ -456,6 +456,13 @@ extern "C" {
         dead: *mut c_int,
         ndead: *mut c_int,
     ) -> epResult_t;
+    pub fn epCommDeadRanks(
+        comm: epComm_t,
+        dead: *mut c_int,
+        capacity: c_int,
+        ndead: *mut c_int,
+        epoch: *mut c_uint,
+    ) -> epResult_t;
     pub fn epCommRank(comm: epComm_t, rank: *mut c_int) -> epResult_t;
     pub fn epCommSize(comm: epComm_t, size: *mut c_int) -> epResult_t;
     pub fn epCommLocalExperts(comm: epComm_t, first: *mut c_int, count: *mut c_int) -> epResult_t;
