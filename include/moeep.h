@@ -195,8 +195,9 @@ EP_API epResult_t epCommAbort(epComm_t comm);
 EP_API epResult_t epCommShrink(epComm_t comm, const int *suspects, int nsuspects, int *dead, int *ndead);
 /* The ranks the shrinks so far removed, ascending: *ndead is their number,
  * the first min(*ndead, capacity) are written to dead (may be NULL when
- * capacity is 0); *epoch (may be NULL) the number of the last completed
- * shrink (0: none). Not collective; safe beside a call on another thread.
+ * capacity is 0); *epoch (may be NULL) the epoch of the last completed
+ * shrink (0: none; failed attempts use epochs too, so it may skip). Not
+ * collective; safe beside a call on another thread.
  * A communicator made without enable_shrink answers 0 and 0. */
 EP_API epResult_t epCommDeadRanks(epComm_t comm, int *dead, int capacity, int *ndead, unsigned int *epoch);
 EP_API epResult_t epCommRank(epComm_t comm, int *rank);

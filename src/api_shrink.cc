@@ -57,7 +57,7 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
     for (int r = 0; r < R; r++)
       if (r != comm->rank && !comm->dead[size_t(r)] && view.peerExited(r)) known.push_back(r);
     // The rank a failed call found gone (an exit, a broken connection).
-    const int gone = comm->gone.exchange(-1);
+    const int gone = comm->gone.load();  // kept for a retry until a shrink decides
     if (gone >= 0 && gone < R && gone != comm->rank && !comm->dead[size_t(gone)]) known.push_back(gone);
     std::vector<bool> members(static_cast<size_t>(R));
     for (int r = 0; r < R; r++) members[size_t(r)] = !comm->dead[size_t(r)];
@@ -98,6 +98,8 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
       comm->dead = res.dead;
       comm->shrink_epoch = epoch;
     }
+    comm->gone.store(-1);
+    comm->shrink_heard.removed(res.dead);  // a removed rank's messages fail no call
     comm->broken.store(epSuccess);
     comm->ll_dispatches = 0;  // the survivors pair their low-latency calls from here, alike
     for (int s = 0; s < 2; s++) {

@@ -90,8 +90,10 @@ class BackendComm {
   bool shrinkBlocks(Pred waiting_on) const {
     return shrinkBegan() && shrink_heard_->blocks(waiting_on);
   }
-  // A call failed because rank r exited, left or broke its connection: the
-  // next epCommShrink suspects it, as if its caller had named it.
+  // A call failed because rank r exited or left its communicator: the next
+  // epCommShrink suspects it, as if its caller had named it. (Not for a
+  // broken connection: a link fault seen from both ends would make two live
+  // ranks exclude each other.)
   void noteGone(int r) const {
     if (gone_ != nullptr) gone_->store(r);
   }

@@ -34,6 +34,13 @@ constexpr auto kNetIdleBeforeSleep = std::chrono::milliseconds(1);
 constexpr int kNetWaitFirstUs = 10000;
 constexpr int kNetWaitMostUs = 80000;
 using Clock = std::chrono::steady_clock;
+// Once a peer began epCommShrink, a call stalled this long fails: soon where
+// it waits for a rank in that shrink (its last chunks may still be on their
+// way: a rank leaves a call once its puts are posted, and its first shrink
+// message may overtake them), later where it waits only for ranks still in
+// their calls (one of them may be waiting for a dead rank nobody named).
+constexpr auto kShrinkInvolvedStall = std::chrono::milliseconds(500);
+constexpr auto kShrinkAnyStall = std::chrono::milliseconds(2000);
 
 bool lowLatencyKind(ChunkKind kind) {
   return kind == kChunkLLCounts || kind == kChunkLLDispatch || kind == kChunkLLCombine;
@@ -106,7 +113,6 @@ epResult_t Exchanger::netFailed(epResult_t res, int peer, const std::string& why
                                 uint64_t call_seq) {
   comm_.markFailed(epRemoteError);
   (void)res;
-  if (peer >= 0) comm_.noteGone(peer);
   if (peer >= 0)
     return setError(comm_, epRemoteError, "%s (call %llu): rank %d (node %d) over %s: %s", what,
                     (unsigned long long)call_seq, peer, comm_.nodes().node_of_rank[size_t(peer)],
@@ -419,11 +425,19 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
     // may return early, often: a peer whose signals wake nobody).
     if ((idle_rounds & 63) == 0 || (slept && Clock::now() - last_liveness_check > std::chrono::milliseconds(1))) {
       last_liveness_check = Clock::now();
-      if (comm_.shrinkBlocks(waitingOn)) {  // a peer it waits for left for epCommShrink, or is dead to one
-        comm_.markFailed(epRemoteError);
-        return setError(comm_, epRemoteError,
-                        "%s (call %llu): %s (a rank died, or it suspects one): this call cannot complete; call "
-                        "epCommShrink", what, (unsigned long long)call_seq, comm_.shrinkNotice().c_str());
+      if (comm_.shrinkBegan()) {
+        const auto stalled = Clock::now() - last_progress;
+        if ((stalled > kShrinkInvolvedStall && comm_.shrinkBlocks(waitingOn)) || stalled > kShrinkAnyStall) {
+          int awaited = -1;
+          for (int r = 0; r < R && awaited < 0; r++)
+            if (waitingOn(r) && comm_.shrinkBlocks([r](int q) { return q == r; })) awaited = r;
+          for (int r = 0; r < R && awaited < 0; r++)
+            if (waitingOn(r)) awaited = r;
+          comm_.markFailed(epRemoteError);
+          return setError(comm_, epRemoteError,
+                          "%s (call %llu): %s; this call waits for rank %d and cannot complete: call epCommShrink",
+                          what, (unsigned long long)call_seq, comm_.shrinkNotice().c_str(), awaited);
+        }
       }
       // A waited-on peer that exited, else one that closed its communicator.
       int gone = -1;

@@ -174,7 +174,7 @@ class Communicator(_Released):
     @property
     def dead_ranks(self):
         """epCommDeadRanks: (the ranks the shrinks so far removed, ascending,
-        the number of the last completed shrink); ([], 0) before any."""
+        the epoch of the last completed shrink); ([], 0) before any."""
         dead = (C.c_int * self.size)()
         n = C.c_int()
         epoch = C.c_uint()
