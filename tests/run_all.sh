@@ -124,6 +124,9 @@ run "mp_lowlat 4 ranks, a rank dies, the survivors shrink" timeout 300 "$BUILD/t
 # first message), well before their timeout; nobody is found dead.
 run "mp_lowlat 4 ranks, one begins a shrink while the others wait" timeout 300 "$BUILD/tests/mp_lowlat" -n 4 \
   --cases 2 --seed 62 --shrink-notice
+# Two deaths one after the other: the second shrink returns both (epoch 2).
+run "mp_lowlat 4 ranks, two ranks die one after the other" timeout 300 "$BUILD/tests/mp_lowlat" -n 4 --cases 2 \
+  --seed 63 --shrink-twice
 run "test_fuzz_api 4 ranks (threads, the same random arguments on every rank)" timeout 300 \
   "$BUILD/tests/test_fuzz_api" --ranks 4 --iters 2000 --seed 4
 run "mp_topo (4 ranks as 2 nodes of 2)" timeout 300 "$BUILD/tests/mp_topo"

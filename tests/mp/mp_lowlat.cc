@@ -1,7 +1,7 @@
 // Low-latency dispatch / combine on the host backend against a reference
 // written from docs/SEMANTICS.md, on random shapes, whole and split into send / receive halves.
 //
-//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll]
+//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice]
 #include <unistd.h>
 
 #include <algorithm>
@@ -180,6 +180,10 @@ bool g_shrink_notice = false;
 // and the layer after the shrink the first to complete (across nodes its
 // connections must exist without the bootstrap the death broke).
 bool g_shrink_first_ll = false;
+// --shrink-twice: as --shrink, then the last rank dies too; a second shrink
+// must return both ranks (epoch 2) and the next layer match the reference
+// without either.
+bool g_shrink_twice = false;
 
 // One low-latency dispatch and combine (and, with --interleave-ht, a
 // high-throughput layer between them) of this rank's input `real`, checked
@@ -291,6 +295,36 @@ void checkLayer(const LLShape& s, const std::vector<Input>& all, const Input& re
   epHandleDestroy(h);
 }
 
+// The low-latency dispatch that meets the death of rank `gone` must fail,
+// naming it (in its own words, or as the rank a shrink's notice counts dead
+// or the call waits for).
+void dispatchMeetsDeath(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm, int gone,
+                        Tally* tally) {
+  const int R = s.nranks;
+  const int L = s.experts / R, cap = R * s.max_tokens;
+  std::vector<uint8_t> rx(size_t(L) * cap * size_t(s.hidden) * 2 + 16);
+  std::vector<float> sc(size_t(L) * cap * ((s.hidden + 127) / 128) + 1);
+  std::vector<int> cnt(L), src(size_t(L) * cap + 1);
+  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+  a.x = all[rank].x.data();
+  a.topk_idx = all[rank].topk.data();
+  a.topk_weights = all[rank].w.data();
+  a.num_tokens = s.tokens[rank];
+  a.num_topk = s.topk_of[rank];
+  a.wire_type = epBfloat16;
+  a.recv_x = rx.data();
+  a.recv_scales = sc.data();
+  a.recv_count = cnt.data();
+  a.recv_src = src.data();
+  epHandle_t h = nullptr;
+  const epResult_t failed = epLowLatencyDispatch(comm, &a, &h, nullptr);
+  const std::string why = epGetLastError(comm);
+  tally->check(failed == epRemoteError || failed == epTimeout, "the dispatch that meets the death fails", rank);
+  tally->check(why.find("rank " + std::to_string(gone)) != std::string::npos, "naming the dead rank", rank);
+  if (why.find("rank " + std::to_string(gone)) == std::string::npos) fprintf(stderr, "rank %d: %s\n", rank, why.c_str());
+  if (h) epHandleDestroy(h);
+}
+
 void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool shrink, Tally* tally) {
   const int rank = li.rank, R = s.nranks;
   epConfig_t cfg = EP_CONFIG_INITIALIZER;
@@ -393,29 +427,8 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
       fflush(stdout);
       _exit(0);
     }
-    // The dispatch that meets the death fails, naming the dead rank.
-    const int L = s.experts / R, cap = R * s.max_tokens;
-    std::vector<uint8_t> rx(size_t(L) * cap * size_t(s.hidden) * 2 + 16);
-    std::vector<float> sc(size_t(L) * cap * ((s.hidden + 127) / 128) + 1);
-    std::vector<int> cnt(L), src(size_t(L) * cap + 1);
-    epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-    a.x = all[rank].x.data();
-    a.topk_idx = all[rank].topk.data();
-    a.topk_weights = all[rank].w.data();
-    a.num_tokens = s.tokens[rank];
-    a.num_topk = s.topk_of[rank];
-    a.wire_type = epBfloat16;
-    a.recv_x = rx.data();
-    a.recv_scales = sc.data();
-    a.recv_count = cnt.data();
-    a.recv_src = src.data();
-    epHandle_t h = nullptr;
-    const epResult_t failed = epLowLatencyDispatch(comm, &a, &h, nullptr);
-    const std::string why = epGetLastError(comm);
-    tally->check(failed == epRemoteError || failed == epTimeout, "the dispatch that meets the death fails", rank);
-    tally->check(why.find("rank " + std::to_string(gone)) != std::string::npos, "naming the dead rank", rank);
-    if (why.find("rank " + std::to_string(gone)) == std::string::npos) fprintf(stderr, "rank %d: %s\n", rank, why.c_str());
-    if (h) epHandleDestroy(h);
+    dispatchMeetsDeath(s, all, rank, comm, gone, tally);
+    const int L = s.experts / R;
     int dead[16], ndead = -1;
     const epResult_t shrunk = epCommShrink(comm, nullptr, 0, dead, &ndead);
     if (shrunk != epSuccess) fprintf(stderr, "rank %d: epCommShrink: %s\n", rank, epGetLastError(comm));
@@ -468,6 +481,38 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
     la.tokens_per_rank = per_rank.data();
     tally->check(epLayout(comm, &la, nullptr) == epSuccess && per_rank == want,
                  "the layout after the shrink counts no token for the dead rank", rank);
+    if (g_shrink_twice && R >= 4) {
+      // A second death, the last rank: the survivors shrink again (epoch 2,
+      // the dead set both ranks) and go on without either.
+      const int gone2 = R - 1;
+      if (rank == gone2) {
+        sleep(1);
+        fflush(stdout);
+        _exit(0);
+      }
+      dispatchMeetsDeath(s, all, rank, comm, gone2, tally);
+      ndead = -1;
+      const epResult_t again2 = epCommShrink(comm, nullptr, 0, dead, &ndead);
+      if (again2 != epSuccess) fprintf(stderr, "rank %d: epCommShrink: %s\n", rank, epGetLastError(comm));
+      tally->check(again2 == epSuccess && ndead == 2 && dead[0] == gone && dead[1] == gone2,
+                   "a second shrink: the dead set is both ranks", rank);
+      if (again2 != epSuccess) {
+        epCommDestroy(comm);
+        return;
+      }
+      epoch = 0;
+      tally->check(epCommDeadRanks(comm, queried, 16, &nqueried, &epoch) == epSuccess && nqueried == 2 && epoch == 2,
+                   "epCommDeadRanks: both, epoch 2", rank);
+      LLShape masked2 = masked;
+      masked2.tokens[gone2] = 0;
+      std::vector<Input> kept2 = kept;
+      kept2[size_t(gone2)] = Input();
+      for (int r = 0; r < R; r++)
+        for (int64_t& e : kept2[size_t(r)].topk)
+          if (e >= 0 && e / L == gone2) e = -1;
+      if (nodes > 1) interleavedHighThroughput(masked2, kept2, all[rank], rank, comm, tally);
+      checkLayer(masked2, kept2, all[rank], rank, comm, tally);
+    }
   }
   epCommDestroy(comm);
 }
@@ -486,8 +531,9 @@ int main(int argc, char** argv) {
     else if (arg == "--shrink") g_shrink = true;
     else if (arg == "--shrink-notice") g_shrink = g_shrink_notice = true;
     else if (arg == "--shrink-first-ll") g_shrink = g_shrink_first_ll = true;
+    else if (arg == "--shrink-twice") g_shrink = g_shrink_twice = true;
     else {
-      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll]\n",
+      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice]\n",
               argv[0]);
       return 2;
     }

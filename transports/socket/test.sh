@@ -106,6 +106,10 @@ across "mp_lowlat 2 nodes x 2, one begins a shrink while the others wait" 4 "$BU
   --seed 76 --shrink-notice
 across "mp_lowlat 2 nodes x 2, a rank dies before any low-latency call" 4 "$BUILD/tests/mp_lowlat" -n 4 --cases 1 \
   --seed 77 --shrink-first-ll
+# Two deaths one after the other, two shrinks: rank 1 (rank 3's rail peer on
+# node 0: rank 0 substitutes), then rank 5 (the last of node 2).
+across "mp_lowlat 3 nodes x 2, two ranks die one after the other" 6 "$BUILD/tests/mp_lowlat" -n 6 --cases 1 \
+  --seed 80 --shrink-twice
 # Two connections (streams) per peer and class: each call ends once its peers
 # took its last chunks (what a transport may post only at a later progress).
 across "mp_lowlat 2 nodes x 2 --interleave-ht, EP_IB_QPS_PER_PEER=2" 4 env EP_IB_QPS_PER_PEER=2 \
