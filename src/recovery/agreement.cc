@@ -56,6 +56,7 @@ void Agreement::adopt(const AgreeMessage& m) {
 
 void Agreement::receive(int from, const AgreeMessage& m) {
   if (from < 0 || from >= nranks_ || from == rank_ || m.dead.size() != size_t(nranks_)) return;
+  if (!members_[size_t(from)]) return;  // removed by an earlier shrink: alive or not, it has no say
   if (m.epoch < epoch_) return;  // an older shrink's
   if (m.epoch > epoch_) {
     if (state_ == State::kRunning) state_ = State::kSuperseded;

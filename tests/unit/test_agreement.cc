@@ -273,6 +273,22 @@ void older_and_newer_epochs(void**) {
   assert_int_equal(int(a.state()), int(State::kSuperseded));
 }
 
+// A rank an earlier shrink removed (alive, it tries again) has no say: its
+// newer epoch supersedes nothing, its decision is not adopted.
+void removed_rank_is_not_heard(void**) {
+  std::vector<bool> members = {true, true, true, false};  // rank 3 was removed
+  Agreement a(0, members, 2u, {}, 1);
+  AgreeMessage m = a.outgoing();
+  m.epoch = 3;
+  a.receive(3, m);
+  assert_int_equal(int(a.state()), int(State::kRunning));
+  m.epoch = 2;
+  m.decide = true;
+  m.dead = setOf(4, {0, 3});
+  a.receive(3, m);
+  assert_int_equal(int(a.state()), int(State::kRunning));
+}
+
 void random_schedules(void**) {
   std::mt19937 rng(20261207);
   for (int iter = 0; iter < 300; iter++) {
@@ -324,6 +340,7 @@ int main() {
       cmocka_unit_test(nobody_dead_decides_empty),
       cmocka_unit_test(partition_decides_on_one_side_only),
       cmocka_unit_test(older_and_newer_epochs),
+      cmocka_unit_test(removed_rank_is_not_heard),
       cmocka_unit_test(random_schedules),
   };
   return cmocka_run_group_tests_name("agreement", tests, nullptr, nullptr);
