@@ -295,11 +295,10 @@ void checkLayer(const LLShape& s, const std::vector<Input>& all, const Input& re
   epHandleDestroy(h);
 }
 
-// The low-latency dispatch that meets the death of rank `gone` must fail,
-// naming it (in its own words, or as the rank a shrink's notice counts dead
-// or the call waits for).
-void dispatchMeetsDeath(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm, int gone,
-                        Tally* tally) {
+// A low-latency dispatch of this rank's real input that is expected to fail
+// (a rank died, or a shrink began): its result and the error's words.
+epResult_t failingDispatch(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm,
+                           std::string* why) {
   const int R = s.nranks;
   const int L = s.experts / R, cap = R * s.max_tokens;
   std::vector<uint8_t> rx(size_t(L) * cap * size_t(s.hidden) * 2 + 16);
@@ -317,12 +316,22 @@ void dispatchMeetsDeath(const LLShape& s, const std::vector<Input>& all, int ran
   a.recv_count = cnt.data();
   a.recv_src = src.data();
   epHandle_t h = nullptr;
-  const epResult_t failed = epLowLatencyDispatch(comm, &a, &h, nullptr);
-  const std::string why = epGetLastError(comm);
+  const epResult_t res = epLowLatencyDispatch(comm, &a, &h, nullptr);
+  *why = epGetLastError(comm);
+  if (h) epHandleDestroy(h);
+  return res;
+}
+
+// The low-latency dispatch that meets the death of rank `gone` must fail,
+// naming it (in its own words, or as the rank a shrink's notice counts dead
+// or the call waits for).
+void dispatchMeetsDeath(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm, int gone,
+                        Tally* tally) {
+  std::string why;
+  const epResult_t failed = failingDispatch(s, all, rank, comm, &why);
   tally->check(failed == epRemoteError || failed == epTimeout, "the dispatch that meets the death fails", rank);
   tally->check(why.find("rank " + std::to_string(gone)) != std::string::npos, "naming the dead rank", rank);
   if (why.find("rank " + std::to_string(gone)) == std::string::npos) fprintf(stderr, "rank %d: %s\n", rank, why.c_str());
-  if (h) epHandleDestroy(h);
 }
 
 void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool shrink, Tally* tally) {
@@ -350,31 +359,14 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
   if (shrink && g_shrink_notice && R > 1) {
     int dead[16], ndead = -1;
     if (rank != 0) {
-      const int L = s.experts / R, cap = R * s.max_tokens;
-      std::vector<uint8_t> rx(size_t(L) * cap * size_t(s.hidden) * 2 + 16);
-      std::vector<float> sc(size_t(L) * cap * ((s.hidden + 127) / 128) + 1);
-      std::vector<int> cnt(L), src(size_t(L) * cap + 1);
-      epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-      a.x = all[rank].x.data();
-      a.topk_idx = all[rank].topk.data();
-      a.topk_weights = all[rank].w.data();
-      a.num_tokens = s.tokens[rank];
-      a.num_topk = s.topk_of[rank];
-      a.wire_type = epBfloat16;
-      a.recv_x = rx.data();
-      a.recv_scales = sc.data();
-      a.recv_count = cnt.data();
-      a.recv_src = src.data();
-      epHandle_t h = nullptr;
       const auto t0 = std::chrono::steady_clock::now();
-      const epResult_t failed = epLowLatencyDispatch(comm, &a, &h, nullptr);
+      std::string why;
+      const epResult_t failed = failingDispatch(s, all, rank, comm, &why);
       const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const std::string why = epGetLastError(comm);
       tally->check(failed == epRemoteError && why.find("rank 0 began epCommShrink") != std::string::npos,
                    "a dispatch waiting for a rank in epCommShrink ends, naming that rank", rank);
       tally->check(took < 5.0, "well before the timeout", rank);
       if (failed != epRemoteError || took >= 5.0) fprintf(stderr, "rank %d: %.2f s: %s\n", rank, took, why.c_str());
-      if (h) epHandleDestroy(h);
     }
     const epResult_t shrunk = epCommShrink(comm, nullptr, 0, dead, &ndead);
     if (shrunk != epSuccess) fprintf(stderr, "rank %d: epCommShrink: %s\n", rank, epGetLastError(comm));
