@@ -56,7 +56,7 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
     const BackendComm view(comm, comm, comm->bootstrap, &comm->abort_flag, &comm->broken);
     for (int r = 0; r < R; r++)
       if (r != comm->rank && !comm->dead[size_t(r)] && view.peerExited(r)) known.push_back(r);
-    // The rank a failed call found gone (an exit, a broken connection).
+    // The rank a failed call found exited or gone from its communicator.
     const int gone = comm->gone.load();  // kept for a retry until a shrink decides
     if (gone >= 0 && gone < R && gone != comm->rank && !comm->dead[size_t(gone)]) known.push_back(gone);
     std::vector<bool> members(static_cast<size_t>(R));

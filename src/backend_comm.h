@@ -85,10 +85,10 @@ class BackendComm {
   // it joins the shrink instead of waiting out its timeout.
   bool shrinkBegan() const { return shrink_heard_ != nullptr && shrink_heard_->epoch() > *shrink_epoch_; }
   // shrinkBegan, and the call waits (waiting_on(r)) for a rank in that
-  // shrink or counted dead by it: the call cannot complete.
+  // shrink or counted dead by it: that rank (the lowest), else -1.
   template <typename Pred>
-  bool shrinkBlocks(Pred waiting_on) const {
-    return shrinkBegan() && shrink_heard_->blocks(waiting_on);
+  int shrinkBlocks(Pred waiting_on) const {
+    return shrinkBegan() ? shrink_heard_->blocks(waiting_on) : -1;
   }
   // A call failed because rank r exited or left its communicator: the next
   // epCommShrink suspects it, as if its caller had named it. (Not for a

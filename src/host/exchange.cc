@@ -427,12 +427,11 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
       last_liveness_check = Clock::now();
       if (comm_.shrinkBegan()) {
         const auto stalled = Clock::now() - last_progress;
-        if ((stalled > kShrinkInvolvedStall && comm_.shrinkBlocks(waitingOn)) || stalled > kShrinkAnyStall) {
-          int awaited = -1;
-          for (int r = 0; r < R && awaited < 0; r++)
-            if (waitingOn(r) && comm_.shrinkBlocks([r](int q) { return q == r; })) awaited = r;
+        int awaited = stalled > kShrinkInvolvedStall ? comm_.shrinkBlocks(waitingOn) : -1;
+        if (awaited < 0 && stalled > kShrinkAnyStall)
           for (int r = 0; r < R && awaited < 0; r++)
             if (waitingOn(r)) awaited = r;
+        if (awaited >= 0) {
           comm_.markFailed(epRemoteError);
           return setError(comm_, epRemoteError,
                           "%s (call %llu): %s; this call waits for rank %d and cannot complete: call epCommShrink",

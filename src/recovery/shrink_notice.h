@@ -45,14 +45,14 @@ class ShrinkNotice {
     removed_ = dead;
   }
 
-  // Whether waiting_on(r) holds for a rank r involved in the newest epoch's
-  // shrink.
+  // The lowest rank r involved in the newest epoch's shrink for which
+  // waiting_on(r) holds; -1: none.
   template <typename Pred>
-  bool blocks(Pred waiting_on) const {
+  int blocks(Pred waiting_on) const {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t r = 0; r < involved_.size(); r++)
-      if (involved_[r] && waiting_on(int(r))) return true;
-    return false;
+      if (involved_[r] && waiting_on(int(r))) return int(r);
+    return -1;
   }
 
   // "rank 2 began epCommShrink (epoch 1), counting rank 1 dead": the ranks

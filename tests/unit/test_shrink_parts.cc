@@ -58,18 +58,18 @@ void substitute_on_unequal_nodes(void**) {
 void notice_involves_senders_and_their_dead(void**) {
   ep::recovery::ShrinkNotice n;
   assert_int_equal(n.epoch(), 0);
-  assert_false(n.blocks([](int) { return true; }));
+  assert_int_equal(n.blocks([](int) { return true; }), -1);
   n.record(1, 2, deadSet(4, {1}));
   assert_int_equal(n.epoch(), 1);
-  assert_true(n.blocks([](int r) { return r == 1; }));   // counted dead
-  assert_true(n.blocks([](int r) { return r == 2; }));   // the sender left its calls
-  assert_false(n.blocks([](int r) { return r == 3; }));  // still in its call
+  assert_int_equal(n.blocks([](int r) { return r == 1; }), 1);   // counted dead
+  assert_int_equal(n.blocks([](int r) { return r == 2; }), 2);   // the sender left its calls
+  assert_int_equal(n.blocks([](int r) { return r == 3; }), -1);  // still in its call
   assert_contains(n.describe().c_str(), "rank 2 began epCommShrink (epoch 1), counting rank 1 dead");
   // A later message of the same epoch adds its sender and its dead; the
   // first sender stays the one named.
   n.record(1, 3, deadSet(4, {0, 1}));
-  assert_true(n.blocks([](int r) { return r == 3; }));
-  assert_true(n.blocks([](int r) { return r == 0; }));
+  assert_int_equal(n.blocks([](int r) { return r == 3; }), 3);
+  assert_int_equal(n.blocks([](int r) { return r == 0; }), 0);
   assert_contains(n.describe().c_str(), "rank 2 began epCommShrink (epoch 1), counting ranks 0, 1 dead");
   n.record(0, 1, deadSet(4, {}));  // an older epoch's: ignored
   assert_int_equal(n.epoch(), 1);
@@ -83,8 +83,8 @@ void notice_after_a_shrink(void**) {
   assert_int_equal(n.epoch(), 1);
   n.record(2, 3, deadSet(4, {1, 2}));  // a new epoch: its own involved set; rank 1 is not news
   assert_int_equal(n.epoch(), 2);
-  assert_false(n.blocks([](int r) { return r == 0; }));
-  assert_true(n.blocks([](int r) { return r == 2; }));
+  assert_int_equal(n.blocks([](int r) { return r == 0; }), -1);
+  assert_int_equal(n.blocks([](int r) { return r == 2; }), 2);
   const std::string said = n.describe();
   assert_contains(said.c_str(), "rank 3 began epCommShrink (epoch 2), counting rank 2 dead");
 }
