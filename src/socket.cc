@@ -407,34 +407,57 @@ bool localAddress(int fd, SocketAddress* out) {
   return ::getsockname(fd, out->sa(), &len) == 0;
 }
 
+namespace {
+
+// One connect: kOk with *out, kError with the connect's errno in *err (0 for
+// a failure of the wait itself, whose result is returned), or the wait's
+// timeout / abort (sys_errno: last_err).
+IoResult connectAttempt(const SocketAddress& addr, const Wait& wait, int last_err, Fd* out, int* err) {
+  *err = 0;
+  Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ioResult(IoStatus::kError, errno);
+  int e = ::connect(fd.get(), addr.sa(), addr.length()) == 0 ? 0 : errno;
+  if (e == EINPROGRESS || e == EINTR) {
+    // EINTR on a non-blocking connect also leaves it completing in the background.
+    for (;;) {
+      pollfd pfd = {fd.get(), POLLOUT, 0};
+      IoResult r = pollOnce(&pfd, 1, wait);
+      if (!r.ok()) {
+        if (r.status == IoStatus::kTimeout || r.status == IoStatus::kAborted) r.sys_errno = last_err;
+        return r;
+      }
+      if (pfd.revents != 0) break;
+    }
+    socklen_t len = sizeof(e);
+    if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+  }
+  if (e != 0) {
+    *err = e;
+    return ioResult(IoStatus::kError, e);
+  }
+  setNoDelay(fd.get());
+  *out = std::move(fd);
+  return ioResult(IoStatus::kOk);
+}
+
+}  // namespace
+
+IoResult connectOnce(const SocketAddress& addr, const Wait& wait, Fd* out) {
+  if (wait.aborted()) return ioResult(IoStatus::kAborted);
+  if (wait.expired()) return ioResult(IoStatus::kTimeout);
+  int err = 0;
+  return connectAttempt(addr, wait, 0, out, &err);
+}
+
 IoResult connectWithRetry(const SocketAddress& addr, const Wait& wait, Fd* out) {
   constexpr int kRetryDelayMs = 50;
   int last_err = 0;
   for (;;) {
     if (wait.aborted()) return ioResult(IoStatus::kAborted, last_err);
     if (wait.expired()) return ioResult(IoStatus::kTimeout, last_err);
-    Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    if (!fd.valid()) return ioResult(IoStatus::kError, errno);
-    int err = ::connect(fd.get(), addr.sa(), addr.length()) == 0 ? 0 : errno;
-    if (err == EINPROGRESS || err == EINTR) {
-      // EINTR on a non-blocking connect also leaves it completing in the background.
-      for (;;) {
-        pollfd pfd = {fd.get(), POLLOUT, 0};
-        IoResult r = pollOnce(&pfd, 1, wait);
-        if (!r.ok()) {
-          if (r.status == IoStatus::kTimeout || r.status == IoStatus::kAborted) r.sys_errno = last_err;
-          return r;
-        }
-        if (pfd.revents != 0) break;
-      }
-      socklen_t len = sizeof(err);
-      if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-    }
-    if (err == 0) {
-      setNoDelay(fd.get());
-      *out = std::move(fd);
-      return ioResult(IoStatus::kOk);
-    }
+    int err = 0;
+    IoResult attempt = connectAttempt(addr, wait, last_err, out, &err);
+    if (attempt.ok() || err == 0) return attempt;  // connected, or the wait / socket() failed
     last_err = err;
     if (!retryableConnectError(err)) return ioResult(IoStatus::kError, err);
     // Pause before the next attempt, still watching the flags and the deadline.

@@ -1,6 +1,7 @@
 #include "recovery/recovery_link.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -139,16 +140,19 @@ void RecoveryLink::serve() {
   }
 }
 
-bool RecoveryLink::send(int to, const AgreeMessage& m, int wait_ms, std::string* why) {
+bool RecoveryLink::send(int to, const AgreeMessage& m, int wait_ms, std::string* why, bool retry_refused,
+                        bool* refused) {
+  if (refused != nullptr) *refused = false;
   if (to < 0 || to >= int(peers_.size())) {
     *why = "no address";
     return false;
   }
   const Wait wait = Wait::afterMs(wait_ms, &stop_);
   Fd fd;
-  IoResult r = connectWithRetry(peers_[size_t(to)], wait, &fd);
+  IoResult r = retry_refused ? connectWithRetry(peers_[size_t(to)], wait, &fd) : connectOnce(peers_[size_t(to)], wait, &fd);
   if (!r.ok()) {
     *why = "connect: " + r.describe();
+    if (refused != nullptr) *refused = r.status == IoStatus::kError && r.sys_errno == ECONNREFUSED;
     return false;
   }
   const std::vector<uint8_t> payload = encode(rank_, m);
@@ -184,6 +188,10 @@ epResult_t runAgreement(RecoveryLink& link, const std::vector<bool>& members, ui
   std::vector<Clock::time_point> heard(size_t(R), start);    // last message from each rank
   std::vector<Clock::time_point> failing(size_t(R), start);   // first failed delivery of a streak
   std::vector<bool> failing_now(size_t(R), false);
+  // The last delivery found nobody listening: the rank's recovery listener,
+  // open from init to destroy, is gone with its process (a full backlog
+  // drops connections, it does not refuse them). Dead at once.
+  std::vector<bool> refused_now(size_t(R), false);
   std::vector<bool> said_decided(size_t(R), false);           // the barrier: every survivor decided
   AgreeMessage last_sent;
   bool sent_any = false;
@@ -194,7 +202,10 @@ epResult_t runAgreement(RecoveryLink& link, const std::vector<bool>& members, ui
     for (int r = 0; r < R; r++) {
       if (r == me || !members[size_t(r)] || m.dead[size_t(r)]) continue;
       std::string why;
-      if (link.send(r, m, o.send_wait_ms, &why)) {
+      bool refused = false;
+      const bool sent = link.send(r, m, o.send_wait_ms, &why, /*retry_refused=*/false, &refused);
+      refused_now[size_t(r)] = refused;
+      if (sent) {
         failing_now[size_t(r)] = false;
       } else if (!failing_now[size_t(r)]) {
         failing_now[size_t(r)] = true;
@@ -217,14 +228,18 @@ epResult_t runAgreement(RecoveryLink& link, const std::vector<bool>& members, ui
     if (news || msSince(last_send) >= o.resend_ms) sendAll(m);
 
     RecoveryLink::Received got;
-    while (link.receive(&got, news ? 0 : std::min(o.resend_ms, 50))) {
+    // Waits for the first message only (when nothing new went out), then
+    // takes what else is there: waiting again after each message would
+    // hold every round's step back by a full wait after its last message.
+    for (int wait_ms = news ? 0 : std::min(o.resend_ms, 50); link.receive(&got, wait_ms); wait_ms = 0) {
       heard[size_t(got.from)] = Clock::now();
       if (got.msg.epoch == epoch && got.msg.decide) said_decided[size_t(got.from)] = true;
       a.receive(got.from, got.msg);
     }
     if (a.state() == Agreement::State::kRunning) {
       for (int r : a.waitingFor()) {
-        const bool unreachable = failing_now[size_t(r)] && msSince(failing[size_t(r)]) > unreachable_ms;
+        const bool unreachable =
+            failing_now[size_t(r)] && (refused_now[size_t(r)] || msSince(failing[size_t(r)]) > unreachable_ms);
         if (unreachable || msSince(heard[size_t(r)]) > o.silence_ms) a.silent(r);
       }
       a.step();
@@ -254,14 +269,15 @@ epResult_t runAgreement(RecoveryLink& link, const std::vector<bool>& members, ui
       for (int r = 0; r < R; r++) {
         if (r == me || !members[size_t(r)] || !decision.dead[size_t(r)]) continue;
         std::string why;
-        (void)link.send(r, decision, std::min(o.send_wait_ms, 200), &why);
+        (void)link.send(r, decision, std::min(o.send_wait_ms, 200), &why, /*retry_refused=*/false);
       }
       out->state = Agreement::State::kDecided;
       out->dead = a.dead();
       out->counter = a.counter();
       return epSuccess;
     }
-    const bool unreachable = failing_now[size_t(missing)] && msSince(failing[size_t(missing)]) > unreachable_ms;
+    const bool unreachable = failing_now[size_t(missing)] &&
+                             (refused_now[size_t(missing)] || msSince(failing[size_t(missing)]) > unreachable_ms);
     if (unreachable || msSince(heard[size_t(missing)]) > o.silence_ms) {
       out->state = Agreement::State::kDecided;
       out->dead = a.dead();

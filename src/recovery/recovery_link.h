@@ -59,8 +59,12 @@ class RecoveryLink {
     AgreeMessage msg;
   };
   // Delivers m to rank `to` within wait_ms: false (with why) when the peer
-  // refused, reset or did not answer.
-  bool send(int to, const AgreeMessage& m, int wait_ms, std::string* why);
+  // refused, reset or did not answer. A refused connection is tried again
+  // within wait_ms unless retry_refused is false (a rank known dead: its
+  // port refuses at once, and waiting out wait_ms would delay the caller).
+  // *refused (when given): the peer's port refused the connection.
+  bool send(int to, const AgreeMessage& m, int wait_ms, std::string* why, bool retry_refused = true,
+            bool* refused = nullptr);
   // The next message, waiting at most wait_ms; false when none came.
   bool receive(Received* out, int wait_ms);
   // The newest epoch any received message carried (0: none): a peer that

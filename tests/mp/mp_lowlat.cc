@@ -1,7 +1,8 @@
 // Low-latency dispatch / combine on the host backend against a reference
 // written from docs/SEMANTICS.md, on random shapes, whole and split into send / receive halves.
 //
-//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice]
+//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice | --shrink-hang]
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -184,6 +185,11 @@ bool g_shrink_first_ll = false;
 // must return both ranks (epoch 2) and the next layer match the reference
 // without either.
 bool g_shrink_twice = false;
+// --shrink-hang: as --shrink, but rank 1 stops (SIGSTOP) instead of exiting:
+// the others' call ends at their timeout, and the shrink finds it silent.
+// It goes on (and exits) g_hang_seconds after it stopped.
+bool g_shrink_hang = false;
+int g_hang_seconds = 20;
 
 // One low-latency dispatch and combine (and, with --interleave-ht, a
 // high-throughput layer between them) of this rank's input `real`, checked
@@ -295,6 +301,45 @@ void checkLayer(const LLShape& s, const std::vector<Input>& all, const Input& re
   epHandleDestroy(h);
 }
 
+// How long a recovery takes: the dying rank writes the time of its death to
+// MP_DEATH_FILE (ranks of one machine share the clock); each survivor prints
+// when its call failed, how long epCommShrink took and the first layer after
+// it, on a "RECOVERY" line (docs/BENCHMARKS.md has the figures).
+double g_layer_before_ms = 0;  // the case's first layer (init's lazy connections included)
+
+double wallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void noteDeathTime() {
+  const char* path = getenv("MP_DEATH_FILE");
+  if (path == nullptr || *path == 0) return;
+  if (FILE* f = fopen(path, "w")) {
+    fprintf(f, "%.6f\n", wallSeconds());
+    fclose(f);
+  }
+}
+
+void reportRecovery(int rank, int gone, double call_began, double failed_at, double shrunk_at, double layer_began,
+                    double layer_done) {
+  double died = 0;
+  const char* path = getenv("MP_DEATH_FILE");
+  if (path != nullptr && *path != 0)
+    if (FILE* f = fopen(path, "r")) {
+      if (fscanf(f, "%lf", &died) != 1) died = 0;
+      fclose(f);
+    }
+  char since_death[160] = "";
+  if (died > 0)
+    snprintf(since_death, sizeof since_death, "; after rank %d's death: call failed %.1f ms, ready %.1f ms", gone,
+             (failed_at - died) * 1e3, (shrunk_at - died) * 1e3);
+  printf("RECOVERY rank %d: failing call %.1f ms, epCommShrink %.1f ms, first layer after %.1f ms (the first "
+         "before: %.1f ms)%s\n",
+         rank, (failed_at - call_began) * 1e3, (shrunk_at - failed_at) * 1e3, (layer_done - layer_began) * 1e3,
+         g_layer_before_ms, since_death);
+  fflush(stdout);
+}
+
 // A low-latency dispatch of this rank's real input that is expected to fail
 // (a rank died, or a shrink began): its result and the error's words.
 epResult_t failingDispatch(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm,
@@ -355,7 +400,9 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
   }
   std::vector<Input> all;
   for (int r = 0; r < R; r++) all.push_back(makeInput(s, r));
+  const double first_began = wallSeconds();
   if (!(shrink && g_shrink_first_ll)) checkLayer(s, all, all[rank], rank, comm, tally);
+  g_layer_before_ms = (wallSeconds() - first_began) * 1e3;
   if (shrink && g_shrink_notice && R > 1) {
     int dead[16], ndead = -1;
     if (rank != 0) {
@@ -416,13 +463,29 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
       // last chunks of the layer above may still be on their way (a network
       // transport's thread sends them): they are given a second first.
       sleep(1);
+      noteDeathTime();
       fflush(stdout);
+      if (g_shrink_hang) {
+        // Hangs instead, every thread of it stopped (its sockets stay open);
+        // a child of its own wakes it once the survivors are done, and it
+        // exits as the dead rank of --shrink does.
+        const pid_t self = getpid();
+        if (fork() == 0) {
+          sleep(unsigned(g_hang_seconds));
+          kill(self, SIGCONT);
+          _exit(0);
+        }
+        raise(SIGSTOP);
+      }
       _exit(0);
     }
+    const double call_began = wallSeconds();
     dispatchMeetsDeath(s, all, rank, comm, gone, tally);
+    const double failed_at = wallSeconds();
     const int L = s.experts / R;
     int dead[16], ndead = -1;
     const epResult_t shrunk = epCommShrink(comm, nullptr, 0, dead, &ndead);
+    const double shrunk_at = wallSeconds();
     if (shrunk != epSuccess) fprintf(stderr, "rank %d: epCommShrink: %s\n", rank, epGetLastError(comm));
     tally->check(shrunk == epSuccess && ndead == 1 && dead[0] == gone, "the survivors agree on the dead rank", rank);
     if (shrunk != epSuccess) {
@@ -453,7 +516,9 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
     epCommNodes(comm, &nodes, nullptr);
     if (nodes > 1 && !g_interleave_ht)  // high throughput across nodes: a dead rail peer's substitute forwards
       interleavedHighThroughput(masked, kept, all[rank], rank, comm, tally);
+    const double layer_began = wallSeconds();
     checkLayer(masked, kept, all[rank], rank, comm, tally);
+    reportRecovery(rank, gone, call_began, failed_at, shrunk_at, layer_began, wallSeconds());
     checkLayer(masked, kept, all[rank], rank, comm, tally);  // both buffer sets, after the destroyed handle's
     // The layout of the real ids counts no token for the dead rank.
     const int K = s.topk_of[rank], T = s.tokens[rank];
@@ -524,8 +589,9 @@ int main(int argc, char** argv) {
     else if (arg == "--shrink-notice") g_shrink = g_shrink_notice = true;
     else if (arg == "--shrink-first-ll") g_shrink = g_shrink_first_ll = true;
     else if (arg == "--shrink-twice") g_shrink = g_shrink_twice = true;
+    else if (arg == "--shrink-hang") g_shrink = g_shrink_hang = true;
     else {
-      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice]\n",
+      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice | --shrink-hang]\n",
               argv[0]);
       return 2;
     }

@@ -35,6 +35,7 @@ rc=$?
 image_s=$(echo "$(date +%s.%N) - $start" | bc)
 
 mkdir -p "$W/jobs"
+: >"$W/jobs/failed.$$"
 status=0
 stage() {  # stage NAME VMS [vm_run options]: runs tests/rdma/guest_NAME.sh in each VM
   local name=$1 vms=$2 job t0 rc
@@ -48,7 +49,11 @@ stage() {  # stage NAME VMS [vm_run options]: runs tests/rdma/guest_NAME.sh in e
   rc=$?
   local took
   took=$(echo "$(date +%s.%N) - $t0" | bc)
-  grep -ah "^CHECK\|^    " "$job"/console.*.log | tr -d '\r'
+  grep -ah "^CHECK\|^    " "$job"/console.*.log | tr -d '\r' | tee "$job/checks.txt"
+  # Kept for the summary at the end: a failure's lines are far above the
+  # last lines a caller may keep of this output.
+  awk '/^CHECK .*: FAIL/ {keep = 1; print; next} /^CHECK / {keep = 0} keep && /^    / {print}' \
+    "$job/checks.txt" >>"$W/jobs/failed.$$"
   [ $rc = 124 ] && echo "$name: the VMs ran past their limit"
   if [ $rc = 125 ]; then
     echo "$name: a VM gave no status; its console:"
@@ -57,7 +62,7 @@ stage() {  # stage NAME VMS [vm_run options]: runs tests/rdma/guest_NAME.sh in e
     grep -q "guest: node" "$job"/console.*.log || skip "the test VM does not boot on this machine (qemu / kernel); console in $job"
   fi
   printf '%s: %d VM(s), %.1f s, status %d (logs in %s)\n' "$name" "$vms" "$took" "$rc" "$job"
-  [ $rc = 0 ] || status=1
+  [ $rc = 0 ] || { status=1; echo "stage $name: status $rc (logs in $job)" >>"$W/jobs/failed.$$"; }
   LAST_JOB=$job
 }
 if [ "$what" = all ] || [ "$what" = loopback ]; then
@@ -79,12 +84,13 @@ if [ "$what" = all ] || [ "$what" = pair ]; then
     grep -E "^class|^PASS" "$job/dscp.txt"
   else
     tail -n 20 "$job/dscp.txt"; status=1
+    { echo "DSCP check of the capture failed:"; tail -n 20 "$job/dscp.txt"; } >>"$W/jobs/failed.$$"
   fi
   for c in "0 26 throughput" "1 30 low-latency" "2 28 control"; do
     read -r cls dscp cname <<<"$c"
     lib_frames=$(awk -v c="class $cls (DSCP $dscp):" 'index($0, c) == 1 {print $(NF - 1)}' "$job/dscp.txt")
     echo "library, $cname class: ${lib_frames:-no} frames with DSCP $dscp on its QPs"
-    [ "${lib_frames:-0}" -gt 0 ] || status=1
+    [ "${lib_frames:-0}" -gt 0 ] || { status=1; echo "no $cname frames with DSCP $dscp" >>"$W/jobs/failed.$$"; }
   done
   rm -f "$job"/net.*.pcap  # large; the counts are in dscp.txt
   fi
@@ -93,6 +99,11 @@ if [ "$what" = all ] || [ "$what" = links ]; then
   stage links 2 -t 300 -r
   cat "$LAST_JOB"/out/times.* "$LAST_JOB"/relay.log 2>/dev/null
 fi
+if [ -s "$W/jobs/failed.$$" ]; then
+  echo "=== what failed (each failed check with the last lines of its log)"
+  cat "$W/jobs/failed.$$"
+fi
+rm -f "$W/jobs/failed.$$"
 printf 'rdma: image %.1f s, total %.1f s: %s\n' "$image_s" "$(echo "$(date +%s.%N) - $start" | bc)" \
   "$([ $status = 0 ] && echo passed || echo FAILED)"
 exit $status

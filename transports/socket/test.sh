@@ -102,6 +102,11 @@ across "mp_lowlat 2 nodes x 2, a rank dies, the survivors shrink" 4 "$BUILD/test
   --seed 73 --shrink
 NODE=1 across "mp_lowlat 5 ranks a node each, a rank dies, the survivors shrink" 5 "$BUILD/tests/mp_lowlat" -n 5 \
   --cases 1 --seed 74 --shrink
+# A rank that hangs (SIGSTOP: its sockets stay open) instead of dying: the
+# survivors' call ends at their timeout (6 s), the shrink finds it silent
+# (its recovery listener never answers) and decides it dead.
+across "mp_lowlat 2 nodes x 2, a rank hangs, the survivors shrink" 4 "$BUILD/tests/mp_lowlat" -n 4 --cases 1 \
+  --seed 79 --shrink-hang
 across "mp_lowlat 2 nodes x 2, one begins a shrink while the others wait" 4 "$BUILD/tests/mp_lowlat" -n 4 --cases 1 \
   --seed 76 --shrink-notice
 across "mp_lowlat 2 nodes x 2, a rank dies before any low-latency call" 4 "$BUILD/tests/mp_lowlat" -n 4 --cases 1 \
