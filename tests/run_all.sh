@@ -117,9 +117,10 @@ run "mp_lowlat 3 ranks, high-throughput calls between the low-latency ones" time
 # epCommShrink (docs/SHRINK.md): rank 1 dies between calls; the survivors' next
 # dispatch fails naming it, they agree on it, and their layers after the
 # shrink match the reference without it (its experts -1), high-throughput
-# calls between them; a layout counts no token for it.
+# calls between them; a layout counts no token for it; then 40 checked
+# layers with nothing growing (descriptors, threads, resident memory).
 run "mp_lowlat 4 ranks, a rank dies, the survivors shrink" timeout 300 "$BUILD/tests/mp_lowlat" -n 4 --cases 3 \
-  --seed 61 --shrink --interleave-ht
+  --seed 61 --shrink --interleave-ht --rounds-after 40
 # A rank that calls epCommShrink ends the others' waits for it at once (its
 # first message), well before their timeout; nobody is found dead.
 run "mp_lowlat 4 ranks, one begins a shrink while the others wait" timeout 300 "$BUILD/tests/mp_lowlat" -n 4 \

@@ -1,7 +1,7 @@
 // Low-latency dispatch / combine on the host backend against a reference
 // written from docs/SEMANTICS.md, on random shapes, whole and split into send / receive halves.
 //
-//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice | --shrink-hang]
+//   mp_lowlat -n RANKS [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice | --shrink-hang] [--rounds-after N]
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,6 +13,7 @@
 
 #include "common/launch.h"
 #include "mp_common.h"
+#include "mp_usage.h"
 
 using namespace mp;
 
@@ -190,6 +191,11 @@ bool g_shrink_twice = false;
 // It goes on (and exits) g_hang_seconds after it stopped.
 bool g_shrink_hang = false;
 int g_hang_seconds = 20;
+// --rounds-after N (with --shrink): N checked layers after the shrink; from
+// the fifth on, the survivors' descriptors, threads and verbs objects must
+// stay the same and resident memory within 4 MiB, and no more descriptors
+// be open than before the death (the dead rank's connections are closed).
+int g_rounds_after = 0;
 
 // One low-latency dispatch and combine (and, with --interleave-ht, a
 // high-throughput layer between them) of this rank's input `real`, checked
@@ -379,6 +385,40 @@ void dispatchMeetsDeath(const LLShape& s, const std::vector<Input>& all, int ran
   if (why.find("rank " + std::to_string(gone)) == std::string::npos) fprintf(stderr, "rank %d: %s\n", rank, why.c_str());
 }
 
+// --rounds-after: layers on the survivors, each checked, nothing growing.
+void soakAfterShrink(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm,
+                     const Usage& before_death, Tally* tally) {
+  constexpr int kWarmup = 5;
+  constexpr long kRssSlackKb = 4096;
+  Usage warm;
+  const int failed_before = tally->failed;
+  for (int r = 0; r < g_rounds_after; r++) {
+    if (r == kWarmup) warm = usageNow();
+    checkLayer(s, all, all[rank], rank, comm, tally);
+  }
+  const Usage end = usageNow();
+  const bool same = g_rounds_after <= kWarmup ||
+                    (end.fds == warm.fds && end.threads == warm.threads && end.verbs == warm.verbs &&
+                     end.rss_kb - warm.rss_kb <= kRssSlackKb);
+  printf("after the shrink, rank %d: %d layers (%d failed checks): descriptors %d before the death, %d -> %d, "
+         "threads %d -> %d, verbs objects %ld before the death, %ld -> %ld, resident %ld -> %ld KiB%s\n",
+         rank, g_rounds_after, tally->failed - failed_before, before_death.fds, warm.fds, end.fds, warm.threads,
+         end.threads, before_death.verbs, warm.verbs, end.verbs, warm.rss_kb, end.rss_kb, same ? "" : "  GREW");
+  tally->check(same, "nothing grows over the layers after a shrink", rank);
+  // A rank on another node than the dead one had network connections to it
+  // (socket streams; QPs and their CQs over ibverbs): closed now.
+  std::vector<int> node_of(size_t(s.nranks), 0);
+  int nodes = 0;
+  epCommNodes(comm, &nodes, node_of.data());
+  const bool had_net = nodes > 1 && node_of[size_t(rank)] != node_of[1];
+  const long held_before = before_death.fds + std::max(before_death.verbs, 0L);
+  const long held_end = end.fds + std::max(end.verbs, 0L);
+  tally->check(had_net ? held_end < held_before : held_end <= held_before,
+               had_net ? "fewer descriptors and verbs objects than before the death (its connections closed)"
+                       : "no more descriptors and verbs objects than before the death",
+               rank);
+}
+
 void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool shrink, Tally* tally) {
   const int rank = li.rank, R = s.nranks;
   epConfig_t cfg = EP_CONFIG_INITIALIZER;
@@ -479,6 +519,7 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
       }
       _exit(0);
     }
+    const Usage before_death = usageNow();
     const double call_began = wallSeconds();
     dispatchMeetsDeath(s, all, rank, comm, gone, tally);
     const double failed_at = wallSeconds();
@@ -520,6 +561,7 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
     checkLayer(masked, kept, all[rank], rank, comm, tally);
     reportRecovery(rank, gone, call_began, failed_at, shrunk_at, layer_began, wallSeconds());
     checkLayer(masked, kept, all[rank], rank, comm, tally);  // both buffer sets, after the destroyed handle's
+    if (g_rounds_after > 0) soakAfterShrink(masked, kept, rank, comm, before_death, tally);
     // The layout of the real ids counts no token for the dead rank.
     const int K = s.topk_of[rank], T = s.tokens[rank];
     std::vector<int> per_rank(size_t(R), -1), want(size_t(R), 0);
@@ -590,8 +632,9 @@ int main(int argc, char** argv) {
     else if (arg == "--shrink-first-ll") g_shrink = g_shrink_first_ll = true;
     else if (arg == "--shrink-twice") g_shrink = g_shrink_twice = true;
     else if (arg == "--shrink-hang") g_shrink = g_shrink_hang = true;
+    else if (arg == "--rounds-after" && i + 1 < argc) g_rounds_after = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice | --shrink-hang]\n",
+      fprintf(stderr, "usage: %s [-n RANKS] [--cases C] [--seed S] [--interleave-ht] [--shrink | --shrink-notice | --shrink-first-ll | --shrink-twice | --shrink-hang] [--rounds-after N]\n",
               argv[0]);
       return 2;
     }

@@ -30,7 +30,7 @@ check soak_3_nodes env EP_NODE_SIZE=1 timeout 300 "$BUILD/tests/mp_dispatch" -n 
 # and the survivors' layers match the reference without it; shrink_first_ll:
 # no low-latency call before the death (its QPs were made at init).
 check shrink_3_nodes env EP_NODE_SIZE=1 EP_TRANSPORTS=shm,ibverbs MP_DEATH_FILE="$OUT/death.shrink" timeout 200 "$BUILD/tests/mp_lowlat" -n 3 --cases 2 \
-  --seed 75 --shrink
+  --seed 75 --shrink --rounds-after 20
 check shrink_first_ll env EP_NODE_SIZE=1 EP_TRANSPORTS=shm,ibverbs timeout 200 "$BUILD/tests/mp_lowlat" -n 3 --cases 1 \
   --seed 78 --shrink-first-ll
 # A rank waiting 1.5 s for a late peer over ibverbs sleeps on the completion

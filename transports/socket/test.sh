@@ -96,10 +96,12 @@ across "mp_lowlat 4 nodes x 2 --interleave-ht" 8 "$BUILD/tests/mp_lowlat" -n 8 -
 # epCommShrink across nodes: rank 1 dies; the socket transport forgets it
 # (drop_peer) and the survivors' layers, low latency and high throughput (a
 # dead rail peer's substitute forwarding), match the reference without it.
-# --shrink-first-ll: no low-latency call before the death (the class was
-# connected at init: config.enable_shrink).
+# --rounds-after 40: then 40 checked layers, nothing growing, the dead
+# rank's connections closed on the other node. --shrink-first-ll: no
+# low-latency call before the death (the class was connected at init:
+# config.enable_shrink).
 across "mp_lowlat 2 nodes x 2, a rank dies, the survivors shrink" 4 "$BUILD/tests/mp_lowlat" -n 4 --cases 2 \
-  --seed 73 --shrink
+  --seed 73 --shrink --rounds-after 40
 NODE=1 across "mp_lowlat 5 ranks a node each, a rank dies, the survivors shrink" 5 "$BUILD/tests/mp_lowlat" -n 5 \
   --cases 1 --seed 74 --shrink
 # A rank that hangs (SIGSTOP: its sockets stay open) instead of dying: the
