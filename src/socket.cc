@@ -442,14 +442,7 @@ IoResult connectAttempt(const SocketAddress& addr, const Wait& wait, int last_er
 
 }  // namespace
 
-IoResult connectOnce(const SocketAddress& addr, const Wait& wait, Fd* out) {
-  if (wait.aborted()) return ioResult(IoStatus::kAborted);
-  if (wait.expired()) return ioResult(IoStatus::kTimeout);
-  int err = 0;
-  return connectAttempt(addr, wait, 0, out, &err);
-}
-
-IoResult connectWithRetry(const SocketAddress& addr, const Wait& wait, Fd* out) {
+IoResult connectWithRetry(const SocketAddress& addr, const Wait& wait, Fd* out, bool retry_refused) {
   constexpr int kRetryDelayMs = 50;
   int last_err = 0;
   for (;;) {
@@ -459,7 +452,7 @@ IoResult connectWithRetry(const SocketAddress& addr, const Wait& wait, Fd* out) 
     IoResult attempt = connectAttempt(addr, wait, last_err, out, &err);
     if (attempt.ok() || err == 0) return attempt;  // connected, or the wait / socket() failed
     last_err = err;
-    if (!retryableConnectError(err)) return ioResult(IoStatus::kError, err);
+    if (!retryableConnectError(err) || (err == ECONNREFUSED && !retry_refused)) return ioResult(IoStatus::kError, err);
     // Pause before the next attempt, still watching the flags and the deadline.
     auto retry_at = Wait::Clock::now() + std::chrono::milliseconds(kRetryDelayMs);
     while (Wait::Clock::now() < retry_at) {

@@ -147,9 +147,9 @@ bool localAddress(int fd, SocketAddress* out);
 
 // Connects to addr, retrying refused/unreachable attempts until the deadline
 // (the peer may not listen yet). On kTimeout, sys_errno holds the last error.
-IoResult connectWithRetry(const SocketAddress& addr, const Wait& wait, Fd* out);
-// One attempt: a refused or unreachable peer is an error at once.
-IoResult connectOnce(const SocketAddress& addr, const Wait& wait, Fd* out);
+// retry_refused false: a refusal (ECONNREFUSED) is an error at once, where
+// the peer is known to listen already (the other errors are still retried).
+IoResult connectWithRetry(const SocketAddress& addr, const Wait& wait, Fd* out, bool retry_refused = true);
 // Accepts one connection from a non-blocking listening socket.
 IoResult acceptConnection(int listen_fd, const Wait& wait, Fd* out, SocketAddress* peer);
 

@@ -149,10 +149,12 @@ bool RecoveryLink::send(int to, const AgreeMessage& m, int wait_ms, std::string*
   }
   const Wait wait = Wait::afterMs(wait_ms, &stop_);
   Fd fd;
-  IoResult r = retry_refused ? connectWithRetry(peers_[size_t(to)], wait, &fd) : connectOnce(peers_[size_t(to)], wait, &fd);
+  IoResult r = connectWithRetry(peers_[size_t(to)], wait, &fd, retry_refused);
   if (!r.ok()) {
     *why = "connect: " + r.describe();
-    if (refused != nullptr) *refused = r.status == IoStatus::kError && r.sys_errno == ECONNREFUSED;
+    // A refusal at once, or the last of a wait's refused attempts.
+    if (refused != nullptr)
+      *refused = (r.status == IoStatus::kError || r.status == IoStatus::kTimeout) && r.sys_errno == ECONNREFUSED;
     return false;
   }
   const std::vector<uint8_t> payload = encode(rank_, m);

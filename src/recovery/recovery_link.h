@@ -60,9 +60,11 @@ class RecoveryLink {
   };
   // Delivers m to rank `to` within wait_ms: false (with why) when the peer
   // refused, reset or did not answer. A refused connection is tried again
-  // within wait_ms unless retry_refused is false (a rank known dead: its
-  // port refuses at once, and waiting out wait_ms would delay the caller).
-  // *refused (when given): the peer's port refused the connection.
+  // within wait_ms unless retry_refused is false: every rank's recovery port
+  // listens from init to destroy, so a refusal means its process is gone,
+  // and waiting out wait_ms would only delay the caller (other connect
+  // errors are retried either way). *refused (when given): the last attempt
+  // was refused.
   bool send(int to, const AgreeMessage& m, int wait_ms, std::string* why, bool retry_refused = true,
             bool* refused = nullptr);
   // The next message, waiting at most wait_ms; false when none came.
