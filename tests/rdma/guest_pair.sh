@@ -125,10 +125,10 @@ kill_test() {  # kill_test PORT LABEL [RANKS [BOUND]]: 3 ranks (2 here, rank 2 t
 # stall.
 check pair_killed_rank_exchange EP_IB_TIMEOUT=17 kill_test 29504 exchange
 check pair_killed_rank_rdma_cm EP_IB_CM=rdma_cm EP_IB_TIMEOUT=17 kill_test 29505 rdma_cm
-# kill_test PORT relayed 4 10 (4 ranks, 2 per VM, rank 2 killed at the data
-# checks' 2.1 s ACK timeout; rank 0 neither on its node nor its ring
-# neighbour must fail within 10 s) is not run: rank 0 learned it from the
-# others' source_failed words in 0.5-1.2 s in three runs, and not within
-# 15 s in two (docs/BENCHMARKS.md, "A death across nodes seen by every
-# rank"): not yet a check that passes for the right reason every time.
+# 4 ranks, 2 per VM, rank 2 killed, with the data checks' 2.1 s ACK timeout:
+# rank 0 is neither on rank 2's node nor its ring neighbour, and its QPs
+# would show the death only after their retries (17-33 s). Rank 3 sees its
+# node peer exit and tells every rank (the source_failed word of its
+# rings): rank 0 must fail naming rank 2 within 10 s.
+check pair_killed_rank_relayed kill_test 29510 relayed 4 10
 exit $((failures > 100 ? 100 : failures))
