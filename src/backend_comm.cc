@@ -22,11 +22,7 @@ bool BackendComm::ringPeerHungUp(int r) const {
     pollfd p = {fd.get(), POLLRDHUP, 0};
     return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
   };
-  const bool hung_up =
-      (r == (me + 1) % R && hungUp(bootstrap_->next_fd)) || (r == (me + R - 1) % R && hungUp(bootstrap_->prev_fd));
-  // epCommAbort sets its flag, then shuts this rank's own ring sockets down,
-  // which poll reports as hung up: not a neighbour's death.
-  return hung_up && !aborted();
+  return (r == (me + 1) % R && hungUp(bootstrap_->next_fd)) || (r == (me + R - 1) % R && hungUp(bootstrap_->prev_fd));
 }
 
 epResult_t setError(const BackendComm& comm, epResult_t res, const char* fmt, ...) {

@@ -40,12 +40,6 @@ using Clock = std::chrono::steady_clock;
 // message may overtake them), later where it waits only for ranks still in
 // their calls (one of them may be waiting for a dead rank nobody named).
 constexpr auto kShrinkInvolvedStall = std::chrono::milliseconds(500);
-// A ring neighbour's bootstrap connection closed: taken for its death only
-// after this long without progress. A rank that ended its last call and
-// destroyed its communicator closes that connection at once, while its last
-// chunks may still be on their way over another (a TCP stream's bytes in
-// the kernel); they make progress, which restarts this.
-constexpr auto kHungUpGrace = std::chrono::milliseconds(1000);
 constexpr auto kShrinkAnyStall = std::chrono::milliseconds(2000);
 
 bool lowLatencyKind(ChunkKind kind) {
@@ -193,7 +187,7 @@ bool Exchanger::returnCredits() {
 // destroyed or aborted its communicator, most likely after an error of its
 // own, so an exited rank, if any, is named too.
 template <typename Pred>
-Exchanger::GoneRank Exchanger::findGone(Pred waiting_on, bool hung_up_counts) const {
+Exchanger::GoneRank Exchanger::findGone(Pred waiting_on) const {
   const int R = comm_.nranks(), me = comm_.rank();
   GoneRank g;
   auto found = [&g](int r, Gone how) {
@@ -207,7 +201,7 @@ Exchanger::GoneRank Exchanger::findGone(Pred waiting_on, bool hung_up_counts) co
     if (waiting_on(r) && peerClosed(r)) return found(r, Gone::kClosed);
   // After the closing marks: a peer that destroyed its communicator marks
   // its rings closed before it closes its bootstrap connections.
-  for (int r = 0; r < R && hung_up_counts; r++)
+  for (int r = 0; r < R; r++)
     if (waiting_on(r) && comm_.ringPeerHungUp(r)) return found(r, Gone::kHungUp);
   // Another rank's call found a rank gone (its source_failed word; one of a
   // call before the last shrink is the failed call's): this call ends if it
@@ -530,7 +524,7 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
       }
       // A waited-on peer that exited, else one that closed its communicator,
       // else a ring neighbour whose bootstrap connection closed.
-      const GoneRank g = findGone(waitingOn, Clock::now() - last_progress > kHungUpGrace);
+      const GoneRank g = findGone(waitingOn);
       if (g.rank >= 0 && exited_suspect != g.rank) {  // look at the rings once more first
         exited_suspect = g.rank;
         idle_rounds = 63;  // the next idle round checks again
@@ -568,7 +562,7 @@ epResult_t Exchanger::drainRemote(const char* what, uint64_t call_seq) {
     if (res != epSuccess) return netFailed(res, peer, why, what, call_seq);
     if (comm_.aborted()) return setError(comm_, epAborted, "%s: communicator aborted", what);
     if ((idle & 255) == 255) {
-      const GoneRank g = findGone([waited](int r) { return r == waited; }, Clock::now() - start > kHungUpGrace);
+      const GoneRank g = findGone([waited](int r) { return r == waited; });
       if (g.rank == waited) return failPeerGone(g, what, call_seq);
       if (Clock::now() - start > timeout) {
         comm_.markFailed(epTimeout);

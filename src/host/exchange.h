@@ -92,10 +92,9 @@ class Exchanger {
     bool link = false; // kRelayed: the relayer's connection to `named` failed (named may live)
   };
   epResult_t failPeerGone(const GoneRank& g, const char* what, uint64_t call_seq);
-  // The first rank `waiting_on` holds that is gone, and how (rank -1: none);
-  // a closed bootstrap connection only when hung_up_counts (see kHungUpGrace).
+  // The first rank `waiting_on` holds that is gone, and how (rank -1: none).
   template <typename Pred>
-  GoneRank findGone(Pred waiting_on, bool hung_up_counts) const;
+  GoneRank findGone(Pred waiting_on) const;
   // Tells every live peer that this rank's call `call_seq` failed because
   // rank `peer` is gone, or (link) its connection to `peer` failed
   // (source_failed in the rings this rank writes).
