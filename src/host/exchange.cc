@@ -63,10 +63,6 @@ const char* kindName(uint32_t kind) {
 }
 }  // namespace
 
-// RingCtrl::source_failed: (call << 24) | link bit | (rank + 1).
-constexpr uint64_t kFailedLinkBit = uint64_t(1) << 23;
-constexpr uint64_t kFailedRankMask = kFailedLinkBit - 1;
-
 Exchanger::Exchanger(const BackendComm& comm, std::vector<void*> segments, const RingGeometry& geometry,
                      NetLinks* net, std::vector<int> staging)
     : comm_(comm), segments_(std::move(segments)), geo_(geometry),
@@ -117,8 +113,6 @@ epResult_t Exchanger::netFailed(epResult_t res, int peer, const std::string& why
                                 uint64_t call_seq) {
   comm_.markFailed(epRemoteError);
   (void)res;
-  // The ranks that wait for this one hear of it at once.
-  if (peer >= 0 && peer < comm_.nranks() && peer != comm_.rank()) relayFailure(peer, true, call_seq);
   if (peer >= 0)
     return setError(comm_, epRemoteError, "%s (call %llu): rank %d (node %d) over %s: %s", what,
                     (unsigned long long)call_seq, peer, comm_.nodes().node_of_rank[size_t(peer)],
@@ -187,82 +181,23 @@ bool Exchanger::returnCredits() {
 // destroyed or aborted its communicator, most likely after an error of its
 // own, so an exited rank, if any, is named too.
 template <typename Pred>
-Exchanger::GoneRank Exchanger::findGone(Pred waiting_on) const {
-  const int R = comm_.nranks(), me = comm_.rank();
-  GoneRank g;
-  auto found = [&g](int r, Gone how) {
-    g.rank = r;
-    g.how = how;
-    return g;
-  };
+int Exchanger::findGone(Pred waiting_on, Gone* how) const {
+  const int R = comm_.nranks();
   for (int r = 0; r < R; r++)
-    if (waiting_on(r) && comm_.peerExited(r)) return found(r, Gone::kExited);  // it will never make progress again
+    if (waiting_on(r) && comm_.peerExited(r)) return *how = Gone::kExited, r;  // it will never make progress again
   for (int r = 0; r < R; r++)
-    if (waiting_on(r) && peerClosed(r)) return found(r, Gone::kClosed);
+    if (waiting_on(r) && peerClosed(r)) return *how = Gone::kClosed, r;
   // After the closing marks: a peer that destroyed its communicator marks
   // its rings closed before it closes its bootstrap connections.
   for (int r = 0; r < R; r++)
-    if (waiting_on(r) && comm_.ringPeerHungUp(r)) return found(r, Gone::kHungUp);
-  // Another rank's call found a rank gone (its source_failed word; one of a
-  // call before the last shrink is the failed call's): this call ends if it
-  // waits for the rank found gone, or for the rank that found it (which
-  // will not go on either).
-  // A failed connection says nothing of the peer's life: only the waits for
-  // the rank that reports it end on it.
-  for (int r = 0; r < R; r++) {
-    if (r == me || dead(r)) continue;
-    const uint64_t word = loadAcquire(&geo_.ctrl(segments_[me], r)->source_failed);
-    const int named = int(word & kFailedRankMask) - 1;
-    const bool link = (word & kFailedLinkBit) != 0;
-    if (word == 0 || (word >> 24) < stale_before_ || named < 0 || named >= R || named == me || dead(named)) continue;
-    const bool on_named = !link && waiting_on(named);
-    if (!on_named && !waiting_on(r)) continue;
-    g.named = named;
-    g.relayer = r;
-    g.link = link;
-    return found(on_named ? named : r, Gone::kRelayed);
-  }
-  return g;
+    if (waiting_on(r) && comm_.ringPeerHungUp(r)) return *how = Gone::kHungUp, r;
+  return -1;
 }
 
-void Exchanger::relayFailure(int peer, bool link, uint64_t call_seq) {
-  const int me = comm_.rank();
-  const uint64_t word = (call_seq << 24) | (link ? kFailedLinkBit : 0) | uint64_t(peer + 1);
-  for (int r = 0; r < comm_.nranks(); r++) {
-    if (r == me || r == peer || dead(r)) continue;
-    if (remote(r)) {  // on the connection of the last chunk put into r's ring: it lands after it
-      const epTrafficClass_t last =
-          ring_cls_[size_t(r)] >= 0 ? epTrafficClass_t(ring_cls_[size_t(r)]) : epTrafficControl;
-      (void)net_->signal(r, geo_.ctrlOffset(me) + offsetof(RingCtrl, source_failed), word, last);  // best effort
-      continue;
-    }
-    storeRelease(&geo_.ctrl(segments_[r], me)->source_failed, word);
-  }
-  if (net_) {  // let the signals leave: this rank makes no further call until a shrink
-    int peer = -1;
-    std::string why;
-    for (int i = 0; i < 16; i++) net_->progress(&peer, &why);
-  }
-}
-
-epResult_t Exchanger::failPeerGone(const GoneRank& g, const char* what, uint64_t call_seq) {
+epResult_t Exchanger::failPeerGone(int gone, Gone how, const char* what, uint64_t call_seq) {
   comm_.markFailed(epRemoteError);
-  const int gone = g.how == Gone::kRelayed ? g.named : g.rank;
-  if (!g.link) comm_.noteGone(gone);  // a failed connection is no death (see noteGone)
-  if (gone >= 0 && gone < comm_.nranks() && gone != comm_.rank()) relayFailure(gone, g.link, call_seq);
+  comm_.noteGone(gone);
   const unsigned long long seq = call_seq;
-  const Gone how = g.how;
-  if (how == Gone::kRelayed && g.link)
-    return setError(comm_, epRemoteError,
-                    "%s (call %llu): rank %d cannot go on: its call failed on its connection to rank %d (node %d)",
-                    what, seq, g.rank, gone, comm_.nodes().node_of_rank[size_t(gone)]);
-  if (how == Gone::kRelayed && g.rank == gone)
-    return setError(comm_, epRemoteError, "%s (call %llu): rank %d (node %d) is gone (rank %d's call found it)", what,
-                    seq, gone, comm_.nodes().node_of_rank[size_t(gone)], g.relayer);
-  if (how == Gone::kRelayed)
-    return setError(comm_, epRemoteError,
-                    "%s (call %llu): rank %d cannot go on: its call found rank %d (node %d) gone", what, seq, g.rank,
-                    gone, comm_.nodes().node_of_rank[size_t(gone)]);
   if (how == Gone::kExited)
     return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what, seq, gone,
                     comm_.peers()[gone].pid);
@@ -524,12 +459,13 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
       }
       // A waited-on peer that exited, else one that closed its communicator,
       // else a ring neighbour whose bootstrap connection closed.
-      const GoneRank g = findGone(waitingOn);
-      if (g.rank >= 0 && exited_suspect != g.rank) {  // look at the rings once more first
-        exited_suspect = g.rank;
+      Gone how = Gone::kExited;
+      const int gone = findGone(waitingOn, &how);
+      if (gone >= 0 && exited_suspect != gone) {  // look at the rings once more first
+        exited_suspect = gone;
         idle_rounds = 63;  // the next idle round checks again
-      } else if (g.rank >= 0) {
-        return failPeerGone(g, what, call_seq);
+      } else if (gone >= 0) {
+        return failPeerGone(gone, how, what, call_seq);
       }
       if (Clock::now() - last_progress > timeout)
         return failTimeout(sends, recvs, sent, waited < 0 ? R : waited, received, what, call_seq);
@@ -562,8 +498,9 @@ epResult_t Exchanger::drainRemote(const char* what, uint64_t call_seq) {
     if (res != epSuccess) return netFailed(res, peer, why, what, call_seq);
     if (comm_.aborted()) return setError(comm_, epAborted, "%s: communicator aborted", what);
     if ((idle & 255) == 255) {
-      const GoneRank g = findGone([waited](int r) { return r == waited; });
-      if (g.rank == waited) return failPeerGone(g, what, call_seq);
+      Gone how = Gone::kExited;
+      if (findGone([waited](int r) { return r == waited; }, &how) == waited)
+        return failPeerGone(waited, how, what, call_seq);
       if (Clock::now() - start > timeout) {
         comm_.markFailed(epTimeout);
         return setError(comm_, epTimeout, "%s (call %llu): rank %d has not taken this rank's last chunks within %d ms",

@@ -81,24 +81,11 @@ class Exchanger {
   // How a waited-on peer was found gone: its process exited (seen here),
   // it left its communicator (its closing marks), or its bootstrap
   // connection was closed (a ring neighbour on another node).
-  // kRelayed: the waited-on rank's own call found another rank gone (its
-  // source_failed word), which it names.
-  enum class Gone { kExited, kClosed, kHungUp, kRelayed };
-  struct GoneRank {
-    int rank = -1;     // the waited-on rank that will not go on
-    Gone how = Gone::kExited;
-    int named = -1;    // kRelayed: the rank found gone (rank itself, or the rank rank waits for)
-    int relayer = -1;  // kRelayed: the rank whose call found it
-    bool link = false; // kRelayed: the relayer's connection to `named` failed (named may live)
-  };
-  epResult_t failPeerGone(const GoneRank& g, const char* what, uint64_t call_seq);
-  // The first rank `waiting_on` holds that is gone, and how (rank -1: none).
+  enum class Gone { kExited, kClosed, kHungUp };
+  epResult_t failPeerGone(int gone, Gone how, const char* what, uint64_t call_seq);
+  // The first rank `waiting_on` holds that is gone, and how; -1 when none.
   template <typename Pred>
-  GoneRank findGone(Pred waiting_on) const;
-  // Tells every live peer that this rank's call `call_seq` failed because
-  // rank `peer` is gone, or (link) its connection to `peer` failed
-  // (source_failed in the rings this rank writes).
-  void relayFailure(int peer, bool link, uint64_t call_seq);
+  int findGone(Pred waiting_on, Gone* how) const;
   epResult_t failTimeout(const std::vector<StreamSpec>& sends, const std::vector<StreamSpec>& recvs,
                          const std::vector<int>& sent, int recv_cursor, const std::vector<int>& received,
                          const char* what, uint64_t call_seq);

@@ -31,13 +31,7 @@ struct alignas(64) RingCtrl {
   uint64_t head;
   uint64_t source_closed;  // 1: the source destroyed (or aborted) its communicator
   uint64_t source_call;    // the latest collective call the source entered (its call_seq), for a timeout's report
-  // The source's call found a rank gone, or its connection to a rank
-  // failed, and ended: (its call_seq << 24) | (1 << 23 for a connection) |
-  // (that rank + 1); 0: none. Ranks waiting for the source (or, for a death,
-  // for that rank) learn it from here (exchange.cc, relayFailure) rather
-  // than after their own timeout.
-  uint64_t source_failed;
-  char pad0[32];
+  char pad0[40];
   uint64_t tail;
   uint64_t owner_closed;   // 1: the owner destroyed (or aborted) its communicator
   char pad1[48];
