@@ -1,10 +1,7 @@
 #include "backend_comm.h"
 
-#include <poll.h>
-
 #include <cstdarg>
 
-#include "bootstrap_ring.h"
 #include "debug.h"
 #include "process.h"
 
@@ -12,17 +9,6 @@ namespace ep {
 
 bool BackendComm::peerExited(int r) const {
   return pidVisible(r) && !processAlive(facts_->peers[size_t(r)].pid);
-}
-
-bool BackendComm::ringPeerHungUp(int r) const {
-  const int R = nranks(), me = rank();
-  if (bootstrap_ == nullptr || R < 2 || r == me || r < 0 || r >= R) return false;
-  auto hungUp = [](const Fd& fd) {
-    if (!fd.valid()) return false;
-    pollfd p = {fd.get(), POLLRDHUP, 0};
-    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-  };
-  return (r == (me + 1) % R && hungUp(bootstrap_->next_fd)) || (r == (me + R - 1) % R && hungUp(bootstrap_->prev_fd));
 }
 
 epResult_t setError(const BackendComm& comm, epResult_t res, const char* fmt, ...) {

@@ -71,13 +71,6 @@ class BackendComm {
   // peer whose pid means something here (pidVisible) can be seen to exit;
   // for any other peer, false.
   bool peerExited(int r) const;
-  // True once the bootstrap ring's TCP connection to rank r, a ring
-  // neighbour ((rank +- 1) mod R), was closed or reset by its end: its
-  // process ended (the kernel closes its sockets) or it destroyed its
-  // communicator. Across nodes, where pids mean nothing, this is how a
-  // neighbour's death shows at once rather than after the network
-  // transport's retries. False for any other rank. Does not read the socket.
-  bool ringPeerHungUp(int r) const;
   // The ranks' collectives over TCP (allgather, barrier): for init.
   Bootstrap* bootstrap() const { return bootstrap_; }
   // epCommAbort was called: every wait must leave.

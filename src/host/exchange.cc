@@ -180,32 +180,13 @@ bool Exchanger::returnCredits() {
 // Rank `gone` stopped taking part: its process exited, or (closed) it
 // destroyed or aborted its communicator, most likely after an error of its
 // own, so an exited rank, if any, is named too.
-template <typename Pred>
-int Exchanger::findGone(Pred waiting_on, Gone* how) const {
-  const int R = comm_.nranks();
-  for (int r = 0; r < R; r++)
-    if (waiting_on(r) && comm_.peerExited(r)) return *how = Gone::kExited, r;  // it will never make progress again
-  for (int r = 0; r < R; r++)
-    if (waiting_on(r) && peerClosed(r)) return *how = Gone::kClosed, r;
-  // After the closing marks: a peer that destroyed its communicator marks
-  // its rings closed before it closes its bootstrap connections.
-  for (int r = 0; r < R; r++)
-    if (waiting_on(r) && comm_.ringPeerHungUp(r)) return *how = Gone::kHungUp, r;
-  return -1;
-}
-
-epResult_t Exchanger::failPeerGone(int gone, Gone how, const char* what, uint64_t call_seq) {
+epResult_t Exchanger::failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq) {
   comm_.markFailed(epRemoteError);
   comm_.noteGone(gone);
   const unsigned long long seq = call_seq;
-  if (how == Gone::kExited)
+  if (!closed)
     return setError(comm_, epRemoteError, "%s (call %llu): rank %d (pid %d) exited", what, seq, gone,
                     comm_.peers()[gone].pid);
-  if (how == Gone::kHungUp)
-    return setError(comm_, epRemoteError,
-                    "%s (call %llu): rank %d (node %d) closed its bootstrap connection to this rank: its process "
-                    "ended, or it destroyed its communicator",
-                    what, seq, gone, comm_.nodes().node_of_rank[size_t(gone)]);
   for (int r = 0; r < comm_.nranks(); r++)
     if (r != comm_.rank() && !dead(r) && comm_.peerExited(r))
       return setError(comm_, epRemoteError,
@@ -457,15 +438,18 @@ epResult_t Exchanger::runCall(ChunkKind kind, uint64_t call_seq, std::vector<Str
                           what, (unsigned long long)call_seq, comm_.shrinkNotice().c_str(), awaited);
         }
       }
-      // A waited-on peer that exited, else one that closed its communicator,
-      // else a ring neighbour whose bootstrap connection closed.
-      Gone how = Gone::kExited;
-      const int gone = findGone(waitingOn, &how);
+      // A waited-on peer that exited, else one that closed its communicator.
+      int gone = -1;
+      bool closed = false;
+      for (int r = 0; r < R && gone < 0; r++)
+        if (waitingOn(r) && comm_.peerExited(r)) gone = r;  // it will never make progress again
+      for (int r = 0; r < R && gone < 0; r++)
+        if (waitingOn(r) && peerClosed(r)) gone = r, closed = true;
       if (gone >= 0 && exited_suspect != gone) {  // look at the rings once more first
         exited_suspect = gone;
         idle_rounds = 63;  // the next idle round checks again
       } else if (gone >= 0) {
-        return failPeerGone(gone, how, what, call_seq);
+        return failPeerGone(gone, closed, what, call_seq);
       }
       if (Clock::now() - last_progress > timeout)
         return failTimeout(sends, recvs, sent, waited < 0 ? R : waited, received, what, call_seq);
@@ -498,9 +482,8 @@ epResult_t Exchanger::drainRemote(const char* what, uint64_t call_seq) {
     if (res != epSuccess) return netFailed(res, peer, why, what, call_seq);
     if (comm_.aborted()) return setError(comm_, epAborted, "%s: communicator aborted", what);
     if ((idle & 255) == 255) {
-      Gone how = Gone::kExited;
-      if (findGone([waited](int r) { return r == waited; }, &how) == waited)
-        return failPeerGone(waited, how, what, call_seq);
+      if (comm_.peerExited(waited)) return failPeerGone(waited, false, what, call_seq);
+      if (peerClosed(waited)) return failPeerGone(waited, true, what, call_seq);
       if (Clock::now() - start > timeout) {
         comm_.markFailed(epTimeout);
         return setError(comm_, epTimeout, "%s (call %llu): rank %d has not taken this rank's last chunks within %d ms",

@@ -78,14 +78,7 @@ class Exchanger {
   // for its progress to post. Errors name the peer waited for.
   epResult_t drainRemote(const char* what, uint64_t call_seq);
   epResult_t netFailed(epResult_t res, int peer, const std::string& why, const char* what, uint64_t call_seq);
-  // How a waited-on peer was found gone: its process exited (seen here),
-  // it left its communicator (its closing marks), or its bootstrap
-  // connection was closed (a ring neighbour on another node).
-  enum class Gone { kExited, kClosed, kHungUp };
-  epResult_t failPeerGone(int gone, Gone how, const char* what, uint64_t call_seq);
-  // The first rank `waiting_on` holds that is gone, and how; -1 when none.
-  template <typename Pred>
-  int findGone(Pred waiting_on, Gone* how) const;
+  epResult_t failPeerGone(int gone, bool closed, const char* what, uint64_t call_seq);
   epResult_t failTimeout(const std::vector<StreamSpec>& sends, const std::vector<StreamSpec>& recvs,
                          const std::vector<int>& sent, int recv_cursor, const std::vector<int>& received,
                          const char* what, uint64_t call_seq);
