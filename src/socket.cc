@@ -407,52 +407,38 @@ bool localAddress(int fd, SocketAddress* out) {
   return ::getsockname(fd, out->sa(), &len) == 0;
 }
 
-namespace {
-
-// One connect: kOk with *out, kError with the connect's errno in *err (0 for
-// a failure of the wait itself, whose result is returned), or the wait's
-// timeout / abort (sys_errno: last_err).
-IoResult connectAttempt(const SocketAddress& addr, const Wait& wait, int last_err, Fd* out, int* err) {
-  *err = 0;
-  Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return ioResult(IoStatus::kError, errno);
-  int e = ::connect(fd.get(), addr.sa(), addr.length()) == 0 ? 0 : errno;
-  if (e == EINPROGRESS || e == EINTR) {
-    // EINTR on a non-blocking connect also leaves it completing in the background.
-    for (;;) {
-      pollfd pfd = {fd.get(), POLLOUT, 0};
-      IoResult r = pollOnce(&pfd, 1, wait);
-      if (!r.ok()) {
-        if (r.status == IoStatus::kTimeout || r.status == IoStatus::kAborted) r.sys_errno = last_err;
-        return r;
-      }
-      if (pfd.revents != 0) break;
-    }
-    socklen_t len = sizeof(e);
-    if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
-  }
-  if (e != 0) {
-    *err = e;
-    return ioResult(IoStatus::kError, e);
-  }
-  setNoDelay(fd.get());
-  *out = std::move(fd);
-  return ioResult(IoStatus::kOk);
-}
-
-}  // namespace
-
 IoResult connectWithRetry(const SocketAddress& addr, const Wait& wait, Fd* out, bool retry_refused) {
   constexpr int kRetryDelayMs = 50;
   int last_err = 0;
   for (;;) {
     if (wait.aborted()) return ioResult(IoStatus::kAborted, last_err);
     if (wait.expired()) return ioResult(IoStatus::kTimeout, last_err);
-    int err = 0;
-    IoResult attempt = connectAttempt(addr, wait, last_err, out, &err);
-    if (attempt.ok() || err == 0) return attempt;  // connected, or the wait / socket() failed
+    Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return ioResult(IoStatus::kError, errno);
+    int err = ::connect(fd.get(), addr.sa(), addr.length()) == 0 ? 0 : errno;
+    if (err == EINPROGRESS || err == EINTR) {
+      // EINTR on a non-blocking connect also leaves it completing in the background.
+      for (;;) {
+        pollfd pfd = {fd.get(), POLLOUT, 0};
+        IoResult r = pollOnce(&pfd, 1, wait);
+        if (!r.ok()) {
+          if (r.status == IoStatus::kTimeout || r.status == IoStatus::kAborted) r.sys_errno = last_err;
+          return r;
+        }
+        if (pfd.revents != 0) break;
+      }
+      socklen_t len = sizeof(err);
+      if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    }
+    if (err == 0) {
+      setNoDelay(fd.get());
+      *out = std::move(fd);
+      return ioResult(IoStatus::kOk);
+    }
     last_err = err;
-    if (!retryableConnectError(err) || (err == ECONNREFUSED && !retry_refused)) return ioResult(IoStatus::kError, err);
+    if (!retryableConnectError(err)) return ioResult(IoStatus::kError, err);
+    // The caller knows the peer listened already: a refusal is final.
+    if (err == ECONNREFUSED && !retry_refused) return ioResult(IoStatus::kError, err);
     // Pause before the next attempt, still watching the flags and the deadline.
     auto retry_at = Wait::Clock::now() + std::chrono::milliseconds(kRetryDelayMs);
     while (Wait::Clock::now() < retry_at) {

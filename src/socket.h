@@ -146,9 +146,11 @@ bool listenSocket(const SocketAddress& bind_addr, Fd* out, SocketAddress* bound,
 bool localAddress(int fd, SocketAddress* out);
 
 // Connects to addr, retrying refused/unreachable attempts until the deadline
-// (the peer may not listen yet). On kTimeout, sys_errno holds the last error.
-// retry_refused false: a refusal (ECONNREFUSED) is an error at once, where
-// the peer is known to listen already (the other errors are still retried).
+// (the peer may not listen yet). On kTimeout, sys_errno holds the last error;
+// an error that is not retried is kError with its errno in sys_errno.
+// retry_refused false (a peer known to listen already): a refusal
+// (ECONNREFUSED) is returned so at once; the other retryable errors are still
+// retried until the deadline.
 IoResult connectWithRetry(const SocketAddress& addr, const Wait& wait, Fd* out, bool retry_refused = true);
 // Accepts one connection from a non-blocking listening socket.
 IoResult acceptConnection(int listen_fd, const Wait& wait, Fd* out, SocketAddress* peer);
