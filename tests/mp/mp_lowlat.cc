@@ -346,15 +346,23 @@ void reportRecovery(int rank, int gone, double call_began, double failed_at, dou
   fflush(stdout);
 }
 
-// A low-latency dispatch of this rank's real input that is expected to fail
-// (a rank died, or a shrink began): its result and the error's words.
-epResult_t failingDispatch(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm,
-                           std::string* why) {
+// Receive buffers of a BF16 low-latency dispatch of shape `s`.
+struct LLRecvBuffers {
+  std::vector<uint8_t> rx;
+  std::vector<float> sc;
+  std::vector<int> cnt, src;
+};
+
+// The arguments of a BF16 low-latency dispatch of this rank's real input,
+// receiving into `bufs` (sized here; they must outlive the call's handle).
+epLowLatencyDispatchArgs_t realInputLLArgs(const LLShape& s, const std::vector<Input>& all, int rank,
+                                           LLRecvBuffers* bufs) {
   const int R = s.nranks;
   const int L = s.experts / R, cap = R * s.max_tokens;
-  std::vector<uint8_t> rx(size_t(L) * cap * size_t(s.hidden) * 2 + 16);
-  std::vector<float> sc(size_t(L) * cap * ((s.hidden + 127) / 128) + 1);
-  std::vector<int> cnt(L), src(size_t(L) * cap + 1);
+  bufs->rx.assign(size_t(L) * cap * size_t(s.hidden) * 2 + 16, 0);
+  bufs->sc.assign(size_t(L) * cap * ((s.hidden + 127) / 128) + 1, 0.0f);
+  bufs->cnt.assign(size_t(L), 0);
+  bufs->src.assign(size_t(L) * cap + 1, 0);
   epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
   a.x = all[rank].x.data();
   a.topk_idx = all[rank].topk.data();
@@ -362,10 +370,19 @@ epResult_t failingDispatch(const LLShape& s, const std::vector<Input>& all, int 
   a.num_tokens = s.tokens[rank];
   a.num_topk = s.topk_of[rank];
   a.wire_type = epBfloat16;
-  a.recv_x = rx.data();
-  a.recv_scales = sc.data();
-  a.recv_count = cnt.data();
-  a.recv_src = src.data();
+  a.recv_x = bufs->rx.data();
+  a.recv_scales = bufs->sc.data();
+  a.recv_count = bufs->cnt.data();
+  a.recv_src = bufs->src.data();
+  return a;
+}
+
+// A low-latency dispatch of this rank's real input that is expected to fail
+// (a rank died, or a shrink began): its result and the error's words.
+epResult_t failingDispatch(const LLShape& s, const std::vector<Input>& all, int rank, epComm_t comm,
+                           std::string* why) {
+  LLRecvBuffers bufs;
+  const epLowLatencyDispatchArgs_t a = realInputLLArgs(s, all, rank, &bufs);
   epHandle_t h = nullptr;
   const epResult_t res = epLowLatencyDispatch(comm, &a, &h, nullptr);
   *why = epGetLastError(comm);
@@ -476,21 +493,8 @@ void runCase(const LLShape& s, const LaunchInfo& li, const epUniqueId& id, bool 
     tally->check(epDispatchPrepare(comm, &pa, &old, nullptr) == epSuccess, "a prepare before the death", rank);
     // And a low-latency dispatch never combined: destroyed after the shrink,
     // it must not hold its buffer set (the shrink freed it).
-    const int Lc = s.experts / R, capc = R * s.max_tokens;
-    std::vector<uint8_t> ll_rx(size_t(Lc) * capc * size_t(s.hidden) * 2 + 16);
-    std::vector<float> ll_sc(size_t(Lc) * capc * ((s.hidden + 127) / 128) + 1);
-    std::vector<int> ll_cnt(Lc), ll_src(size_t(Lc) * capc + 1);
-    epLowLatencyDispatchArgs_t la0 = EP_LL_DISPATCH_ARGS_INITIALIZER;
-    la0.x = all[rank].x.data();
-    la0.topk_idx = all[rank].topk.data();
-    la0.topk_weights = all[rank].w.data();
-    la0.num_tokens = s.tokens[rank];
-    la0.num_topk = Kc;
-    la0.wire_type = epBfloat16;
-    la0.recv_x = ll_rx.data();
-    la0.recv_scales = ll_sc.data();
-    la0.recv_count = ll_cnt.data();
-    la0.recv_src = ll_src.data();
+    LLRecvBuffers ll_bufs;
+    const epLowLatencyDispatchArgs_t la0 = realInputLLArgs(s, all, rank, &ll_bufs);
     epHandle_t ll_old = nullptr;
     if (!g_shrink_first_ll)
       tally->check(epLowLatencyDispatch(comm, &la0, &ll_old, nullptr) == epSuccess,
