@@ -52,6 +52,13 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
       ~Release() { c->collective_busy.store(0); }
     } release{comm};
 
+    // This rank's device work ends and is waited for before it says anything
+    // in the agreement (Backend::quiesceForShrink).
+    const epResult_t qr = comm->backend->quiesceForShrink();
+    if (qr != epSuccess) {
+      comm->broken.store(qr);
+      return qr;
+    }
     // Ranks this process can see exited are dead for sure.
     const BackendComm view(comm, comm, comm->bootstrap, &comm->abort_flag, &comm->broken);
     for (int r = 0; r < R; r++)
@@ -65,6 +72,11 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
     recovery::AgreeOptions o;
     o.silence_ms = silenceMs(comm);
     o.abort = &comm->abort_flag;
+    o.on_decided = [comm](const std::vector<bool>& decided, std::string* why) {
+      const epResult_t r = comm->backend->resetForShrink(decided);
+      if (r != epSuccess) *why = epGetLastError(comm);
+      return r;
+    };
     recovery::AgreeResult res;
     // A new epoch for each attempt (one that failed in its final barrier may
     // have succeeded elsewhere), or the newer one a peer began.

@@ -67,6 +67,18 @@ class Backend {
     (void)steps;
     return epNotSupported;
   }
+  // For a backend whose peers write into its memory (the CUDA backend):
+  // quiesceForShrink, as epCommShrink begins, ends this rank's work that
+  // may still wait for or write to peers and waits for it; resetForShrink
+  // runs once this rank decided, before it tells the others so: every
+  // survivor has quiesced by then (each did before its first agreement
+  // message) and none goes on before every survivor's reset (the
+  // agreement's final barrier waits for every survivor's decision).
+  virtual epResult_t quiesceForShrink() { return epSuccess; }
+  virtual epResult_t resetForShrink(const std::vector<bool>& dead) {
+    (void)dead;
+    return epSuccess;
+  }
   // The transport that carries this rank's bytes to peer (another rank):
   // "shm", "cuda_ipc", a network transport's name.
   virtual const char* peerTransport(int peer) const = 0;

@@ -89,6 +89,16 @@ class CudaBackend : public Backend {
   // epCommAbort: this rank's waits leave, and the peers' waits for it too
   // (its call log says it aborted: their watchers mark it gone).
   void abort() override;
+  // Shrink (docs/SHRINK.md, "GPUs"): low-latency mode only. The agreement
+  // needs no step count here: the survivors' buffers start again as at init.
+  bool canShrink() const override { return ll_ != nullptr; }
+  epResult_t quiesceForShrink() override;
+  epResult_t resetForShrink(const std::vector<bool>& dead) override;
+  epResult_t shrink(const std::vector<bool>& dead, uint64_t steps) override {
+    (void)dead;
+    (void)steps;
+    return epSuccess;  // done in resetForShrink, before the final barrier
+  }
   // One node: every peer's memory is mapped through cuda_ipc.
   const char* peerTransport(int) const override { return "cuda_ipc"; }
 
@@ -117,6 +127,7 @@ class CudaBackend : public Backend {
 
   // ---- the calls (cuda_calls.cc) ----
   epResult_t checkExpertCounters(const char* fn) const;
+  epResult_t refuseAfterShrink(const char* fn) const;
   // What the kernels and the watcher reported, in order (cuda_calls.cc);
   // with argument_errors false only what ends the communicator (failed
   // waits, ranks out of step, a peer that left), for a call that must go
@@ -162,6 +173,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<HostNotices> notices_;  // exited peers, calls out of step, abort
   OwnWork own_work_;                      // what the destroy waits for (own_work.h)
   std::vector<int*> claims_to_clear_;     // error claims whose clearing failed (clearErrorClaim)
+  bool shrunk_ = false;                   // an epCommShrink reset the low-latency buffer (HT calls refused)
 };
 
 }  // namespace cuda

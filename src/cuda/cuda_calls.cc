@@ -30,6 +30,40 @@ void CudaBackend::abort() {
   notices_->announceClosed(kClosedAborted);
 }
 
+// After epCommShrink only the low-latency calls run (docs/SHRINK.md, "What
+// is built"): the high-throughput kernels have no mask.
+epResult_t CudaBackend::refuseAfterShrink(const char* fn) const {
+  if (!shrunk_) return epSuccess;
+  return setError(comm_, epNotSupported,
+                  "%s: after epCommShrink the CUDA backend runs low-latency calls only (its high-throughput kernels "
+                  "cannot skip removed ranks yet)", fn);
+}
+
+// epCommShrink begins: every wait of this rank's kernels leaves (the call
+// that failed, or one a peer's shrink interrupted), and the shrink waits
+// until they have ended, so that nothing of this rank writes into a peer's
+// buffer or reads its own once the survivors reset them.
+epResult_t CudaBackend::quiesceForShrink() {
+  DeviceGuard g(dev_);
+  if (notices_) notices_->abort();
+  const cudaError_t e = own_work_.wait();
+  if (e != cudaSuccess)
+    return setError(comm_, epUnhandledCudaError, "epCommShrink: waiting for this rank's kernels: %s", cudaGetErrorString(e));
+  return epSuccess;
+}
+
+epResult_t CudaBackend::resetForShrink(const std::vector<bool>& dead) {
+  DeviceGuard g(dev_);
+  if (!ll_) return setError(comm_, epInternalError, "epCommShrink: no low-latency buffer to reset");
+  notices_->forgetAfterShrink(dead);
+  EPCHECK(ll_->resetForShrink(dead));
+  // A high-throughput kernel's failure report too: it ended with the call
+  // that failed (those calls are refused from here on).
+  if (state_ && state_->err_host) memset(static_cast<void*>(state_->err_host), 0, kErrorSlots * sizeof(ErrorInfo));
+  shrunk_ = true;
+  return epSuccess;
+}
+
 CommView CudaBackend::view() const {
   CommView v{};
   v.rank = comm_.rank();
@@ -242,6 +276,7 @@ epResult_t CudaBackend::reportArgumentError(const char* fn, cudaStream_t stream)
 }
 
 epResult_t CudaBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
+  EPCHECK(refuseAfterShrink("epLayout"));
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   EPCHECK(checkKernelErrors("epLayout", s));
@@ -272,6 +307,7 @@ epResult_t CudaBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
 }
 
 epResult_t CudaBackend::prepare(const char* fn, const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
+  EPCHECK(refuseAfterShrink(fn));
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   EPCHECK(checkKernelErrors(fn, s));
@@ -327,6 +363,7 @@ epResult_t CudaBackend::prepare(const char* fn, const epDispatchArgs_t& a, epHan
 }
 
 epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool ids_routed, epStream_t stream) {
+  EPCHECK(refuseAfterShrink("epDispatch"));
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   // A handle's first dispatch is launched whatever argument error the kernels
@@ -402,6 +439,7 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
 }
 
 epResult_t CudaBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_t stream) {
+  EPCHECK(refuseAfterShrink("epCombine"));
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   EPCHECK(checkKernelErrors("epCombine", s));

@@ -130,7 +130,7 @@ void HostNotices::run() {
   std::unique_lock<std::mutex> lock(stop_mu_);
   while (!stop_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
     for (int r = 0; r < R && r < kMaxRanks; r++) {
-      if (r == comm_.rank() || marked[r]) continue;
+      if (r == comm_.rank() || marked[r] || removed_[r]) continue;
       const CloseKind closed = calls_ != nullptr ? calls_->peerClosed(r) : kOpen;
       GoneWhy why = kNotGone;
       if (watched(r) && comm_.peerExited(r)) why = kGoneExited;
@@ -150,7 +150,7 @@ void HostNotices::run() {
       }
       markGone(r);
     }
-    if (!settled) settled = lookAtCalls(&looks_pending, &seen);
+    if (!settled && !shrunk_) settled = lookAtCalls(&looks_pending, &seen);
   }
 }
 
@@ -216,6 +216,20 @@ bool HostNotices::lookAtCalls(int* looks_pending, CallMismatch* seen) {
   EP_WARN(kSubsysCuda, "%s", what);
   abort();  // every wait of this rank leaves
   return true;
+}
+
+void HostNotices::forgetAfterShrink(const std::vector<bool>& dead) {
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  shrunk_ = true;
+  for (int r = 0; r < comm_.nranks() && r < kMaxRanks; r++) {
+    if (!dead[size_t(r)]) continue;
+    removed_[r] = true;
+    if (calls_) calls_->setPeer(r, nullptr);
+  }
+  // A survivor that had closed its communicator could not have agreed: the
+  // rank found closed is a removed one.
+  first_closed_.store(-1, std::memory_order_release);
+  out_of_step_.store(false, std::memory_order_release);
 }
 
 bool HostNotices::kernelsReportedFailure() const {

@@ -98,6 +98,12 @@ class HostNotices {
   const char* outOfStep() const;
   // A kernel of either family reported a failed wait (its failure slot).
   bool kernelsReportedFailure() const;
+  // epCommShrink decided (CudaBackend::resetForShrink): the removed ranks
+  // are watched no more, the call logs compared no more (the survivors'
+  // logs differ by the failed call and cannot be lined up again), and what
+  // the watcher found before (calls out of step, a peer that closed) is
+  // forgotten. The failure slots are the caller's to clear.
+  void forgetAfterShrink(const std::vector<bool>& dead);
 
  private:
   // Looks (100 ms apart) between finding calls out of step and ending the
@@ -132,7 +138,9 @@ class HostNotices {
   std::atomic<bool> out_of_step_{false};
   std::string out_of_step_what_;  // written before out_of_step_ is set
   std::mutex mu_;  // the stream and one_ (the watcher and abort may both write)
-  std::mutex stop_mu_;
+  std::mutex stop_mu_;  // also held by the watcher's loop body: forgetAfterShrink waits for a look to end
+  bool shrunk_ = false;                 // under stop_mu_
+  bool removed_[kMaxRanks] = {};        // under stop_mu_: ranks a shrink removed
   std::condition_variable stop_cv_;
   bool stop_ = false;
   std::thread watcher_;

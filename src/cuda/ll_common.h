@@ -99,6 +99,8 @@ struct LLLocal {
   alignas(8) uint8_t gone[kMaxRanks];  // as DevLocal::gone; also set by a peer that found this rank in a
                                        // low-latency call while it was in a high-throughput one (FamilyWatch)
   int fail_claim;           // as DevLocal::fail_claim
+  uint32_t dead;            // ranks an epCommShrink removed (bit r), written by the host in the shrink
+                            // (docs/SHRINK.md, "GPUs"); read only where LLView::shrinkable
 };
 // LLLocal lies in the control area of the rank's LL buffer, which the peers
 // map, so that they can set its gone bytes.
@@ -152,6 +154,7 @@ struct LLView {
   ErrorInfo* err;
   unsigned long long timeout_ns;
   LLTiming* timing;        // null unless EP_CUDA_LL_TIMING
+  int shrinkable;          // config.enable_shrink: the kernels read local->dead (llDeadRanks)
 };
 
 // Offsets inside a record header.

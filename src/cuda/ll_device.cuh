@@ -141,6 +141,19 @@ __device__ __forceinline__ uint64_t* llCounter(const LLView& v, int r, LLCounter
   return reinterpret_cast<uint64_t*>(llCtrl(v, r)) + (int(kind) * 2 + set) * kMaxRanks + src;
 }
 
+// Ranks an epCommShrink removed (bit r; docs/SHRINK.md, "GPUs"): read from
+// this rank's device memory at every call, so that a graph captured before
+// the shrink masks them when replayed after it. 0 without
+// config.enable_shrink, whose kernels load nothing for it. A survivor writes
+// nothing into a removed rank's buffer (llSignal, the ntok words, the
+// flagged headers) and sends it no record: its experts' ids read as -1
+// where a token is routed (routeToken) and numbered (numberPairs); the shrink set the
+// removed sources' counters in this rank's LLCtrl beyond any target and
+// zeroed their counts, and each dispatch send writes their ntok words here
+// (0 tokens), so that no wait of a survivor waits for them.
+__device__ __forceinline__ unsigned llDeadRanks(const LLView& v) { return v.shrinkable ? v.local->dead : 0u; }
+__device__ __forceinline__ bool llIsDead(const LLView& v, int r) { return (llDeadRanks(v) >> r) & 1u; }
+
 // This block is done with the step `kind` signals: add 1 to counter
 // [kind][set][me] in every rank, after a CTA barrier.
 // - Data signals (dispatch sent, combine sent) are release reductions: the
@@ -151,7 +164,7 @@ __device__ __forceinline__ uint64_t* llCounter(const LLView& v, int r, LLCounter
 //   output stores, which no peer reads (measured: 1-1.5 us).
 __device__ __forceinline__ void llSignal(const LLView& v, LLCounter kind, int set) {
   __syncthreads();
-  if (threadIdx.x < v.nranks) {
+  if (threadIdx.x < v.nranks && !llIsDead(v, threadIdx.x)) {
     uint64_t* c = llCounter(v, threadIdx.x, kind, set, v.rank);
     if (kind == kLLCombineRead)
       asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(c) : "memory");

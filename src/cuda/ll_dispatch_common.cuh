@@ -30,6 +30,21 @@ constexpr int kHdrPerWarp = kTokGroup / kWarps;  // tokens (or records) a warp d
 constexpr int kIdRegs = kIdStage / kThreads;       // staged ids per thread per round
 constexpr int kStagedBases = 4096;                 // slot bases a receiving block keeps in shared memory
 
+// Block 0's announcement of this dispatch to rank r (thread r): this rank's
+// ntok word `word` in r's LLCtrl, stored by `store`. For a rank a shrink
+// removed, instead, the word a source of no tokens would have sent, in this
+// rank's own LLCtrl: its receive then takes nothing from r and waits for
+// nothing of it (r's signal counters here lie beyond every target).
+template <typename Store>
+__device__ __forceinline__ void llAnnounce(const LLDispatchParams& p, int set, uint32_t tag, int r, uint64_t word,
+                                           Store store) {
+  const LLView& v = p.v;
+  if (llIsDead(v, r))
+    store(&llCtrl(v, v.rank)->ntok[set][r], llNtokWord(tag, 0, p.fp8));
+  else
+    store(&llCtrl(v, r)->ntok[set][v.rank], word);
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace ep

@@ -84,9 +84,10 @@ __device__ __forceinline__ unsigned routeToken(const LLDispatchParams& p, int t,
   if (lane < p.num_topk && (e < -1 || e >= v.num_experts))
     llReport(v, 4 /* epInvalidArgument */, kLLWhatBadTopk, -1, t, e);
   id = (e < 0 || e >= v.num_experts) ? -1 : int(e);
-  const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << (id / v.local_experts) : 0u);
+  const int dest = id >= 0 ? id / v.local_experts : -1;
+  if (dest >= 0 && llIsDead(v, dest)) id = -1;  // masked (llDeadRanks): no record, no term in the combine
+  const unsigned mask = __reduce_or_sync(0xffffffffu, id >= 0 ? 1u << dest : 0u);
   if (kSingles) {
-    const int dest = id >= 0 ? id / v.local_experts : -1;
     const unsigned same = __match_any_sync(0xffffffffu, id >= 0 ? dest : -1 - lane);
     const unsigned singles = __reduce_or_sync(0xffffffffu, id >= 0 && __popc(same) == 1 ? 1u << dest : 0u);
     if (lane == 0) llSingles(v, p.hd)[t] = uint8_t(singles);
@@ -231,6 +232,7 @@ __device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, 
       __syncthreads();
       for (int b = warp; b < nbe; b += kWarps) {
         const int e = first + b * G, r = e / L;
+        if (llIsDead(v, r)) continue;  // masked (llDeadRanks): no number, its count stays 0 and is not sent
         int run = s_run[b];
         for (int c = 0; c < nt; c += 32) {
           const int tl = c + lane;
@@ -255,7 +257,7 @@ __device__ __forceinline__ void numberPairs(const LLDispatchParams& p, int set, 
     __syncthreads();
     for (int b = threadIdx.x; b < nbe; b += kThreads) {
       const int e = first + b * G;
-      llCounts(v, e / L, set)[v.rank * L + e % L] = s_run[b];
+      if (!llIsDead(v, e / L)) llCounts(v, e / L, set)[v.rank * L + e % L] = s_run[b];  // 0 for a removed rank
     }
   }
 }
@@ -295,7 +297,8 @@ __device__ __forceinline__ void sendStart(const LLDispatchParams& p, uint64_t pa
   if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
   if (blockIdx.x == 0) {
     if (threadIdx.x < v.nranks)
-      llCtrl(v, threadIdx.x)->ntok[set][v.rank] = llNtokWord(uint32_t(pair + 1), p.num_tokens, p.fp8);
+      llAnnounce(p, set, uint32_t(pair + 1), threadIdx.x, llNtokWord(uint32_t(pair + 1), p.num_tokens, p.fp8),
+                 [](uint64_t* w, uint64_t word) { *w = word; });
     if (threadIdx.x == 0) {
       p.hd->pair = pair;
       p.hd->num_tokens = p.num_tokens;

@@ -119,7 +119,8 @@ __device__ __forceinline__ void dispatchSendFlaggedPhase(const LLDispatchParams&
   if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
   if (blockIdx.x == 0) {
     if (threadIdx.x < v.nranks)
-      llStRelaxed64(&llCtrl(v, threadIdx.x)->ntok[set][v.rank], llNtokWord(tag, p.num_tokens, p.fp8, true));
+      llAnnounce(p, set, tag, threadIdx.x, llNtokWord(tag, p.num_tokens, p.fp8, true),
+                 [](uint64_t* w, uint64_t word) { llStRelaxed64(w, word); });
     if (threadIdx.x == 0) {
       p.hd->pair = pair;
       p.hd->num_tokens = p.num_tokens;
@@ -138,6 +139,7 @@ __device__ __forceinline__ void dispatchSendFlaggedPhase(const LLDispatchParams&
       if (lane == 0) s_mask = mask;
       if (sl.plo == 0)
         for (int r = 0; r < v.nranks; r++) {
+          if (llIsDead(v, r)) continue;  // nothing into a removed rank's buffer
           uint64_t* h = llFlagRecord(v, r, set, v.rank, t);
           if (lane == 0) llStFlag(h, tag, uint32_t(K));
           if (lane < v.max_topk) {

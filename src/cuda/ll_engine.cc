@@ -144,6 +144,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.flag_hdr_bytes = llFlagHeaderBytes(c.max_topk);
   view_.cnt_off = llCountsOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.timeout_ns = (unsigned long long)c.timeout_ms * 1000000ull;
+  view_.shrinkable = c.enable_shrink ? 1 : 0;
   slices_ = int(param::CUDA_LL_SLICES());
   int cc_major = 0;
   CUDACHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev_));
@@ -382,6 +383,35 @@ epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
   else err = launchLLCombineRecv(st->combine, l, st->dispatch.num_tokens);
   if (err != 0) return launchFailure(comm_, "epLowLatencyComplete", "a low-latency receive kernel", pending, err);
   h->pending = epHandle::Pending::kNone;
+  return epSuccess;
+}
+
+// epCommShrink, once the survivors agreed and before any of them may start
+// a call (docs/SHRINK.md, "GPUs"): every survivor's kernels have ended (the
+// shrink made them leave their waits and waited for them before the
+// agreement), so nothing writes into this buffer now. The buffer starts
+// again as at init: the failed call left counters, tags and counts in any
+// state, and the pairs start again from 0 on every survivor; then the
+// removed sources' signal counters are put beyond every target (the waits
+// for them pass at once) and the mask is written where the kernels read it
+// at every call. The error slots and claims are cleared: the failed wait's
+// report was the call that failed.
+epResult_t LLEngine::resetForShrink(const std::vector<bool>& dead) {
+  uint32_t bits = 0;
+  LLCtrl ctrl{};
+  constexpr uint64_t kBeyondEveryTarget = uint64_t(1) << 62;
+  for (int r = 0; r < view_.nranks && r < kMaxRanks; r++) {
+    if (!dead[size_t(r)]) continue;
+    bits |= 1u << r;
+    for (int set = 0; set < 2; set++)
+      ctrl.dsig[set][r] = ctrl.cdone[set][r] = ctrl.cfree[set][r] = kBeyondEveryTarget;
+  }
+  char* own = static_cast<char*>(buffers_->localPtr());
+  CUDACHECK(cudaMemset(own, 0, bytes_));
+  CUDACHECK(cudaMemcpy(own, &ctrl, sizeof(ctrl), cudaMemcpyHostToDevice));
+  CUDACHECK(cudaMemcpy(&local_->dead, &bits, sizeof(bits), cudaMemcpyHostToDevice));
+  CUDACHECK(cudaStreamSynchronize(cudaStreamLegacy));  // the copies above are ordered after the memset
+  memset(static_cast<void*>(err_host_), 0, kErrorSlots * sizeof(ErrorInfo));
   return epSuccess;
 }
 

@@ -55,6 +55,9 @@ class LLEngine {
   // Reads and clears the argument slot; the caller then clears the claim
   // word (LLLocal::err_claim), in order behind the report.
   epResult_t reportArgumentError(const char* fn);
+  // epCommShrink: this rank's buffer as at init, the removed ranks masked
+  // (ll_engine.cc says when it may run). Not thread-safe with calls.
+  epResult_t resetForShrink(const std::vector<bool>& dead);
 
  private:
   struct HandleState;

@@ -71,7 +71,7 @@ __device__ __forceinline__ void llStRelaxed64(uint64_t* p, uint64_t w) {
 // source's receivers do not wait for it, but the counter targets of later
 // calls count every block of every call.
 __device__ __forceinline__ void llCountRelaxed(const LLView& v, LLCounter kind, int set) {
-  if (threadIdx.x < v.nranks)
+  if (threadIdx.x < v.nranks && !llIsDead(v, threadIdx.x))
     asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(llCounter(v, threadIdx.x, kind, set, v.rank))
                  : "memory");
 }

@@ -195,6 +195,7 @@ epResult_t runAgreement(RecoveryLink& link, const std::vector<bool>& members, ui
   // drops connections, it does not refuse them). Dead at once.
   std::vector<bool> refused_now(size_t(R), false);
   std::vector<bool> said_decided(size_t(R), false);           // the barrier: every survivor decided
+  bool reset_done = false;                                    // o.on_decided ran
   AgreeMessage last_sent;
   bool sent_any = false;
   auto last_send = start;
@@ -255,6 +256,19 @@ epResult_t runAgreement(RecoveryLink& link, const std::vector<bool>& members, ui
         out->counter = a.counter();
         out->why = std::string("this rank is ") + stateName(a.state());
         return epSuccess;
+    }
+    if (!reset_done) {
+      reset_done = true;
+      std::string why;
+      const epResult_t rc = o.on_decided ? o.on_decided(a.dead(), &why) : epSuccess;
+      if (rc != epSuccess) {
+        out->state = Agreement::State::kDecided;
+        out->dead = a.dead();
+        out->counter = a.counter();
+        out->why = "this rank decided but could not reset its state: " + why;
+        return rc;
+      }
+      continue;  // the decision goes out at the top of the loop
     }
     // Decided: the barrier. Every survivor must say it decided (the DECIDE
     // relay brings the late ones there); one that dies meanwhile ends this

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -97,6 +98,12 @@ struct AgreeOptions {
   int resend_ms = 200;     // each message goes again this often, until answered by the next round
   int send_wait_ms = 500;  // one delivery's bound
   const std::atomic<int>* abort = nullptr;
+  // Called once, when this rank decided and before its first message saying
+  // so (the others wait in the final barrier for that message): what must
+  // be done before any survivor goes on (Backend::resetForShrink). Its
+  // failure ends the agreement with its error (the others then find this
+  // rank silent in their barrier).
+  std::function<epResult_t(const std::vector<bool>& dead, std::string* why)> on_decided;
 };
 
 struct AgreeResult {

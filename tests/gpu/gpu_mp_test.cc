@@ -37,7 +37,11 @@
 // destroying them; each time the others' waiting GPU calls must fail with
 // epRemoteError naming it and how it left within seconds.
 //
-//   gpu_mp_test [--timeout SECONDS] [--ranks N]
+// With --shrink, only the shrink case (runShrink): the last rank exits, the
+// others shrink both communicators and go on, a graph captured before the
+// death replayed after it; against the host backend's masked result.
+//
+//   gpu_mp_test [--timeout SECONDS] [--ranks N] [--shrink]
 // --timeout: ranks still running then are killed (default 240). --ranks N (2..8):
 // N processes even on fewer GPUs. Processes that share a GPU run their kernels
 // side by side only under MPS (docs/SEMANTICS.md); without it they take turns
@@ -449,6 +453,186 @@ void timeLlLayers(int R, int rank, const epUniqueId& id) {
   EK(comm, epCommDestroy(comm));
 }
 
+// One low-latency layer of rank r's inputs `in` on the host communicator,
+// as ll::runHost, but returning the first error instead of ending the process.
+epResult_t hostLayer(const ll::Shape& s, int R, int r, epComm_t comm, const ll::RankData& in, ll::Outputs* o) {
+  const int L = s.experts / R, H = s.hidden, nb = (H + 127) / 128;
+  const size_t cap = size_t(R) * s.max_tokens, row = s.fp8 ? H : 2 * H;
+  o->recv_x.assign(L * cap * row, 0);
+  o->recv_scales.assign(L * nb * cap, 0);
+  o->recv_count.assign(L, 0);
+  o->recv_src.assign(L * cap, -1);
+  o->out.assign(size_t(std::max(s.tokens[r], 1)) * H, 0);
+  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
+  a.x = in.x.data();
+  a.topk_idx = in.topk.data();
+  a.topk_idx_type = epInt64;
+  a.topk_weights = in.w.data();
+  a.num_tokens = s.tokens[r];
+  a.num_topk = s.topk;
+  a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
+  a.recv_x = o->recv_x.data();
+  a.recv_scales = o->recv_scales.data();
+  a.recv_count = o->recv_count.data();
+  a.recv_src = o->recv_src.data();
+  epHandle_t h = nullptr;
+  epResult_t res = epLowLatencyDispatch(comm, &a, &h, nullptr);
+  if (res == epSuccess) {
+    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+    c.y = in.y.data();
+    c.out = o->out.data();
+    res = epLowLatencyCombine(comm, &c, h, nullptr);
+  }
+  if (h) epHandleDestroy(h);
+  return res;
+}
+
+// One low-latency layer on the GPU communicator of g, returning the first
+// error (the dispatch's, or the combine's, which reports what the dispatch
+// kernel found).
+epResult_t gpuLayer(const ll::Shape& s, int R, int r, const ll::RankData& in, ll::GpuRank& g) {
+  ll::upload(s, r, in, g);
+  ll::poison(s, R, g);
+  epLowLatencyDispatchArgs_t a = ll::dispatchArgs(s, r, g);
+  epHandle_t h = nullptr;
+  epResult_t res = epLowLatencyDispatch(g.comm, &a, &h, g.stream);
+  if (res == epSuccess) {
+    CK(cudaStreamSynchronize(g.stream));
+    epLowLatencyCombineArgs_t c = ll::combineArgs(g);
+    res = epLowLatencyCombine(g.comm, &c, h, g.stream);
+  }
+  CK(cudaStreamSynchronize(g.stream));
+  if (h) epHandleDestroy(h);
+  return res;
+}
+
+// Shrink on GPUs (docs/SHRINK.md, "GPUs"): R ranks join a CUDA and a host
+// communicator with enable_shrink, both low-latency. Before the death: a
+// layer of 50-60 tokens per rank (plain records), one of 1-3 (flagged
+// records where the rank sends them), and a CUDA graph of a layer captured
+// and replayed; each against the host backend, bit for bit. Then the last
+// rank exits between calls. Every survivor's next layer must fail on both
+// communicators with epRemoteError naming it; epCommShrink on each must
+// return it alone; then the same three layers (the graph captured before
+// the death, replayed), run twice (both buffer sets), must match the host
+// backend's masked result bit for bit: no record to or from the dead
+// rank, its experts' terms absent from the combine.
+bool runShrink(int R, int rank, const epUniqueId& gpu_id, const epUniqueId& host_id, int* result) {
+  std::vector<int> t_plain(R), t_small(R);
+  for (int r = 0; r < R; r++) {
+    t_plain[r] = 60 - 3 * r;
+    t_small[r] = 1 + r % 3;
+  }
+  const ll::Shape plain{2048, 4, 8 * R, 64, t_plain, false, false, false};
+  ll::Shape small = plain;
+  small.tokens = t_small;
+  small.fp8 = true;
+  epConfig_t gc = ll::configFor(plain, epBackendCuda);
+  gc.device = gpuOf(rank);
+  gc.enable_shrink = 1;
+  epConfig_t hc = ll::configFor(plain, epBackendHost);
+  hc.enable_shrink = 1;
+  ll::GpuRank g = joinLlRank(plain, R, rank, gpu_id, gc, "shrink", 11);
+  epComm_t host = join(R, host_id, rank, hc, "shrink (host)");
+  const int gone = R - 1;
+  bool ok = true;
+  // The graph of one plain layer (the inputs are read from g's buffers at each replay).
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  epHandle_t graph_handle = nullptr;
+  CK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
+  ll::enqueueLayer(plain, rank, g, &graph_handle, [](int) {});
+  CK(cudaStreamEndCapture(g.stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  auto check = [&](const ll::Shape& sh, uint64_t seed, bool replay, const std::string& what) {
+    ll::RankData in;
+    ll::randomInputs(sh, R, seed, rank, &in);
+    ll::Outputs ref;
+    const epResult_t hr = hostLayer(sh, R, rank, host, in, &ref);
+    if (hr != epSuccess) {
+      printf("  FAIL shrink rank %d: %s on the host backend: %s (%s)\n", rank, what.c_str(), epGetErrorString(hr),
+             epGetLastError(host));
+      return false;
+    }
+    epResult_t res = epSuccess;
+    if (replay) {
+      ll::upload(sh, rank, in, g);
+      ll::poison(sh, R, g);
+      CK(cudaGraphLaunch(exec, g.stream));
+      CK(cudaStreamSynchronize(g.stream));
+    } else {
+      res = gpuLayer(sh, R, rank, in, g);
+    }
+    if (res != epSuccess) {
+      printf("  FAIL shrink rank %d: %s: %s (%s)\n", rank, what.c_str(), epGetErrorString(res), epGetLastError(g.comm));
+      return false;
+    }
+    const bool same = ll::compare(sh, R, rank, g, ref, "shrink " + what) == 0;
+    long long rows = 0;
+    for (int c : ref.recv_count) rows += c;
+    if (same) printf("  ok   rank %d: %s: %lld rows received, the combine of %d tokens, as the host backend\n", rank,
+                     what.c_str(), rows, sh.tokens[rank]);
+    return same;
+  };
+  auto checkAll = [&](const std::string& when, uint64_t seed) {
+    bool all = check(plain, seed, false, when + ", plain records");
+    all &= check(small, seed + 1, false, when + ", 1-3 tokens (flagged records)");
+    all &= check(plain, seed + 2, true, when + ", the graph captured before the death");
+    return all;
+  };
+  ok &= checkAll("before the death", 20);
+  if (rank == gone) {
+    printf("  rank %d exits\n", rank);
+    fflush(stdout);
+    *result = ok ? 0 : 1;
+    _exit(0);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const std::string name = "rank " + std::to_string(gone);
+  {  // the next layer fails on both, naming the dead rank
+    ll::RankData in;
+    ll::randomInputs(plain, R, 30, rank, &in);
+    epResult_t res = gpuLayer(plain, R, rank, in, g);
+    if (res == epSuccess) res = gpuLayer(plain, R, rank, in, g);  // the failed wait reported by the next call
+    const std::string msg = epGetLastError(g.comm);
+    const bool seen = res == epRemoteError && msg.find(name) != std::string::npos;
+    printf("  %s rank %d: the GPU layer after the death: %s after %.2f s (%s)\n", seen ? "ok  " : "FAIL", rank,
+           epGetErrorString(res), since(), msg.c_str());
+    ok &= seen;
+    ll::Outputs out;
+    res = hostLayer(plain, R, rank, host, in, &out);
+    const std::string hmsg = epGetLastError(host);
+    const bool hseen = res == epRemoteError && hmsg.find(name) != std::string::npos;
+    printf("  %s rank %d: the host layer after the death: %s (%s)\n", hseen ? "ok  " : "FAIL", rank,
+           epGetErrorString(res), hmsg.c_str());
+    ok &= hseen;
+  }
+  for (epComm_t c : {g.comm, host}) {
+    int dead[8] = {-1}, ndead = -1;
+    const auto s0 = std::chrono::steady_clock::now();
+    const epResult_t res = epCommShrink(c, nullptr, 0, dead, &ndead);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+    const bool right = res == epSuccess && ndead == 1 && dead[0] == gone;
+    printf("  %s rank %d: epCommShrink (%s): %s, %d dead (first %d), %.1f ms%s%s\n", right ? "ok  " : "FAIL", rank,
+           c == host ? "host" : "cuda", epGetErrorString(res), ndead, dead[0], ms, res == epSuccess ? "" : ": ",
+           res == epSuccess ? "" : epGetLastError(c));
+    ok &= right;
+  }
+  if (ok) {
+    ok &= checkAll("after the shrink", 40);
+    ok &= checkAll("after the shrink, again", 50);
+  }
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  if (graph_handle) epHandleDestroy(graph_handle);
+  ll::freeRank(g);
+  ok &= epCommDestroy(g.comm) == epSuccess;
+  ok &= epCommDestroy(host) == epSuccess;
+  *result = ok ? 0 : 1;
+  return ok;
+}
+
 // Rank `rank`: every case in order; results[case * R + rank] = 0 passed, 1 failed.
 int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vector<epUniqueId>& ids, int* results) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // whole lines from each rank in the shared log
@@ -489,6 +673,42 @@ int rankMain(int rank, int R, const std::vector<MpCase>& cases, const std::vecto
     all &= ok;
   }
   return all ? 0 : 1;
+}
+
+// --shrink: runShrink alone (its last rank exits). 0 when every rank passed.
+int shrinkMain(int R, int timeout_s) {
+  int* results = static_cast<int*>(mmap(nullptr, size_t(R) * sizeof(int), PROT_READ | PROT_WRITE,
+                                        MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (results == MAP_FAILED) {
+    perror("gpu_mp_test: mmap");
+    return 1;
+  }
+  for (int r = 0; r < R; r++) results[r] = -1;
+  printf("gpu_mp_test --shrink: %d ranks as processes\n", R);
+  std::vector<epUniqueId> ids(2);
+  int rank = -1;
+  std::vector<int> codes;
+  bool timed_out = false;
+  if (forkRanksWithIds(R, timeout_s, int(ids.size()), ids.data(), &rank, &codes, &timed_out) != 0) return 1;
+  if (rank >= 0) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    CK(cudaSetDevice(gpuOf(rank)));
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = runShrink(R, rank, ids[0], ids[1], &results[rank]);
+    printf("%s EP%d shrink on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", R, rank,
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return ok ? 0 : 1;
+  }
+  std::string bad;
+  for (int r = 0; r < R; r++)
+    if (results[r] != 0 || codes[r] != 0)
+      bad += " rank " + std::to_string(r) + (results[r] < 0 ? " (did not finish)" : results[r] ? " (failed)" : "") +
+             (codes[r] != 0 ? " (exit status " + std::to_string(codes[r]) + ")" : "");
+  if (timed_out) bad += " (killed after the timeout)";
+  printf("%s EP%d shrink%s\n", bad.empty() ? "PASS" : "FAIL", R, bad.c_str());
+  printf("gpu_mp_test: %d passed, %d failed\n", bad.empty() ? 1 : 0, bad.empty() ? 0 : 1);
+  munmap(results, size_t(R) * sizeof(int));
+  return bad.empty() ? 0 : 1;
 }
 
 // GPUs visible, counted in a child so that this process does not initialise
@@ -539,9 +759,12 @@ int visibleGpus(std::string* why) {
 
 int main(int argc, char** argv) {
   int timeout_s = 240, ranks = 0;
+  bool shrink = false;
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
-    if (arg == "--timeout" && i + 1 < argc) {
+    if (arg == "--shrink") {
+      shrink = true;
+    } else if (arg == "--timeout" && i + 1 < argc) {
       timeout_s = atoi(argv[++i]);
     } else if (arg == "--ranks" && i + 1 < argc) {
       ranks = atoi(argv[++i]);
@@ -550,7 +773,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else {
-      fprintf(stderr, "usage: %s [--timeout SECONDS] [--ranks N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--timeout SECONDS] [--ranks N] [--shrink]\n", argv[0]);
       return 2;
     }
   }
@@ -571,6 +794,7 @@ int main(int argc, char** argv) {
            ndev);
     return 0;
   }
+  if (shrink) return shrinkMain(R, timeout_s);
   const std::vector<MpCase> cases = makeCases(R);
   const size_t ncases = cases.size() + 4;  // + out of step, + a peer that destroys, aborts, exits (last)
   const size_t nres = ncases * size_t(R);

@@ -177,6 +177,10 @@ mp_args=()
 [ "$ngpu" -lt 2 ] && mp_args=(--ranks 2)
 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" "${mp_args[@]}" 2>&1 | tee "$LOGS/gpu_mp_test.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test: FAILED"; status=1; }
+# Shrink on GPUs (docs/SHRINK.md, "GPUs"): 4 processes, the last exits, the
+# others shrink and go on, a graph captured before the death included.
+timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" --ranks 4 --shrink 2>&1 | tee "$LOGS/gpu_mp_shrink.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test --shrink: FAILED"; status=1; }
 fi
 
 # The staged path of GPU ranks on different nodes (tests/gpu/staged.sh): 2
