@@ -413,10 +413,14 @@ epResult_t CudaBackend::loadKernels(InitContext&) {
   CUDACHECK(cudaError_t(preloadLayoutKernels()));
   CUDACHECK(cudaError_t(preloadDispatchKernels()));
   CUDACHECK(cudaError_t(preloadCombineKernels()));
-  if (comm_.config().low_latency) {
-    CUDACHECK(cudaError_t(preloadLLDispatchKernels()));
-    CUDACHECK(cudaError_t(preloadLLDispatchSlicesKernels()));
-    CUDACHECK(cudaError_t(preloadLLCombineKernels()));
+  if (comm_.config().low_latency && comm_.config().enable_shrink) {  // the build that reads the mask (ll_variant.h)
+    CUDACHECK(cudaError_t(ll_shrink::preloadLLDispatchKernels()));
+    CUDACHECK(cudaError_t(ll_shrink::preloadLLDispatchSlicesKernels()));
+    CUDACHECK(cudaError_t(ll_shrink::preloadLLCombineKernels()));
+  } else if (comm_.config().low_latency) {
+    CUDACHECK(cudaError_t(ll_plain::preloadLLDispatchKernels()));
+    CUDACHECK(cudaError_t(ll_plain::preloadLLDispatchSlicesKernels()));
+    CUDACHECK(cudaError_t(ll_plain::preloadLLCombineKernels()));
   }
   CUDACHECK(cudaDeviceSynchronize());
   return epSuccess;

@@ -108,9 +108,9 @@ class CudaStager : public Stager {
   // microseconds of the host's time apiece, so they go in one
   // cudaMemcpyBatchAsync (CUDA 12.8). Pitched regions of a few rows are cut
   // into rows for it; longer ones stay 2D copies. Where the batch is refused
-  // (the legacy stream, an older driver), one copy each. Off unless
-  // EP_CUDA_STAGE_BATCH=1 until it has run on a GPU (docs/BENCHMARKS.md,
-  // 2026-12-07, the staged path on an H100: copies back 0.6-3.7 GB/s).
+  // (the legacy stream, an older driver), one copy each; EP_CUDA_STAGE_BATCH=0
+  // takes one copy each too (docs/BENCHMARKS.md, 2026-12-07: on an H100 the
+  // batch made an eager 2-node layer 20% faster at 128 tokens).
   epResult_t toCallerAll(const std::vector<CopyBack>& copies, epStream_t stream) override {
     batch_dst_.clear();
     batch_src_.clear();

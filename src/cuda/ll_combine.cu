@@ -305,6 +305,8 @@ __global__ void __launch_bounds__(kThreads, 1) llCombineKernel(LLCombineParams p
 
 }  // namespace
 
+namespace EP_LL_VARIANT {
+
 int launchLLCombineSend(const LLCombineParams& p, const LLLaunch& l) {
   return llUsesSingles(p.v) ? llLaunch(llCombineSendKernel<true>, p, kThreads, l)
                          : llLaunch(llCombineSendKernel<false>, p, kThreads, l);
@@ -337,6 +339,8 @@ int preloadLLCombineKernels() {
                         llCombineRecvKernel<kMaxRanks, true>, llCombineRecvKernel<2, false>,
                         llCombineRecvKernel<kMaxRanks, false>);
 }
+
+}  // namespace EP_LL_VARIANT
 
 }  // namespace cuda
 }  // namespace ep

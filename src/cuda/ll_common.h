@@ -100,7 +100,7 @@ struct LLLocal {
                                        // low-latency call while it was in a high-throughput one (FamilyWatch)
   int fail_claim;           // as DevLocal::fail_claim
   uint32_t dead;            // ranks an epCommShrink removed (bit r), written by the host in the shrink
-                            // (docs/SHRINK.md, "GPUs"); read only where LLView::shrinkable
+                            // (docs/SHRINK.md, "GPUs"); read by the shrink build (ll_variant.h)
 };
 // LLLocal lies in the control area of the rank's LL buffer, which the peers
 // map, so that they can set its gone bytes.
@@ -154,7 +154,6 @@ struct LLView {
   ErrorInfo* err;
   unsigned long long timeout_ns;
   LLTiming* timing;        // null unless EP_CUDA_LL_TIMING
-  int shrinkable;          // config.enable_shrink: the kernels read local->dead (llDeadRanks)
 };
 
 // Offsets inside a record header.
@@ -207,21 +206,14 @@ struct LLLaunch {
   void* stream;
 };
 
-int launchLLDispatchSend(const LLDispatchParams& p, const LLLaunch& l);
-int launchLLDispatch(const LLDispatchParams& p, const LLLaunch& l);  // both halves, one kernel
-int launchLLDispatchRecv(const LLDispatchParams& p, const LLLaunch& l);
-// The row-slice kernels of small calls (ll_dispatch_small.cu): the send half, or both halves;
-// the receive half of a split small call.
-int launchLLDispatchSlices(const LLDispatchParams& p, const LLLaunch& l, bool send_only);
-int launchLLDispatchRecvSlices(const LLDispatchParams& p, const LLLaunch& l);
-int launchLLCombineSend(const LLCombineParams& p, const LLLaunch& l);
-// tokens: this rank's tokens (the combine's output rows), to pick the receive's kernel.
-int launchLLCombine(const LLCombineParams& p, const LLLaunch& l, int tokens);  // both halves, one kernel
-int launchLLCombineRecv(const LLCombineParams& p, const LLLaunch& l, int tokens);
-// Load every kernel of a file now (preload.cuh says why).
-int preloadLLDispatchKernels();
-int preloadLLDispatchSlicesKernels();
-int preloadLLCombineKernels();
+// Each build of the kernels (ll_variant.h) has its own launches:
+// ll_plain (config.enable_shrink off), ll_shrink (on).
+namespace ll_plain {
+#include "ll_launches.inc"
+}  // namespace ll_plain
+namespace ll_shrink {
+#include "ll_launches.inc"
+}  // namespace ll_shrink
 
 }  // namespace cuda
 }  // namespace ep

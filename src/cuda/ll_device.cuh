@@ -4,6 +4,7 @@
 
 #include "device.cuh"
 #include "ll_common.h"
+#include "ll_variant.h"
 #include "ll_share.h"
 
 namespace ep {
@@ -143,15 +144,23 @@ __device__ __forceinline__ uint64_t* llCounter(const LLView& v, int r, LLCounter
 
 // Ranks an epCommShrink removed (bit r; docs/SHRINK.md, "GPUs"): read from
 // this rank's device memory at every call, so that a graph captured before
-// the shrink masks them when replayed after it. 0 without
-// config.enable_shrink, whose kernels load nothing for it. A survivor writes
+// the shrink masks them when replayed after it. A survivor writes
 // nothing into a removed rank's buffer (llSignal, the ntok words, the
 // flagged headers) and sends it no record: its experts' ids read as -1
 // where a token is routed (routeToken) and numbered (numberPairs); the shrink set the
 // removed sources' counters in this rank's LLCtrl beyond any target and
 // zeroed their counts, and each dispatch send writes their ntok words here
 // (0 tokens), so that no wait of a survivor waits for them.
-__device__ __forceinline__ unsigned llDeadRanks(const LLView& v) { return v.shrinkable ? v.local->dead : 0u; }
+// The kernels are built twice (EP_LL_SHRINK, ll_variant.h): without
+// config.enable_shrink the launches take the build in which this is 0 and
+// every test of it folds away, so that the mask costs those calls nothing
+// (read at run time, it made them 0.5 us slower at one token,
+// docs/BENCHMARKS.md).
+#if EP_LL_SHRINK
+__device__ __forceinline__ unsigned llDeadRanks(const LLView& v) { return v.local->dead; }
+#else
+__device__ __forceinline__ unsigned llDeadRanks(const LLView&) { return 0u; }
+#endif
 __device__ __forceinline__ bool llIsDead(const LLView& v, int r) { return (llDeadRanks(v) >> r) & 1u; }
 
 // This block is done with the step `kind` signals: add 1 to counter

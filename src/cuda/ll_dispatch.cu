@@ -37,6 +37,8 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchKernel(const __grid_con
 
 }  // namespace
 
+namespace EP_LL_VARIANT {
+
 // Small calls (tokens at most a quarter of the grid: at least two row blocks
 // per token) send through the row-slice kernels unless EP_CUDA_LL_SLICES
 // says otherwise (`slices`: -1 auto, 0 never, 1 always); calls sending
@@ -74,6 +76,8 @@ int preloadLLDispatchKernels() {
                         llDispatchRecvKernel<false>, llDispatchKernel<true, true>, llDispatchKernel<false, true>,
                         llDispatchKernel<true, false>, llDispatchKernel<false, false>);
 }
+
+}  // namespace EP_LL_VARIANT
 
 }  // namespace cuda
 }  // namespace ep

@@ -372,6 +372,8 @@ __global__ void __launch_bounds__(kThreads, 1) llDispatchRecvSlicesKernel(const 
 
 }  // namespace
 
+namespace EP_LL_VARIANT {
+
 // The sources a call's receive must read (LLSources).
 static int sourcesOf(const LLDispatchParams& p) {
   return p.flagged ? kSourcesSelfFlagged : p.flag_cap ? kSourcesMixed : kSourcesPlain;
@@ -413,6 +415,8 @@ int preloadLLDispatchSlicesKernels() {
       llDispatchRecvSlicesKernel<kSourcesPlain>, llDispatchRecvSlicesKernel<kSourcesMixed>,
       llDispatchRecvSlicesKernel<kSourcesSelfFlagged>);
 }
+
+}  // namespace EP_LL_VARIANT
 
 }  // namespace cuda
 }  // namespace ep

@@ -17,6 +17,9 @@
 #include "cuda_check.h"
 #include "node_limit.h"
 
+// A launch of the kernels' build this communicator takes (ll_variant.h).
+#define EP_LL_LAUNCH(fn, ...) (shrink_build_ ? ll_shrink::fn(__VA_ARGS__) : ll_plain::fn(__VA_ARGS__))
+
 namespace ep {
 namespace cuda {
 
@@ -144,7 +147,7 @@ epResult_t LLEngine::init(const TransportEntry* ipc, const std::vector<epPeerInf
   view_.flag_hdr_bytes = llFlagHeaderBytes(c.max_topk);
   view_.cnt_off = llCountsOffset(R, c.max_tokens_per_rank, c.hidden, c.max_topk);
   view_.timeout_ns = (unsigned long long)c.timeout_ms * 1000000ull;
-  view_.shrinkable = c.enable_shrink ? 1 : 0;
+  shrink_build_ = c.enable_shrink != 0;
   slices_ = int(param::CUDA_LL_SLICES());
   int cc_major = 0;
   CUDACHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev_));
@@ -348,7 +351,7 @@ epResult_t LLEngine::dispatch(const epLowLatencyDispatchArgs_t& a, epHandle* h, 
     nl.num_topk = a.num_topk;
     err = launchNodeLimit(nl, stream);
   }
-  if (err == 0) err = send_only ? launchLLDispatchSend(raw->dispatch, l) : launchLLDispatch(raw->dispatch, l);
+  if (err == 0) err = send_only ? EP_LL_LAUNCH(launchLLDispatchSend, raw->dispatch, l) : EP_LL_LAUNCH(launchLLDispatch, raw->dispatch, l);
   if (err != 0) {
     release(h);
     return launchFailure(comm_, "epLowLatencyDispatch", "a low-latency dispatch kernel", pending, err);
@@ -367,7 +370,8 @@ epResult_t LLEngine::combine(const epLowLatencyCombineArgs_t& a, epHandle* h, bo
   p.out = static_cast<uint16_t*>(a.out);
   const LLLaunch l{sms_, slices_, pdl_, stream};
   const cudaError_t pending = cudaPeekAtLastError();
-  const int err = send_only ? launchLLCombineSend(p, l) : launchLLCombine(p, l, st->dispatch.num_tokens);
+  const int err = send_only ? EP_LL_LAUNCH(launchLLCombineSend, p, l)
+                            : EP_LL_LAUNCH(launchLLCombine, p, l, st->dispatch.num_tokens);
   if (err != 0) return launchFailure(comm_, "epLowLatencyCombine", "a low-latency combine kernel", pending, err);
   notices_->recordCall(kCallLLCombine, stream);
   if (send_only) h->pending = epHandle::Pending::kCombine;
@@ -379,8 +383,8 @@ epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
   int err = 0;
   const LLLaunch l{sms_, slices_, pdl_, stream};
   const cudaError_t pending = cudaPeekAtLastError();
-  if (h->pending == epHandle::Pending::kDispatch) err = launchLLDispatchRecv(st->dispatch, l);
-  else err = launchLLCombineRecv(st->combine, l, st->dispatch.num_tokens);
+  if (h->pending == epHandle::Pending::kDispatch) err = EP_LL_LAUNCH(launchLLDispatchRecv, st->dispatch, l);
+  else err = EP_LL_LAUNCH(launchLLCombineRecv, st->combine, l, st->dispatch.num_tokens);
   if (err != 0) return launchFailure(comm_, "epLowLatencyComplete", "a low-latency receive kernel", pending, err);
   h->pending = epHandle::Pending::kNone;
   return epSuccess;

@@ -68,6 +68,7 @@ class LLEngine {
   BackendComm comm_;
   int dev_;
   int sms_;
+  bool shrink_build_ = false;  // config.enable_shrink: the kernels' build that reads the mask (ll_variant.h)
   int slices_ = -1;  // EP_CUDA_LL_SLICES, read once at init
   bool pdl_ = false;  // programmatic dependent launch (EP_CUDA_LL_PDL, Hopper and later)
   int flag_tokens_ = 0;  // calls of at most this many tokens send flagged records (EP_CUDA_LL_FLAGGED)

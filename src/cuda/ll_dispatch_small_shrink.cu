@@ -1,0 +1,3 @@
+// The shrink build of ll_dispatch_small.cu (ll_variant.h).
+#define EP_LL_SHRINK 1
+#include "ll_dispatch_small.cu"

@@ -1,0 +1,17 @@
+// The two builds of the low-latency kernels. ll_dispatch.cu,
+// ll_dispatch_small.cu and ll_combine.cu compile as they are (EP_LL_SHRINK
+// 0, their launches in namespace ll_plain), and again through
+// ll_*_shrink.cu with EP_LL_SHRINK 1 (namespace ll_shrink), whose kernels
+// read the mask of an epCommShrink (ll_device.cuh: llDeadRanks). LLEngine
+// takes the second build where config.enable_shrink is set, the first
+// everywhere else, which thus runs the code it ran before shrink existed.
+#pragma once
+
+#ifndef EP_LL_SHRINK
+#define EP_LL_SHRINK 0
+#endif
+#if EP_LL_SHRINK
+#define EP_LL_VARIANT ll_shrink
+#else
+#define EP_LL_VARIANT ll_plain
+#endif
