@@ -5,6 +5,12 @@
 // read the mask of an epCommShrink (ll_device.cuh: llDeadRanks). LLEngine
 // takes the second build where config.enable_shrink is set, the first
 // everywhere else, which thus runs the code it ran before shrink existed.
+// The device functions of ll_device.cuh that test the mask (llDeadRanks,
+// llIsDead, llSignal, ...) keep one name with two bodies, one per build:
+// correct only because each translation unit is compiled whole (no -rdc,
+// no device link-time optimisation, Makefile NVCCFLAGS) and they are
+// inlined. A build with relocatable device code must move them into a
+// namespace per build first.
 #pragma once
 
 #ifndef EP_LL_SHRINK
