@@ -11,6 +11,12 @@
 //   a late survivor      1.5 s late into the agreement: waited for, not
 //                        excluded; nobody dead
 //   a minority           2 survivors of 5: neither decides
+//   the reset hook       on_decided runs once per survivor, with the
+//                        decision, and no survivor returns before every
+//                        survivor's hook ended (a slow one included); a
+//                        hook that fails ends its rank's agreement with its
+//                        error and the others' with epRemoteError naming it
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -206,6 +212,92 @@ void a_minority_does_not_decide(void**) {
   for (int r = 0; r < R; r++) assert_int_equal(codes[size_t(r)], 0);
 }
 
+// Monotonic time in ns, comparable across the forked ranks (one clock).
+long long nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// Per rank, in memory the forked ranks share: when its hook ended, when its
+// agreement returned, how often its hook ran.
+struct HookTimes {
+  long long hook_end[8];
+  long long returned[8];
+  int calls[8];
+};
+
+HookTimes* sharedTimes() {
+  void* p = mmap(nullptr, sizeof(HookTimes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  return new (p) HookTimes{};
+}
+
+// Rank 3 exits; rank 1's reset takes 1 s. The CUDA backend resets its
+// buffer in this hook: a survivor that went on before a peer's reset ended
+// would write into memory about to be zeroed.
+void no_survivor_goes_on_before_every_reset(void**) {
+  const int R = 4;
+  HookTimes* t = sharedTimes();
+  assert_non_null(t);
+  auto codes = job(R, [t](RecoveryLink& link, int rank, int nranks) {
+    if (rank == 3) _exit(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    AgreeOptions o = options();
+    o.on_decided = [&](const std::vector<bool>& dead, std::string*) {
+      t->calls[rank]++;
+      if (dead != setOf(nranks, {3})) fprintf(stderr, "rank %d: hook called with %s\n", rank, text(dead).c_str());
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      t->hook_end[rank] = nowNs();
+      return dead == setOf(nranks, {3}) ? epSuccess : epInternalError;
+    };
+    AgreeResult res;
+    const epResult_t rc = ep::recovery::runAgreement(link, std::vector<bool>(size_t(nranks), true), 1, {}, 3, o, &res);
+    t->returned[rank] = nowNs();
+    RCHECK(rc == epSuccess && res.state == State::kDecided, "not decided: %s", res.why.c_str());
+    RCHECK(res.dead == setOf(nranks, {3}), "decided %s", text(res.dead).c_str());
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    return 0;
+  });
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(codes[size_t(r)], 0);
+    fprintf(stderr, "rank %d: hook ran %d time(s), returned %.0f ms after rank 1's reset ended\n", r, t->calls[r],
+            double(t->returned[r] - t->hook_end[1]) / 1e6);
+    assert_int_equal(t->calls[r], 1);
+    assert_true(t->returned[r] >= t->hook_end[1]);
+    assert_true(t->returned[r] >= t->hook_end[r]);
+  }
+  munmap(t, sizeof(HookTimes));
+}
+
+// Rank 1's reset fails: its agreement returns the hook's error saying so;
+// the others, in the final barrier, never hear rank 1 decide and return
+// epRemoteError naming it once it has been silent for the silence bound.
+void a_failed_reset_ends_the_shrink(void**) {
+  const int R = 3;
+  auto codes = job(R, [](RecoveryLink& link, int rank, int nranks) {
+    AgreeOptions o = options();
+    o.on_decided = [rank](const std::vector<bool>&, std::string* why) {
+      if (rank != 1) return epSuccess;
+      *why = "the device said no";
+      return epInternalError;
+    };
+    AgreeResult res;
+    const auto t0 = Clock::now();
+    const epResult_t rc = ep::recovery::runAgreement(link, std::vector<bool>(size_t(nranks), true), 1, {}, 1, o, &res);
+    fprintf(stderr, "rank %d: %s after %.1f s: %s\n", rank, epGetErrorString(rc), secondsSince(t0), res.why.c_str());
+    if (rank == 1) {
+      RCHECK(rc == epInternalError && res.why.find("the device said no") != std::string::npos, "rank 1: %s",
+             res.why.c_str());
+      std::this_thread::sleep_for(std::chrono::milliseconds(5000));  // alive and silent
+      return 0;
+    }
+    RCHECK(rc == epRemoteError && res.why.find("rank 1 did not confirm") != std::string::npos, "rank %d: %s", rank,
+           res.why.c_str());
+    RCHECK(secondsSince(t0) < 6.0, "took %.1f s", secondsSince(t0));
+    return 0;
+  });
+  for (int r = 0; r < R; r++) assert_int_equal(codes[size_t(r)], 0);
+}
+
 }  // namespace
 
 int main() {
@@ -215,6 +307,8 @@ int main() {
       cmocka_unit_test(a_suspected_live_rank_is_excluded),
       cmocka_unit_test(a_late_survivor_is_waited_for),
       cmocka_unit_test(a_minority_does_not_decide),
+      cmocka_unit_test(no_survivor_goes_on_before_every_reset),
+      cmocka_unit_test(a_failed_reset_ends_the_shrink),
   };
   return cmocka_run_group_tests_name("recovery_link", tests, nullptr, nullptr);
 }
