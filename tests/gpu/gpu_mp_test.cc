@@ -453,40 +453,6 @@ void timeLlLayers(int R, int rank, const epUniqueId& id) {
   EK(comm, epCommDestroy(comm));
 }
 
-// One low-latency layer of rank r's inputs `in` on the host communicator,
-// as ll::runHost, but returning the first error instead of ending the process.
-epResult_t hostLayer(const ll::Shape& s, int R, int r, epComm_t comm, const ll::RankData& in, ll::Outputs* o) {
-  const int L = s.experts / R, H = s.hidden, nb = (H + 127) / 128;
-  const size_t cap = size_t(R) * s.max_tokens, row = s.fp8 ? H : 2 * H;
-  o->recv_x.assign(L * cap * row, 0);
-  o->recv_scales.assign(L * nb * cap, 0);
-  o->recv_count.assign(L, 0);
-  o->recv_src.assign(L * cap, -1);
-  o->out.assign(size_t(std::max(s.tokens[r], 1)) * H, 0);
-  epLowLatencyDispatchArgs_t a = EP_LL_DISPATCH_ARGS_INITIALIZER;
-  a.x = in.x.data();
-  a.topk_idx = in.topk.data();
-  a.topk_idx_type = epInt64;
-  a.topk_weights = in.w.data();
-  a.num_tokens = s.tokens[r];
-  a.num_topk = s.topk;
-  a.wire_type = s.fp8 ? epFloat8E4M3 : epBfloat16;
-  a.recv_x = o->recv_x.data();
-  a.recv_scales = o->recv_scales.data();
-  a.recv_count = o->recv_count.data();
-  a.recv_src = o->recv_src.data();
-  epHandle_t h = nullptr;
-  epResult_t res = epLowLatencyDispatch(comm, &a, &h, nullptr);
-  if (res == epSuccess) {
-    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-    c.y = in.y.data();
-    c.out = o->out.data();
-    res = epLowLatencyCombine(comm, &c, h, nullptr);
-  }
-  if (h) epHandleDestroy(h);
-  return res;
-}
-
 // One low-latency layer on the GPU communicator of g, returning the first
 // error (the dispatch's, or the combine's, which reports what the dispatch
 // kernel found).
@@ -548,7 +514,7 @@ bool runShrink(int R, int rank, const epUniqueId& gpu_id, const epUniqueId& host
     ll::RankData in;
     ll::randomInputs(sh, R, seed, rank, &in);
     ll::Outputs ref;
-    const epResult_t hr = hostLayer(sh, R, rank, host, in, &ref);
+    const epResult_t hr = ll::runHostLayer(sh, R, rank, host, in, &ref);
     if (hr != epSuccess) {
       printf("  FAIL shrink rank %d: %s on the host backend: %s (%s)\n", rank, what.c_str(), epGetErrorString(hr),
              epGetLastError(host));
@@ -601,7 +567,7 @@ bool runShrink(int R, int rank, const epUniqueId& gpu_id, const epUniqueId& host
            epGetErrorString(res), since(), msg.c_str());
     ok &= seen;
     ll::Outputs out;
-    res = hostLayer(plain, R, rank, host, in, &out);
+    res = ll::runHostLayer(plain, R, rank, host, in, &out);
     const std::string hmsg = epGetLastError(host);
     const bool hseen = res == epRemoteError && hmsg.find(name) != std::string::npos;
     printf("  %s rank %d: the host layer after the death: %s (%s)\n", hseen ? "ok  " : "FAIL", rank,

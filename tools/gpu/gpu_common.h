@@ -726,8 +726,8 @@ inline void randomInputs(const Shape& s, int R, uint64_t seed, int r, RankData* 
 
 // Rank r's part of the reference: dispatch + combine on comm (the host
 // backend). Collective: every rank of comm calls it, each from its own thread
-// or process.
-inline void runHost(const Shape& s, int R, int r, epComm_t comm, const RankData& in, Outputs* o) {
+// or process. Returns the first error (a test that expects one: a peer died).
+inline epResult_t runHostLayer(const Shape& s, int R, int r, epComm_t comm, const RankData& in, Outputs* o) {
   const int L = s.experts / R, H = s.hidden, nb = (H + 127) / 128;
   const size_t cap = size_t(R) * s.max_tokens, row = s.fp8 ? H : 2 * H;
   o->recv_x.assign(L * cap * row, 0);
@@ -749,12 +749,23 @@ inline void runHost(const Shape& s, int R, int r, epComm_t comm, const RankData&
   a.recv_count = o->recv_count.data();
   a.recv_src = s.no_src ? nullptr : o->recv_src.data();
   epHandle_t h = nullptr;
-  EK(comm, epLowLatencyDispatch(comm, &a, &h, nullptr));
-  epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
-  c.y = in.y.data();
-  c.out = o->out.data();
-  EK(comm, epLowLatencyCombine(comm, &c, h, nullptr));
-  EK(comm, epHandleDestroy(h));
+  epResult_t res = epLowLatencyDispatch(comm, &a, &h, nullptr);
+  if (res == epSuccess) {
+    epLowLatencyCombineArgs_t c = EP_LL_COMBINE_ARGS_INITIALIZER;
+    c.y = in.y.data();
+    c.out = o->out.data();
+    res = epLowLatencyCombine(comm, &c, h, nullptr);
+  }
+  if (h != nullptr) {
+    const epResult_t d = epHandleDestroy(h);
+    if (res == epSuccess) res = d;
+  }
+  return res;
+}
+
+// runHostLayer where every call must succeed.
+inline void runHost(const Shape& s, int R, int r, epComm_t comm, const RankData& in, Outputs* o) {
+  EK(comm, runHostLayer(s, R, r, comm, in, o));
 }
 
 struct GpuRank {
