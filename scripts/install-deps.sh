@@ -12,7 +12,10 @@ PKGS=(build-essential pkg-config libcmocka-dev openmpi-bin libopenmpi-dev
       # bindings/: the Python package (installed offline into a venv with
       # Debian's setuptools; NumPy from Debian), the Rust crates (Debian's
       # rustc and cargo, used by path: /usr/bin/rustc, /usr/bin/cargo)
-      python3-numpy python3-venv python3-setuptools python3-pip rustc cargo)
+      python3-numpy python3-venv python3-setuptools python3-pip rustc cargo
+      # moeep.deep_ep's tests on CPU tensors (Debian's torch 1.13, through
+      # the venv's system site packages); without it they print SKIPPED
+      python3-torch)
 for arg in "$@"; do
   case $arg in
     --rdma) PKGS+=(qemu-system-x86 busybox-static cpio kmod ibverbs-providers iproute2 bc) ;;

@@ -72,10 +72,11 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
     recovery::AgreeOptions o;
     o.silence_ms = silenceMs(comm);
     o.abort = &comm->abort_flag;
-    o.on_decided = [comm](const std::vector<bool>& decided, std::string* why) {
-      const epResult_t r = comm->backend->resetForShrink(decided);
-      if (r != epSuccess) *why = epGetLastError(comm);
-      return r;
+    epResult_t reset_rc = epSuccess;  // this rank's own reset failed: its error, not the agreement's
+    o.on_decided = [comm, &reset_rc](const std::vector<bool>& decided, std::string* why) {
+      reset_rc = comm->backend->resetForShrink(decided);
+      if (reset_rc != epSuccess) *why = epGetLastError(comm);
+      return reset_rc;
     };
     recovery::AgreeResult res;
     // A new epoch for each attempt (one that failed in its final barrier may
@@ -87,6 +88,10 @@ EP_API epResult_t epCommShrink(epComm_t comm, const int* suspects, int nsuspects
         recovery::runAgreement(*comm->recovery, members, epoch, known, comm->backend->steps(), o, &res);
     if (rc == epAborted) return setError(comm, epAborted, "%s: communicator aborted", fn);
     using State = recovery::Agreement::State;
+    if (reset_rc != epSuccess) {
+      comm->broken.store(reset_rc);
+      return setError(comm, reset_rc, "%s (epoch %u): %s", fn, epoch, res.why.c_str());
+    }
     if (rc != epSuccess) {
       comm->broken.store(epRemoteError);
       return setError(comm, epRemoteError, "%s (epoch %u): %s; call it again", fn, epoch, res.why.c_str());

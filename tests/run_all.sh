@@ -91,6 +91,8 @@ run "python moeep.deep_ep: DeepEP's surface, the argument table, refusals (no to
   "$PY" bindings/python/tests/test_deep_ep_args.py bindings/python/README.md
 run_or_skip "python moeep.deep_ep on torch CPU tensors (host backend)" timeout 600 \
   "$PY" bindings/python/tests/test_deep_ep_torch.py --ranks 2
+run_or_skip "python moeep.deep_ep: Buffer(enable_shrink=True), 4 host ranks, one dies, masked (torch CPU)" \
+  timeout 300 "$PY" bindings/python/tests/test_deep_ep_shrink.py --ranks 4
 run_or_skip "torch beside moeep.deep_ep: the MoE layer of tests/gpu/torch_beside.py on CPU tensors (gloo)" \
   timeout 600 "$PY" tests/gpu/torch_beside.py --cpu
 run "python ctypes declarations against moeep.h" /usr/bin/python3 tests/ffi/python_layout_check.py

@@ -55,8 +55,7 @@ epResult_t CudaBackend::quiesceForShrink() {
 epResult_t CudaBackend::resetForShrink(const std::vector<bool>& dead) {
   DeviceGuard g(dev_);
   if (!ll_) return setError(comm_, epInternalError, "epCommShrink: no low-latency buffer to reset");
-  notices_->forgetAfterShrink(dead);
-  EPCHECK(ll_->resetForShrink(dead));
+  EPCHECK(notices_->forgetAfterShrink(dead, [&] { return ll_->resetForShrink(dead); }));
   // A high-throughput kernel's failure report too: it ended with the call
   // that failed (those calls are refused from here on).
   if (state_ && state_->err_host) memset(static_cast<void*>(state_->err_host), 0, kErrorSlots * sizeof(ErrorInfo));

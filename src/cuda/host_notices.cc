@@ -218,7 +218,8 @@ bool HostNotices::lookAtCalls(int* looks_pending, CallMismatch* seen) {
   return true;
 }
 
-void HostNotices::forgetAfterShrink(const std::vector<bool>& dead) {
+epResult_t HostNotices::forgetAfterShrink(const std::vector<bool>& dead,
+                                          const std::function<epResult_t()>& reset) {
   std::lock_guard<std::mutex> lock(stop_mu_);
   shrunk_ = true;
   for (int r = 0; r < comm_.nranks() && r < kMaxRanks; r++) {
@@ -226,10 +227,16 @@ void HostNotices::forgetAfterShrink(const std::vector<bool>& dead) {
     removed_[r] = true;
     if (calls_) calls_->setPeer(r, nullptr);
   }
-  // A survivor that had closed its communicator could not have agreed: the
-  // rank found closed is a removed one.
-  first_closed_.store(-1, std::memory_order_release);
+  // The rank found closed is a removed one, unless a survivor closed its
+  // communicator after it decided (which fails the next calls as before).
+  const int closed = first_closed_.load(std::memory_order_acquire);
+  if (closed >= 0 && closed < comm_.nranks() && dead[size_t(closed)])
+    first_closed_.store(-1, std::memory_order_release);
   out_of_step_.store(false, std::memory_order_release);
+  const epResult_t rc = reset();
+  for (int r = 0; r < comm_.nranks() && r < kMaxRanks; r++)
+    if (!removed_[r] && gone_why_[r].load(std::memory_order_acquire) != kNotGone) markGone(r);
+  return rc;
 }
 
 bool HostNotices::kernelsReportedFailure() const {

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -100,10 +101,14 @@ class HostNotices {
   bool kernelsReportedFailure() const;
   // epCommShrink decided (CudaBackend::resetForShrink): the removed ranks
   // are watched no more, the call logs compared no more (the survivors'
-  // logs differ by the failed call and cannot be lined up again), and what
-  // the watcher found before (calls out of step, a peer that closed) is
-  // forgotten. The failure slots are the caller's to clear.
-  void forgetAfterShrink(const std::vector<bool>& dead);
+  // logs differ by the failed call and cannot be lined up again), and the
+  // calls found out of step are forgotten. `reset` (the zeroing of the
+  // buffers that hold the gone bytes) runs meanwhile, with the watcher held
+  // off; after it, the survivors the watcher found gone (one that exited or
+  // closed its communicator after it decided) are marked gone again, and a
+  // survivor that closed stays the closed peer. The failure slots are the
+  // caller's to clear.
+  epResult_t forgetAfterShrink(const std::vector<bool>& dead, const std::function<epResult_t()>& reset);
 
  private:
   // Looks (100 ms apart) between finding calls out of step and ending the

@@ -149,8 +149,11 @@ __device__ __forceinline__ uint64_t* llCounter(const LLView& v, int r, LLCounter
 // flagged headers) and sends it no record: its experts' ids read as -1
 // where a token is routed (routeToken) and numbered (numberPairs); the shrink set the
 // removed sources' counters in this rank's LLCtrl beyond any target and
-// zeroed their counts, and each dispatch send writes their ntok words here
-// (0 tokens), so that no wait of a survivor waits for them.
+// zeroed their counts, and the receives take their ntok words as sources of
+// no tokens without loading them (llDeadSourceWord), so that no wait of a
+// survivor waits for them. Their combine landing rows hold NaN from the
+// shrink on (LLEngine::resetForShrink): a term read from a removed rank
+// shows in the output instead of adding +0.0.
 // The kernels are built twice (EP_LL_SHRINK, ll_variant.h): without
 // config.enable_shrink the launches take the build in which this is 0 and
 // every test of it folds away, so that the mask costs those calls nothing

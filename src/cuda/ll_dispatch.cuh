@@ -101,12 +101,16 @@ __device__ __forceinline__ uint64_t llSourceWord(const LLDispatchParams& p, uint
   bool flagged = false;
   if (kWaitAll) {
     const uint64_t* w = &llCtrl(v, v.rank)->ntok[set][threadIdx.x < R ? threadIdx.x : 0];
-    if (threadIdx.x < R) word = *reinterpret_cast<const volatile uint64_t*>(w);
+    if (threadIdx.x < R)
+      word = llIsDead(v, threadIdx.x) ? llDeadSourceWord(p, tag)
+                                      : *reinterpret_cast<const volatile uint64_t*>(w);
     llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
     if (threadIdx.x < R) {
       if (uint32_t(word >> 32) != tag) word = llPollNtok(v, w, tag, threadIdx.x);
       flagged = (uint32_t(word) & kLLNtokFlagged) != 0;
     }
+  } else if (threadIdx.x < R && llIsDead(v, threadIdx.x)) {
+    word = llDeadSourceWord(p, tag);
   } else if (threadIdx.x < R) {
     const uint64_t* w = &llCtrl(v, v.rank)->ntok[set][threadIdx.x];
     word = *reinterpret_cast<const volatile uint64_t*>(w);
@@ -153,7 +157,7 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   // kernel takes the calls of large receivers; the small ones' kernel
   // (llSourceWord) waits for plain sources only.
   volatile uint64_t* ntok_word = &llCtrl(v, v.rank)->ntok[set][threadIdx.x < R ? threadIdx.x : 0];
-  uint64_t word = threadIdx.x < R ? *ntok_word : 0;
+  uint64_t word = threadIdx.x >= R ? 0 : llIsDead(v, threadIdx.x) ? llDeadSourceWord(p, tag) : *ntok_word;
   llWaitAll(v, kLLDispatchSent, set, llTarget(pair), kLLWhatDispatch);
   if (threadIdx.x < R && uint32_t(word >> 32) != tag)
     word = kFlagSources ? llPollNtok(v, const_cast<const uint64_t*>(ntok_word), tag, threadIdx.x) : *ntok_word;
@@ -175,7 +179,9 @@ __device__ __forceinline__ void dispatchRecvPhase(const LLDispatchParams& p, uin
   llPrefix(src_base, R, ntok);
   if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
   if (kFlagSources && s_flagged != 0) {
-    dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged, flagStageKIds(p, &s_dst[0][0], s_flag_dst, s_n));
+    // Removed sources (llDeadRanks) as flagged ones of no records.
+    dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged | llDeadRanks(v),
+                             flagStageKIds(p, &s_dst[0][0], s_flag_dst, s_n));
     return;
   }
   llMark(v, pair, kind, 4);

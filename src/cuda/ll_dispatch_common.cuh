@@ -30,19 +30,23 @@ constexpr int kHdrPerWarp = kTokGroup / kWarps;  // tokens (or records) a warp d
 constexpr int kIdRegs = kIdStage / kThreads;       // staged ids per thread per round
 constexpr int kStagedBases = 4096;                 // slot bases a receiving block keeps in shared memory
 
+// A removed source's ntok word (llDeadRanks), as the receives take it in
+// place of the word in memory: a source of no tokens of this pair, of this
+// call's wire type, plain. Nothing writes that word after the shrink (and
+// the shrink zeroed it), so a load of it would have no order to wait on.
+__device__ __forceinline__ uint64_t llDeadSourceWord(const LLDispatchParams& p, uint32_t tag) {
+  return llNtokWord(tag, 0, p.fp8);
+}
+
 // Block 0's announcement of this dispatch to rank r (thread r): this rank's
-// ntok word `word` in r's LLCtrl, stored by `store`. For a rank a shrink
-// removed, instead, the word a source of no tokens would have sent, in this
-// rank's own LLCtrl: its receive then takes nothing from r and waits for
-// nothing of it (r's signal counters here lie beyond every target).
+// ntok word `word` in r's LLCtrl, stored by `store`; nothing for a rank a
+// shrink removed (its receivers take its word as a source of no tokens
+// without reading it: llDeadSourceWord).
 template <typename Store>
-__device__ __forceinline__ void llAnnounce(const LLDispatchParams& p, int set, uint32_t tag, int r, uint64_t word,
+__device__ __forceinline__ void llAnnounce(const LLDispatchParams& p, int set, int r, uint64_t word,
                                            Store store) {
   const LLView& v = p.v;
-  if (llIsDead(v, r))
-    store(&llCtrl(v, v.rank)->ntok[set][r], llNtokWord(tag, 0, p.fp8));
-  else
-    store(&llCtrl(v, r)->ntok[set][v.rank], word);
+  if (!llIsDead(v, r)) store(&llCtrl(v, r)->ntok[set][v.rank], word);
 }
 
 }  // namespace

@@ -297,7 +297,7 @@ __device__ __forceinline__ void sendStart(const LLDispatchParams& p, uint64_t pa
   if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
   if (blockIdx.x == 0) {
     if (threadIdx.x < v.nranks)
-      llAnnounce(p, set, uint32_t(pair + 1), threadIdx.x, llNtokWord(uint32_t(pair + 1), p.num_tokens, p.fp8),
+      llAnnounce(p, set, threadIdx.x, llNtokWord(uint32_t(pair + 1), p.num_tokens, p.fp8),
                  [](uint64_t* w, uint64_t word) { *w = word; });
     if (threadIdx.x == 0) {
       p.hd->pair = pair;

@@ -119,7 +119,7 @@ __device__ __forceinline__ void dispatchSendFlaggedPhase(const LLDispatchParams&
   if (pair >= 2) llWaitAll(v, kLLCombineSent, set, llTarget(pair - 2), kLLWhatFree);
   if (blockIdx.x == 0) {
     if (threadIdx.x < v.nranks)
-      llAnnounce(p, set, tag, threadIdx.x, llNtokWord(tag, p.num_tokens, p.fp8, true),
+      llAnnounce(p, set, threadIdx.x, llNtokWord(tag, p.num_tokens, p.fp8, true),
                  [](uint64_t* w, uint64_t word) { llStRelaxed64(w, word); });
     if (threadIdx.x == 0) {
       p.hd->pair = pair;
@@ -248,13 +248,16 @@ __device__ __forceinline__ void dispatchRecvSlicesPhase(const LLDispatchParams& 
   if (kSelfFlagged || (kSources == kSourcesMixed && s_flagged != 0)) {
     if (wrong_wire && blockIdx.x == 0) llReport(v, 5 /* epInvalidUsage */, kLLWhatWire, threadIdx.x, !p.fp8, p.fp8);
     if (blockIdx.x == 0 && threadIdx.x <= R) p.hd->src_base[threadIdx.x] = src_base[threadIdx.x];
-    const unsigned all = (1u << R) - 1u;  // R <= kMaxRanks
+    // Removed sources (llDeadRanks) send nothing: flagged as sources of no records.
+    const unsigned all = (1u << R) - 1u, flagged = s_flagged | llDeadRanks(v);  // R <= kMaxRanks
     llMark(v, pair, kind, 4);
     // The staged bases' array is free on this path: the flagged headers go there.
     static_assert(kFlagStageFull <= kStagedBases, "flagged stage");
     const FlagStage fs = flagStageAll(p, s_base);
-    if (s_flagged == all && flaggedSliceFits(p, src_base[R])) recvFlaggedSlice(p, pair, kind, src_base, fs);
-    else dispatchRecvFlaggedPhase(p, pair, kind, src_base, s_flagged, fs);
+    if (flagged == all && flaggedSliceFits(p, src_base[R]))
+      recvFlaggedSlice(p, pair, kind, src_base, fs);
+    else
+      dispatchRecvFlaggedPhase(p, pair, kind, src_base, flagged, fs);
     return;
   }
   const int N = src_base[R];

@@ -412,6 +412,17 @@ epResult_t LLEngine::resetForShrink(const std::vector<bool>& dead) {
   }
   char* own = static_cast<char*>(buffers_->localPtr());
   CUDACHECK(cudaMemset(own, 0, bytes_));
+  // A removed rank's combine landing rows in this buffer: NaN, which no
+  // survivor's combine reads (its experts are masked where tokens are
+  // routed); one that did would show NaN instead of adding the +0.0 of
+  // zeroed memory, so the masking is seen to hold (gpu_mp_test --shrink).
+  const size_t rows = size_t(view_.max_tokens) * view_.crow_bytes;
+  for (int r = 0; r < view_.nranks && r < kMaxRanks; r++) {
+    if (!dead[size_t(r)]) continue;
+    for (int set = 0; set < 2; set++)
+      CUDACHECK(cudaMemset(own + kLLCtrlBytes + set * view_.set_bytes + view_.comb_off + size_t(r) * rows,
+                           0xff, rows));
+  }
   CUDACHECK(cudaMemcpy(own, &ctrl, sizeof(ctrl), cudaMemcpyHostToDevice));
   CUDACHECK(cudaMemcpy(&local_->dead, &bits, sizeof(bits), cudaMemcpyHostToDevice));
   CUDACHECK(cudaStreamSynchronize(cudaStreamLegacy));  // the copies above are ordered after the memset

@@ -13,6 +13,8 @@
 #      data, bit for bit (bindings/python/tests/test_deep_ep_torch.py --device cuda)
 #   d  the moeep package on CUDA arrays known only by __cuda_array_interface__
 #      or DLPack, against the host backend (moeep_cuda_arrays.py)
+#   e  Buffer(enable_shrink=True) on CUDA tensors: 4 ranks, the last exits, the
+#      survivors mask it and go on (bindings/python/tests/test_deep_ep_shrink.py)
 # Environment: BUILD (build), CUDA_HOME (/usr/local/cuda), PYTHON (python3, the
 # one with torch), NCCL_DIR (else found through PyTorch's nvidia.nccl), OUT
 # (logs go to $OUT/bindings, else $BUILD/gpu-logs/bindings).
@@ -72,6 +74,8 @@ part "b torch_beside" "$LOGS/torch_beside.log" "$PYTHON" tests/gpu/torch_beside.
 part "c deep_ep facade vs host backend" "$LOGS/facade_vs_host.log" \
   "$PYTHON" bindings/python/tests/test_deep_ep_torch.py --device cuda --ranks 2
 part "d moeep on CUDA arrays (CAI, DLPack)" "$LOGS/cuda_arrays.log" "$PYTHON" tests/gpu/moeep_cuda_arrays.py
+part "e deep_ep facade shrink" "$LOGS/facade_shrink.log" \
+  "$PYTHON" bindings/python/tests/test_deep_ep_shrink.py --device cuda --ranks 4
 
 echo
 echo "| part | result |"

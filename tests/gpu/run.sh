@@ -181,6 +181,11 @@ timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" "${mp_args[@]}" 2
 # others shrink and go on, a graph captured before the death included.
 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" --ranks 4 --shrink 2>&1 | tee "$LOGS/gpu_mp_shrink.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test --shrink: FAILED"; status=1; }
+# The same with no flagged records: every receive after the shrink takes the
+# whole-row kernel, which must not read a dead source's ntok word.
+EP_CUDA_LL_FLAGGED=0 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" --ranks 4 --shrink 2>&1 |
+  tee "$LOGS/gpu_mp_shrink_plain.log" | tail -1
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test --shrink (EP_CUDA_LL_FLAGGED=0): FAILED"; status=1; }
 fi
 
 # The staged path of GPU ranks on different nodes (tests/gpu/staged.sh): 2

@@ -129,7 +129,8 @@ def main():
     check(policy.markdown() in readme, "README.md holds the table of moeep.deep_ep.policy.markdown()")
 
     # Refusals and argument errors, before any tensor is read.
-    check(raises(Unsupported, "mask dead ranks", Buffer, None, enable_shrink=True), "enable_shrink=True refused")
+    check(raises(ValueError, "Either 'group' or 'comm'", Buffer, None, enable_shrink=True),
+          "enable_shrink=True accepted (the missing group is what is refused)")
     check(raises(ValueError, "Either 'group' or 'comm'", Buffer, None), "no group and no comm refused")
     buf = Buffer(None, comm=FakeMpiComm())
     check(buf.rank == 0 and buf.group_size == 1, "Buffer over an mpi4py-like comm: rank and size")
@@ -146,8 +147,22 @@ def main():
           "dispatch with int32 scales refused")
     check(raises(Unsupported, "not expose", buf.get_local_buffer_tensor, None), "get_local_buffer_tensor refused")
     for name, args in (("low_latency_update_mask_buffer", (0, True)), ("low_latency_query_mask_buffer", (None,)),
-                       ("low_latency_clean_mask_buffer", ())):
-        check(raises(Unsupported, "shrink", getattr(buf, name), *args), "%s refused" % name)
+                       ("low_latency_clean_mask_buffer", ()), ("shrink", ())):
+        check(raises(Unsupported, "enable_shrink=True", getattr(buf, name), *args),
+              "%s refused without enable_shrink" % name)
+    sbuf = Buffer(None, comm=FakeMpiComm(), enable_shrink=True)
+    check(raises(ValueError, "not a rank of 0..0", sbuf.low_latency_update_mask_buffer, 1, True),
+          "low_latency_update_mask_buffer of a rank out of range refused")
+    check(raises(ValueError, "cannot mask itself", sbuf.low_latency_update_mask_buffer, 0, True),
+          "low_latency_update_mask_buffer of the rank itself refused")
+    check(sbuf.low_latency_update_mask_buffer(0, False) is None and sbuf.low_latency_clean_mask_buffer() is None,
+          "unmasking with no rank masked: nothing to do")
+    sbuf._masked = [0]  # as after a shrink: unmasking is refused (a removed rank cannot rejoin)
+    check(raises(Unsupported, "cannot rejoin", sbuf.low_latency_clean_mask_buffer), "clean after a mask refused")
+    check(raises(Unsupported, "cannot be unmasked", sbuf.low_latency_update_mask_buffer, 0, False),
+          "unmasking a masked rank refused")
+    check(raises(Unsupported, "after a rank was masked", sbuf.dispatch, None, topk_idx=object()),
+          "high-throughput calls after a mask refused")
     check(raises(RuntimeError, "explicitly_destroy", buf.destroy), "destroy() without explicitly_destroy refused")
     check(raises(AssertionError, "even", Buffer.set_num_sms, 3), "set_num_sms(odd) refused")
     check(Config().num_sms == 20 and Config().get_nvl_buffer_size_hint(14336, 8) == 0, "Config defaults and hints")

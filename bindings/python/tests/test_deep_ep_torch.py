@@ -76,8 +76,17 @@ def run_calls(buf, d, device, R, rank):
     out["fp8_then_bf16"] = buf.dispatch(to["x2"], handle=fhandle)[0]
     for h in (handle, whandle, fhandle):
         h.release()
+    out.update(run_ll_calls(buf, d, device, R, rank))
+    return {k: v.cpu() for k, v in out.items()}
 
-    # Low latency: BF16 wire with the stats, then FP8 with the receive hook.
+
+def run_ll_calls(buf, d, device, R, rank):
+    """The low-latency calls of the scenario (run_calls), alone: BF16 wire
+    with the stats, then FP8 with the receive hook. The outputs by name."""
+    import torch
+    to = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in d.items()}
+    E = E_PER_RANK * R
+    out = {}
     stats = torch.zeros((E_PER_RANK,), dtype=torch.int32, device=device)
     rx, count, lh, _, hook = buf.low_latency_dispatch(to["x"], to["idx"], T_MAX, E, topk_weights=to["w"],
                                                       cumulative_local_expert_recv_stats=stats, use_fp8=False)
@@ -111,7 +120,7 @@ def run_calls(buf, d, device, R, rank):
     lh2.release()
     if device != "cpu":
         torch.cuda.synchronize()
-    return {k: v.cpu() for k, v in out.items()}
+    return out
 
 
 def reference(all_in, rank, R):

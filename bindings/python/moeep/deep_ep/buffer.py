@@ -98,7 +98,6 @@ class Buffer:
     def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24,
                  allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False, explicitly_destroy=False,
                  enable_shrink=False, comm=None, num_max_tokens_per_rank=None):
-        policy.check_constructor(enable_shrink)
         if group is not None:
             self.rank, self.group, self.group_size = group.rank(), group, group.size()
 
@@ -117,7 +116,8 @@ class Buffer:
         self._all_gather_object = all_gather_object
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self.low_latency_mode, self.explicitly_destroy = low_latency_mode, explicitly_destroy
-        self.enable_shrink = enable_shrink
+        self.enable_shrink = bool(enable_shrink)
+        self._masked = []  # ranks the shrinks removed (shrink), ascending
         self.num_max_tokens_per_rank = num_max_tokens_per_rank
         self.runtime = None  # DeepEP's C++ runtime; libmoeep's communicators are in _comms
         self._comms = {}
@@ -186,6 +186,10 @@ class Buffer:
         c = self._comms.get(key)
         if c is not None:
             return c
+        if self._masked:
+            raise RuntimeError(policy.SHRUNK_NEW_COMM_MESSAGE % self._masked)
+        if self.enable_shrink and config.get("low_latency"):  # DeepEP's shrink mode is low-latency only
+            config["enable_shrink"] = True
         import torch
         if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("moeep.deep_ep: the first call of a shape makes a communicator, which cannot "
@@ -227,6 +231,7 @@ class Buffer:
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
                  expert_alignment=1, num_worst_tokens=0, config=None, previous_event=None, async_finish=False,
                  allocate_on_comm_stream=False):
+        policy.refuse_if(bool(self._masked), policy.SHRUNK_HT_MESSAGE % "dispatch")
         policy.check_dispatch(x, handle, topk_idx)
         import torch
         x, x_scales = x if isinstance(x, tuple) else (x, None)
@@ -299,6 +304,7 @@ class Buffer:
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                 async_finish=False, allocate_on_comm_stream=False):
+        policy.refuse_if(bool(self._masked), policy.SHRUNK_HT_MESSAGE % "combine")
         import torch
         _wait(previous_event)
         if x.size(0) < (handle.num_recv or 0):
@@ -399,12 +405,56 @@ class Buffer:
             self._ll_buffers[key] = buf
         return buf
 
-    # ---- shrink mode: refused ------------------------------------------------------------
+    # ---- shrink mode ----------------------------------------------------------------------
+    def shrink(self, suspects=()):
+        """libmoeep's addition: after a call raised because ranks died, every
+        survivor calls it: epCommShrink on each low-latency communicator of
+        the Buffer, in the order they were made (the same on every rank),
+        with `suspects` and the ranks found dead so far as suspects. Returns
+        the masked ranks, ascending: their experts' entries count as -1 from
+        the next low-latency call on (docs/SHRINK.md). High-throughput
+        communicators (made without enable_shrink) are left as they are: the
+        calls that would use them are refused from then on."""
+        policy.require_shrink(self.enable_shrink, "Buffer.shrink")
+        comms = [c for key, c in self._comms.items() if key[0] == "ll"]
+        if not comms:
+            raise RuntimeError("Buffer.shrink: no low-latency communicator to shrink yet (the first low-latency "
+                               "call of a shape makes one)")
+        dead, wanted = set(self._masked), {int(r) for r in suspects}
+        for c in comms:
+            dead.update(c.shrink(sorted((dead | wanted) - set(c.dead_ranks[0]))))
+        self._masked = sorted(dead)
+        return list(self._masked)
+
     def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
-        policy.refuse_shrink_call("low_latency_update_mask_buffer")
+        """mask=True: rank_to_mask is masked on every low-latency communicator
+        through epCommShrink (shrink), a collective that every surviving rank
+        must call (in DeepEP each rank writes its own mask)."""
+        name = "low_latency_update_mask_buffer"
+        policy.require_shrink(self.enable_shrink, name)
+        rank_to_mask = int(rank_to_mask)
+        if not 0 <= rank_to_mask < self.group_size:
+            raise ValueError("%s: rank %d is not a rank of 0..%d" % (name, rank_to_mask, self.group_size - 1))
+        if rank_to_mask == self.rank and mask:
+            raise ValueError("%s: rank %d cannot mask itself" % (name, rank_to_mask))
+        if not mask:
+            policy.refuse_if(rank_to_mask in self._masked, policy.UNMASK_MESSAGE % (name, rank_to_mask))
+            return
+        if rank_to_mask not in self._masked:
+            self.shrink([rank_to_mask])
 
     def low_latency_query_mask_buffer(self, mask_status):
-        policy.refuse_shrink_call("low_latency_query_mask_buffer")
+        """mask_status (int32 [num_ranks]) := 1 for each masked rank, else 0."""
+        policy.require_shrink(self.enable_shrink, "low_latency_query_mask_buffer")
+        if mask_status.numel() != self.group_size:
+            raise ValueError("low_latency_query_mask_buffer: mask_status has %d elements, not %d (the ranks)" % (
+                mask_status.numel(), self.group_size))
+        mask_status.zero_()
+        for r in self._masked:
+            mask_status[r] = 1
 
     def low_latency_clean_mask_buffer(self):
-        policy.refuse_shrink_call("low_latency_clean_mask_buffer")
+        name = "low_latency_clean_mask_buffer"
+        policy.require_shrink(self.enable_shrink, name)
+        if self._masked:
+            raise policy.Unsupported(policy.UNMASK_MESSAGE % (name, self._masked[0]))

@@ -11,10 +11,15 @@ IGNORED = "ignored"
 REFUSED = "refused"
 EXTENSION = "added"
 
-SHRINK_MESSAGE = ("enable_shrink=True is refused: libmoeep cannot yet mask dead ranks inside a low-latency call "
-                  "(DeepEP's shrink mode); a rank that stops here makes its peers' calls fail with epTimeout "
-                  "or epRemoteError, after which moeep.Communicator.shrink (epCommShrink, config enable_shrink) lets "
-                  "the survivors go on without it")
+SHRINK_OFF_MESSAGE = ("%s needs Buffer(..., enable_shrink=True): the communicators must be made with "
+                      "config enable_shrink")
+UNMASK_MESSAGE = ("%s: rank %d is masked and cannot be unmasked: a rank that epCommShrink removed cannot rejoin "
+                  "its communicators (make a new Buffer with every rank)")
+SHRUNK_HT_MESSAGE = ("%s is refused after a rank was masked: libmoeep's shrink masks the low-latency calls of a "
+                     "Buffer (as DeepEP's shrink mode); a GPU's high-throughput kernels do not read the mask")
+SHRUNK_NEW_COMM_MESSAGE = ("moeep.deep_ep: rank(s) %s are masked: the first call of a new shape makes a "
+                           "communicator of every rank, which the masked ones cannot join (make each shape's "
+                           "first call before any rank is lost)")
 
 LL_WEIGHTS_MESSAGE = (
     "low_latency_combine: topk_weights must be the tensor given to low_latency_dispatch(..., topk_weights=...): "
@@ -41,7 +46,10 @@ TABLE = [
     ("Buffer()", "allow_mnnvl", IGNORED, "a node is a host; multi-node NVLink domains are not used"),
     ("Buffer()", "explicitly_destroy", ACCEPTED, "True: `destroy()` frees the communicators (and is required); "
      "False: garbage collection does"),
-    ("Buffer()", "enable_shrink", REFUSED, "True is refused until the library can mask dead ranks inside a low-latency call; `moeep.Communicator.shrink` goes on without dead ranks after a call failed"),
+    ("Buffer()", "enable_shrink", ACCEPTED, "`config.enable_shrink` of every low-latency communicator; a "
+     "dead rank makes the calls that need it raise (DeepEP masks it inside the call), after which every "
+     "survivor calls `low_latency_update_mask_buffer(rank, True)` or `Buffer.shrink()` and goes on without it "
+     "in low-latency calls"),
     ("Buffer()", "num_max_tokens_per_rank", EXTENSION, "`config.max_tokens_per_rank` of the high-throughput "
      "communicators; default: the largest batch of any rank at the first call, at least 4096"),
     ("Buffer.set_num_sms", "new_num_sms", ACCEPTED, "`config.num_sms` of communicators made afterwards; "
@@ -109,8 +117,16 @@ TABLE = [
     ("get_next_low_latency_combine_buffer", "handle", ACCEPTED, "a BF16 tensor per buffer set, owned by the "
      "Buffer, to write the expert outputs into"),
     ("clean_low_latency_buffer", "all", IGNORED, "the library's low-latency buffers need no cleaning"),
-    ("low_latency_update_mask_buffer, low_latency_query_mask_buffer, low_latency_clean_mask_buffer", "all",
-     REFUSED, "shrink mode is refused"),
+    ("low_latency_update_mask_buffer", "rank_to_mask, mask", ACCEPTED, "`mask=True`: `Buffer.shrink` with "
+     "the rank as a suspect, a collective of the survivors (DeepEP's is a local write); `mask=False` of a "
+     "masked rank is refused: a removed rank cannot rejoin"),
+    ("low_latency_query_mask_buffer", "mask_status", ACCEPTED, "1 for each masked rank, 0 for the others "
+     "(`epCommDeadRanks`)"),
+    ("low_latency_clean_mask_buffer", "", ACCEPTED, "nothing to do while no rank is masked; refused after: a "
+     "removed rank cannot rejoin"),
+    ("Buffer.shrink", "suspects", EXTENSION, "after a call raised because ranks died: `epCommShrink` on every "
+     "low-latency communicator of the Buffer (a collective of the survivors); returns the masked ranks. "
+     "High-throughput calls and communicators of new shapes are refused afterwards"),
 ]
 
 
@@ -124,10 +140,6 @@ def markdown():
 def refuse_if(condition, message):
     if condition:
         raise Unsupported(message)
-
-
-def check_constructor(enable_shrink):
-    refuse_if(enable_shrink, SHRINK_MESSAGE)
 
 
 def check_low_latency_dispatch(dispatch_wait_recv_cost_stats, use_ue8m0, async_finish, return_recv_hook):
@@ -157,8 +169,8 @@ def check_dispatch(x, handle, topk_idx):
               "dispatch: int32 (packed UE8M0) scales are refused: libmoeep carries float32 scales")
 
 
-def refuse_shrink_call(name):
-    raise Unsupported("%s is refused: shrink mode (masking ranks) is not supported" % name)
+def require_shrink(enabled, name):
+    refuse_if(not enabled, SHRINK_OFF_MESSAGE % name)
 
 
 if __name__ == "__main__":
