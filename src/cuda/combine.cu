@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
     const int pw = warp;
     for (int i = 1; i < R; i++) {
       const int s = (me + i) % R;
+      if (htIsDead(cv, s)) continue;  // removed (htDead): it received nothing, nothing goes into its buffer
       const int start = p.hv.chan_start[s * C + c], count = p.hv.chan_count[s * C + c];
       const long long src_first = hs->recv_offset[s] + start;
       const long long dst_first = hs->comb_base[s] + start;

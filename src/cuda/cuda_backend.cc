@@ -381,6 +381,7 @@ epResult_t CudaBackend::allocateRankState(InitContext&) {
   void* mem = nullptr;
   CUDACHECK(cudaMalloc(&mem, local_bytes));
   st->local = static_cast<DevLocal*>(mem);  // owned from here: freed with st if a step below fails
+  st->local_bytes = local_bytes;
   CUDACHECK(cudaMemset(mem, 0, local_bytes));
   st->layout_scratch = reinterpret_cast<int*>(static_cast<char*>(mem) + 256);
   st->route_scratch = reinterpret_cast<uint64_t*>(static_cast<char*>(mem) + route_off);

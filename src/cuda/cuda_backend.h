@@ -54,6 +54,7 @@ class DeviceGuard {
 // slots, and the pinned state an exact-sized dispatch waits for.
 struct RankState {
   DevLocal* local = nullptr;
+  size_t local_bytes = 0;             // DevLocal and both scratch areas
   int* layout_scratch = nullptr;
   uint64_t* route_scratch = nullptr;  // the routing kernel's per-tile counts
   ErrorInfo* err_host = nullptr;      // [kErrorSlots], host-mapped
@@ -89,9 +90,10 @@ class CudaBackend : public Backend {
   // epCommAbort: this rank's waits leave, and the peers' waits for it too
   // (its call log says it aborted: their watchers mark it gone).
   void abort() override;
-  // Shrink (docs/SHRINK.md, "GPUs"): low-latency mode only. The agreement
-  // needs no step count here: the survivors' buffers start again as at init.
-  bool canShrink() const override { return ll_ != nullptr; }
+  // Shrink (docs/SHRINK.md, "GPUs"): both kinds of calls, one node. The
+  // agreement needs no step count here: the survivors' buffers start again
+  // as at init.
+  bool canShrink() const override { return true; }
   epResult_t quiesceForShrink() override;
   epResult_t resetForShrink(const std::vector<bool>& dead) override;
   epResult_t shrink(const std::vector<bool>& dead, uint64_t steps) override {
@@ -127,7 +129,7 @@ class CudaBackend : public Backend {
 
   // ---- the calls (cuda_calls.cc) ----
   epResult_t checkExpertCounters(const char* fn) const;
-  epResult_t refuseAfterShrink(const char* fn) const;
+  epResult_t resetHighThroughput(const std::vector<bool>& dead);
   // What the kernels and the watcher reported, in order (cuda_calls.cc);
   // with argument_errors false only what ends the communicator (failed
   // waits, ranks out of step, a peer that left), for a call that must go
@@ -173,7 +175,6 @@ class CudaBackend : public Backend {
   std::unique_ptr<HostNotices> notices_;  // exited peers, calls out of step, abort
   OwnWork own_work_;                      // what the destroy waits for (own_work.h)
   std::vector<int*> claims_to_clear_;     // error claims whose clearing failed (clearErrorClaim)
-  bool shrunk_ = false;                   // an epCommShrink reset the low-latency buffer (HT calls refused)
 };
 
 }  // namespace cuda

@@ -30,15 +30,6 @@ void CudaBackend::abort() {
   notices_->announceClosed(kClosedAborted);
 }
 
-// After epCommShrink only the low-latency calls run (docs/SHRINK.md, "What
-// is built"): the high-throughput kernels have no mask.
-epResult_t CudaBackend::refuseAfterShrink(const char* fn) const {
-  if (!shrunk_) return epSuccess;
-  return setError(comm_, epNotSupported,
-                  "%s: after epCommShrink the CUDA backend runs low-latency calls only (its high-throughput kernels "
-                  "cannot skip removed ranks yet)", fn);
-}
-
 // epCommShrink begins: every wait of this rank's kernels leaves (the call
 // that failed, or one a peer's shrink interrupted), and the shrink waits
 // until they have ended, so that nothing of this rank writes into a peer's
@@ -54,12 +45,30 @@ epResult_t CudaBackend::quiesceForShrink() {
 
 epResult_t CudaBackend::resetForShrink(const std::vector<bool>& dead) {
   DeviceGuard g(dev_);
-  if (!ll_) return setError(comm_, epInternalError, "epCommShrink: no low-latency buffer to reset");
-  EPCHECK(notices_->forgetAfterShrink(dead, [&] { return ll_->resetForShrink(dead); }));
-  // A high-throughput kernel's failure report too: it ended with the call
-  // that failed (those calls are refused from here on).
-  if (state_ && state_->err_host) memset(static_cast<void*>(state_->err_host), 0, kErrorSlots * sizeof(ErrorInfo));
-  shrunk_ = true;
+  EPCHECK(notices_->forgetAfterShrink(dead, [&] {
+    if (ll_) EPCHECK(ll_->resetForShrink(dead));
+    return resetHighThroughput(dead);
+  }));
+  return epSuccess;
+}
+
+// The high-throughput state as at init, with the removed ranks in DevLocal's
+// mask: every epoch-tagged word (this rank's Ctrl, which peers write; the
+// routing scratch) and the epoch itself start again from 0 on every
+// survivor, the handle slots' counts are zeroed, the failure slots cleared.
+// The survivors' kernels have ended (quiesceForShrink) and none starts before
+// every survivor's reset (the agreement's final barrier).
+epResult_t CudaBackend::resetHighThroughput(const std::vector<bool>& dead) {
+  DevLocal fresh{};
+  for (int r = 0; r < comm_.nranks() && r < kMaxRanks; r++)
+    if (dead[size_t(r)]) fresh.dead |= 1u << r;
+  CUDACHECK(cudaMemcpy(&fresh.watch, &state_->local->watch, sizeof(fresh.watch), cudaMemcpyDeviceToHost));
+  CUDACHECK(cudaMemcpy(state_->local, &fresh, sizeof(fresh), cudaMemcpyHostToDevice));
+  CUDACHECK(cudaMemset(reinterpret_cast<char*>(state_->local) + 256, 0, state_->local_bytes - 256));
+  CUDACHECK(cudaMemset(bufs_[size_t(comm_.rank())], 0, sizeof(Ctrl)));
+  CUDACHECK(slots_->zeroAll());
+  CUDACHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  memset(static_cast<void*>(state_->err_host), 0, kErrorSlots * sizeof(ErrorInfo));
   return epSuccess;
 }
 
@@ -275,7 +284,6 @@ epResult_t CudaBackend::reportArgumentError(const char* fn, cudaStream_t stream)
 }
 
 epResult_t CudaBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
-  EPCHECK(refuseAfterShrink("epLayout"));
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   EPCHECK(checkKernelErrors("epLayout", s));
@@ -306,7 +314,6 @@ epResult_t CudaBackend::layout(const epLayoutArgs_t& a, epStream_t stream) {
 }
 
 epResult_t CudaBackend::prepare(const char* fn, const epDispatchArgs_t& a, epHandle* h, epStream_t stream) {
-  EPCHECK(refuseAfterShrink(fn));
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   EPCHECK(checkKernelErrors(fn, s));
@@ -362,7 +369,6 @@ epResult_t CudaBackend::prepare(const char* fn, const epDispatchArgs_t& a, epHan
 }
 
 epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool ids_routed, epStream_t stream) {
-  EPCHECK(refuseAfterShrink("epDispatch"));
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   // A handle's first dispatch is launched whatever argument error the kernels
@@ -438,7 +444,6 @@ epResult_t CudaBackend::dispatch(const epDispatchArgs_t& a, epHandle* h, bool id
 }
 
 epResult_t CudaBackend::combine(const epCombineArgs_t& a, epHandle* h, epStream_t stream) {
-  EPCHECK(refuseAfterShrink("epCombine"));
   DeviceGuard g(dev_);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   EPCHECK(checkKernelErrors("epCombine", s));

@@ -67,7 +67,9 @@ struct DevLocal {
   uint32_t route_ticket; // routing kernel: tiles taken so far (reset by its last block)
   alignas(8) uint8_t gone[kMaxRanks];  // [rank]: its process exited (written by the host's watcher)
   FamilyWatch watch;
-  int fail_claim;        // the first failed wait wins err[kFailSlot] (never cleared)
+  int fail_claim;        // the first failed wait wins err[kFailSlot] (cleared only by epCommShrink)
+  uint32_t dead;         // ranks an epCommShrink removed (bit r), written by the host in the shrink
+                         // (docs/SHRINK.md, "GPUs"): the high-throughput kernels skip them (htDead)
 };
 
 // Routing kernel: tokens per block (one tile), and the per-tile scratch it

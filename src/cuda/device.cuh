@@ -181,11 +181,12 @@ __device__ __noinline__ uint32_t peerOutOfStep(const FamilyWatch* w, int peer, u
 // Ranks out of step: every peer found in a low-latency call gets its gone
 // byte for this rank set (LLLocal, in its mapped LL buffer), so that its
 // waits for this rank end at once with a report its host reads as this
-// notice (the process lives), not at its timeout.
-__device__ __noinline__ void tellLowLatencyPeers(const FamilyWatch* w) {
+// notice (the process lives), not at its timeout. Not the ranks an
+// epCommShrink removed (`dead`; their counters here lie beyond every other).
+__device__ __noinline__ void tellLowLatencyPeers(const FamilyWatch* w, unsigned dead) {
   if (w->ll_counters == nullptr) return;
   for (int r = 0; r < w->nranks; r++)
-    if (r != w->rank && llAhead(*w, r)) *reinterpret_cast<volatile uint8_t*>(w->peer_ll_gone[r] + w->rank) = 1;
+    if (r != w->rank && !((dead >> r) & 1u) && llAhead(*w, r)) *reinterpret_cast<volatile uint8_t*>(w->peer_ll_gone[r] + w->rank) = 1;
   __threadfence_system();
 }
 }  // namespace
@@ -244,7 +245,7 @@ __device__ __forceinline__ bool spinLoop(Local* local, unsigned long long timeou
         }
         if (exited) continue;
         if (const uint32_t found = peerOutOfStep(&local->watch, peer, epoch, what)) {
-          tellLowLatencyPeers(&local->watch);
+          tellLowLatencyPeers(&local->watch, local->dead);
           report(5, Word(found));  // sets timed_out (recordFailedWait)
           return false;
         }
@@ -283,6 +284,16 @@ __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* 
       epoch, what);
 }
 
+// Ranks an epCommShrink removed (bit r; docs/SHRINK.md, "GPUs"), read from
+// this rank's device memory at every call, so that a graph captured before
+// the shrink skips them when replayed after it. The high-throughput kernels
+// route none of their experts (the routing kernel masks them: no row, no
+// count, and the combine has no term for them), write nothing into their
+// buffers and wait for none of their words. One load per kernel: these
+// calls move megabytes, so one build serves with and without shrink.
+__device__ __forceinline__ unsigned htDead(const CommView& cv) { return cv.local->dead; }
+__device__ __forceinline__ bool htIsDead(const CommView& cv, int r) { return (htDead(cv) >> r) & 1u; }
+
 // Start of a data kernel: every peer has finished the previous collective
 // kernel of this communicator (its fin word, written by that kernel's last
 // block), so this kernel may overwrite what that kernel read in the peer's
@@ -290,7 +301,7 @@ __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* 
 // is local and usually written long before, so the senders start without the
 // round trip of a barrier in which every rank must have started this kernel.
 __device__ __forceinline__ void peersFinishedPrevious(const CommView& cv, uint32_t epoch) {
-  if (threadIdx.x < cv.nranks && int(threadIdx.x) != cv.rank) {
+  if (threadIdx.x < cv.nranks && int(threadIdx.x) != cv.rank && !htIsDead(cv, threadIdx.x)) {
     const Ctrl* mine = reinterpret_cast<const Ctrl*>(cv.bufs[cv.rank]);
     waitReached(cv, &mine->fin[threadIdx.x], epoch - 1, kWhatPrevious, threadIdx.x);
   }
@@ -300,7 +311,7 @@ __device__ __forceinline__ void peersFinishedPrevious(const CommView& cv, uint32
 // Last block of a collective kernel (after lastBlockDone: every block's reads
 // of this rank's buffer are done): tells every peer that kernel epoch ended.
 __device__ __forceinline__ void publishFinished(const CommView& cv, uint32_t epoch) {
-  if (threadIdx.x < cv.nranks && int(threadIdx.x) != cv.rank) {
+  if (threadIdx.x < cv.nranks && int(threadIdx.x) != cv.rank && !htIsDead(cv, threadIdx.x)) {
     Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[threadIdx.x]);
     stReleaseSys(&peer->fin[cv.rank], epoch);
   }

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
     if (warp == 0 && lane < R) {
       int start = tp[size_t(t0) * R + lane] & 0x7fffffff;
       start_pos[lane] = start;
-      if (lane != me) {
+      if (lane != me && !htIsDead(cv, lane)) {  // nothing into a removed rank's buffer
         Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[lane]);
         int count = (tp[size_t(t1) * R + lane] & 0x7fffffff) - start;
         stRelaxedSys32(&peer->dstart[me][c], uint32_t(start));
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
         v = vn;
       }
       namedBarrier(1, p.send_warps * 32);
-      if (warp == 0 && lane < R && lane != me) {
+      if (warp == 0 && lane < R && lane != me && !htIsDead(cv, lane)) {
         int done = (tp[size_t(b) * R + lane] & 0x7fffffff) - start_pos[lane];
         Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[lane]);
         stReleaseSys(&peer->dprog[me][c], tagged(epoch, uint32_t(done)));
@@ -232,6 +232,10 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
     const char* metas = cv.bufs[me] + cv.meta_off;
     for (int i = 1; i < R; i++) {
       const int s = (me + i) % R;
+      if (htIsDead(cv, s)) {  // removed by epCommShrink: it sends nothing, its words are not waited for
+        if (warp == p.send_warps && lane == 0) p.hv.chan_start[s * C + c] = p.hv.chan_count[s * C + c] = 0;
+        continue;
+      }
       long long info = 0;
       if (lane == 0) info = waitTagged(cv, &mine->dinfo[s][c], epoch, 0, kWhatDispatchInfo, s);
       info = __shfl_sync(0xffffffffu, info, 0);

@@ -46,6 +46,13 @@ epResult_t HandleSlots::acquire(HandleSlot** out) {
   return allocate(out);
 }
 
+cudaError_t HandleSlots::zeroAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (HandleSlot* s : all_)
+    if (const cudaError_t e = cudaMemset(s->mem, 0, slot_bytes_)) return e;
+  return cudaSuccess;
+}
+
 void HandleSlots::release(HandleSlot* slot) {
   std::lock_guard<std::mutex> lock(mu_);
   free_.push_back(slot);

@@ -5,6 +5,8 @@
 // are alive, during a graph capture too; each is freed with the pool.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <mutex>
 #include <vector>
 
@@ -33,6 +35,9 @@ class HandleSlots {
   epResult_t acquire(HandleSlot** out);
   // Back into the pool (any thread).
   void release(HandleSlot* slot);
+  // epCommShrink: every slot zeroed, as at its allocation (a failed call may
+  // have left expert counts half added), on the legacy stream.
+  cudaError_t zeroAll();
 
  private:
   epResult_t allocate(HandleSlot** out);

@@ -35,6 +35,7 @@ __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
   __syncthreads();
   int* sh_rank = sh + E;
   int* sh_node = sh + E + R;
+  const unsigned dead = p.local->dead;  // ranks removed by epCommShrink (htDead)
   const int lane = threadIdx.x & 31;
   // Warp-uniform trip count so ballots see every lane.
   const int T = p.num_tokens, stride = gridDim.x * blockDim.x;
@@ -55,8 +56,9 @@ __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
           continue;
         }
         if (e < 0) continue;
-        atomicAdd(&sh[e], 1);
         int r = int(e / p.experts_per_rank);
+        if ((dead >> r) & 1u) continue;  // removed by epCommShrink: counted nowhere, as the routing does
+        atomicAdd(&sh[e], 1);
         rmask |= 1u << r;
         nmask |= 1u << p.node_of_rank[r];
       }
@@ -190,7 +192,9 @@ __global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
   }
   __syncthreads();
   const int t = base + int(threadIdx.x);
-  const unsigned m = int(threadIdx.x) < nt ? smask[threadIdx.x] : 0u;
+  // The ranks of the token's experts, those an epCommShrink removed masked
+  // (htDead): no row goes there and no count, as if their ids were -1.
+  const unsigned m = int(threadIdx.x) < nt ? smask[threadIdx.x] & ~htDead(cv) : 0u;
   unsigned long long lo = 0, hi = 0;
 #pragma unroll
   for (int d = 0; d < kMaxRanks; d++) {
@@ -242,15 +246,17 @@ __global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
   if (threadIdx.x < R) tp[size_t(T) * R + threadIdx.x] = totals[threadIdx.x];
 
   // Count exchange.
+  // A removed rank (htDead) gets no counts and sends none: its row and
+  // column of the matrix are 0 (no live rank routes to it).
   const int par = epoch & 1;
-  if (threadIdx.x < R) {
+  if (threadIdx.x < R && !htIsDead(cv, threadIdx.x)) {
     Ctrl* peer = reinterpret_cast<Ctrl*>(cv.bufs[threadIdx.x]);
     for (int d = 0; d < R; d++) stReleaseSys(&peer->counts[par][me][d], tagged(epoch, uint32_t(totals[d])));
   }
   if (threadIdx.x < R * R) {
     const int s = threadIdx.x / R, d = threadIdx.x % R;
     Ctrl* mine = reinterpret_cast<Ctrl*>(cv.bufs[me]);
-    long long v = waitTagged(cv, &mine->counts[par][s][d], epoch, 0, kWhatCounts, s);
+    long long v = htIsDead(cv, s) ? 0 : waitTagged(cv, &mine->counts[par][s][d], epoch, 0, kWhatCounts, s);
     mat[s][d] = v < 0 ? 0 : int(v);
   }
   __syncthreads();

@@ -483,7 +483,8 @@ epResult_t gpuLayer(const ll::Shape& s, int R, int r, const ll::RankData& in, ll
 // the death, replayed), run twice (both buffer sets), must match the host
 // backend's masked result bit for bit: no record to or from the dead
 // rank, its experts' terms absent from the combine.
-bool runShrink(int R, int rank, const epUniqueId& gpu_id, const epUniqueId& host_id, int* result) {
+bool runShrink(int R, int rank, const std::vector<epUniqueId>& ids, int* result) {
+  const epUniqueId &gpu_id = ids[0], &host_id = ids[1];
   std::vector<int> t_plain(R), t_small(R);
   for (int r = 0; r < R; r++) {
     t_plain[r] = 60 - 3 * r;
@@ -500,6 +501,20 @@ bool runShrink(int R, int rank, const epUniqueId& gpu_id, const epUniqueId& host
   hc.enable_shrink = 1;
   ll::GpuRank g = joinLlRank(plain, R, rank, gpu_id, gc, "shrink", 11);
   epComm_t host = join(R, host_id, rank, hc, "shrink (host)");
+  // High throughput: a CUDA and a host communicator of their own (no
+  // low-latency mode), with enable_shrink.
+  std::vector<int> t_ht(R);
+  for (int r = 0; r < R; r++) t_ht[r] = 96 - 7 * r;
+  ht::Case htc{"shrink HT bf16 h2048 k4 e" + std::to_string(8 * R) + " neg bias", R, 2048, 4, 8 * R, t_ht};
+  htc.neg = 0.1;
+  htc.bias = true;
+  epConfig_t htg = ht::configOf(htc, epBackendCuda);
+  htg.device = gpuOf(rank);
+  htg.enable_shrink = 1;
+  epConfig_t hth = ht::configOf(htc, epBackendHost);
+  hth.enable_shrink = 1;
+  epComm_t ht_gpu = join(R, ids[2], rank, htg, "shrink HT");
+  epComm_t ht_host = join(R, ids[3], rank, hth, "shrink HT (host)");
   const int gone = R - 1;
   bool ok = true;
   // The graph of one plain layer (the inputs are read from g's buffers at each replay).
@@ -540,10 +555,98 @@ bool runShrink(int R, int rank, const epUniqueId& gpu_id, const epUniqueId& host
                      what.c_str(), rows, sh.tokens[rank]);
     return same;
   };
+  // A high-throughput layer (layout, dispatch, combine, cached re-dispatch;
+  // exact and capacity sizing) against the host backend's, every output.
+  auto checkHt = [&](uint64_t seed, const std::string& what) {
+    ht::RankIn in;
+    ht::makeRankInput(htc, seed, rank, &in);
+    ht::RankOut ref;
+    ht::hostRank(htc, ht_host, in, rank, &ref);
+    const int before = ht::g_failures;
+    for (bool capacity : {false, true}) {
+      ht::RankOut got;
+      ht::gpuRank(htc, ht_gpu, in, rank, capacity, &got);
+      ht::compareRank(htc, "shrink " + what + (capacity ? " [capacity]" : " [exact]"), rank, got, ref, capacity);
+    }
+    const bool same = ht::g_failures == before;
+    if (same) printf("  ok   rank %d: %s: %lld rows received, as the host backend\n", rank, what.c_str(),
+                     (long long)ref.num_recv);
+    return same;
+  };
+  // A CUDA graph of a high-throughput dispatch and combine (capacity sizing),
+  // captured before the death; each check uploads new inputs and replays it.
+  ht::DevBufs hd;
+  cudaStream_t hst;
+  CK(cudaStreamCreateWithFlags(&hst, cudaStreamNonBlocking));
+  cudaGraph_t ht_graph = nullptr;
+  cudaGraphExec_t ht_exec = nullptr;
+  epHandle_t ht_graph_handle = nullptr;
+  {
+    ht::RankIn in;
+    ht::makeRankInput(htc, 70, rank, &in);  // the sizes of every seed's inputs
+    ht::allocDev(htc, in, rank, &hd);
+    epDispatchArgs_t a = ht::dispatchArgs(htc, in, rank, hd.x, hd.scales, hd.topk, hd.w);
+    a.recv_x = hd.recv_x;
+    a.recv_topk_idx = hd.recv_idx;
+    a.recv_topk_weights = hd.recv_w;
+    a.recv_tokens_per_expert = hd.tpe;
+    a.flags = EP_DISPATCH_NO_HOST_SYNC;
+    a.num_recv = hd.num_recv;
+    epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+    ca.y = hd.y;
+    ca.y_type = htc.ct;
+    ca.recv_topk_weights = hd.recv_w;
+    ca.num_topk = htc.K;
+    ca.bias = hd.bias;
+    ca.out = hd.out;
+    ca.out_topk_weights = hd.out_w;
+    CK(cudaStreamBeginCapture(hst, cudaStreamCaptureModeThreadLocal));
+    EK(ht_gpu, epDispatch(ht_gpu, &a, &ht_graph_handle, hst));
+    EK(ht_gpu, epCombine(ht_gpu, &ca, ht_graph_handle, hst));
+    CK(cudaStreamEndCapture(hst, &ht_graph));
+    CK(cudaGraphInstantiate(&ht_exec, ht_graph, 0));
+  }
+  auto checkHtGraph = [&](uint64_t seed, const std::string& what) {
+    ht::RankIn in;
+    ht::makeRankInput(htc, seed, rank, &in);
+    ht::RankOut ref;
+    ht::hostRank(htc, ht_host, in, rank, &ref);
+    ht::uploadInputs(htc, in, &hd, hst);
+    ht::poison(htc, rank, &hd, hst);
+    CK(cudaGraphLaunch(ht_exec, hst));
+    CK(cudaStreamSynchronize(hst));
+    const ht::Geometry geo = ht::geometryOf(htc);
+    const int64_t n = ht::download<int64_t>(hd.num_recv, 1)[0];
+    const int T = htc.T[rank], K = htc.K;
+    const std::string name = "shrink " + what;
+    const int before = ht::g_failures;
+    if (n != ref.num_recv) {
+      printf("  FAIL %s rank %d: num_recv %lld, the host's %lld\n", name.c_str(), rank, (long long)n,
+             (long long)ref.num_recv);
+      ht::g_failures++;
+    } else {
+      ht::same("recv_x", name, rank, ht::download<uint8_t>(hd.recv_x, size_t(n) * geo.drow).data(),
+               ref.recv_x.data(), size_t(n) * geo.drow, 2);
+      ht::same("recv_topk_idx", name, rank, ht::download<int64_t>(hd.recv_idx, size_t(n) * K).data(),
+               ref.idx.data(), size_t(n) * K * 8, 8);
+      ht::same("recv_tokens_per_expert", name, rank, ht::download<int>(hd.tpe, geo.EL).data(), ref.tpe.data(),
+               size_t(geo.EL) * 4, 4);
+      ht::same("combine out", name, rank, ht::download<uint8_t>(hd.out, size_t(T) * geo.crow).data(),
+               ref.out.data(), size_t(T) * geo.crow, 2);
+      ht::same("combine out_topk_weights", name, rank, ht::download<float>(hd.out_w, size_t(T) * K).data(),
+               ref.out_w.data(), size_t(T) * K * 4, 4);
+    }
+    const bool same = ht::g_failures == before;
+    if (same) printf("  ok   rank %d: %s: %lld rows received, as the host backend\n", rank, what.c_str(),
+                     (long long)n);
+    return same;
+  };
   auto checkAll = [&](const std::string& when, uint64_t seed) {
     bool all = check(plain, seed, false, when + ", plain records");
     all &= check(small, seed + 1, false, when + ", 1-3 tokens (flagged records)");
     all &= check(plain, seed + 2, true, when + ", the graph captured before the death");
+    all &= checkHt(seed + 3, when + ", high throughput");
+    all &= checkHtGraph(seed + 4, when + ", the high-throughput graph captured before the death");
     return all;
   };
   ok &= checkAll("before the death", 20);
@@ -574,14 +677,14 @@ bool runShrink(int R, int rank, const epUniqueId& gpu_id, const epUniqueId& host
            epGetErrorString(res), hmsg.c_str());
     ok &= hseen;
   }
-  for (epComm_t c : {g.comm, host}) {
+  for (epComm_t c : {g.comm, host, ht_gpu, ht_host}) {
     int dead[8] = {-1}, ndead = -1;
     const auto s0 = std::chrono::steady_clock::now();
     const epResult_t res = epCommShrink(c, nullptr, 0, dead, &ndead);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
     const bool right = res == epSuccess && ndead == 1 && dead[0] == gone;
     printf("  %s rank %d: epCommShrink (%s): %s, %d dead (first %d), %.1f ms%s%s\n", right ? "ok  " : "FAIL", rank,
-           c == host ? "host" : "cuda", epGetErrorString(res), ndead, dead[0], ms, res == epSuccess ? "" : ": ",
+           c == host ? "host" : c == ht_host ? "HT host" : c == ht_gpu ? "HT cuda" : "cuda", epGetErrorString(res), ndead, dead[0], ms, res == epSuccess ? "" : ": ",
            res == epSuccess ? "" : epGetLastError(c));
     ok &= right;
   }
@@ -592,9 +695,16 @@ bool runShrink(int R, int rank, const epUniqueId& gpu_id, const epUniqueId& host
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
   if (graph_handle) epHandleDestroy(graph_handle);
+  CK(cudaGraphExecDestroy(ht_exec));
+  CK(cudaGraphDestroy(ht_graph));
+  if (ht_graph_handle) epHandleDestroy(ht_graph_handle);
+  ht::freeDev(&hd);
+  CK(cudaStreamDestroy(hst));
   ll::freeRank(g);
   ok &= epCommDestroy(g.comm) == epSuccess;
   ok &= epCommDestroy(host) == epSuccess;
+  ok &= epCommDestroy(ht_gpu) == epSuccess;
+  ok &= epCommDestroy(ht_host) == epSuccess;
   *result = ok ? 0 : 1;
   return ok;
 }
@@ -651,7 +761,7 @@ int shrinkMain(int R, int timeout_s) {
   }
   for (int r = 0; r < R; r++) results[r] = -1;
   printf("gpu_mp_test --shrink: %d ranks as processes\n", R);
-  std::vector<epUniqueId> ids(2);
+  std::vector<epUniqueId> ids(4);
   int rank = -1;
   std::vector<int> codes;
   bool timed_out = false;
@@ -660,7 +770,7 @@ int shrinkMain(int R, int timeout_s) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     CK(cudaSetDevice(gpuOf(rank)));
     const auto t0 = std::chrono::steady_clock::now();
-    const bool ok = runShrink(R, rank, ids[0], ids[1], &results[rank]);
+    const bool ok = runShrink(R, rank, ids, &results[rank]);
     printf("%s EP%d shrink on rank %d (%.1f s)\n", ok ? "PASS" : "FAIL", R, rank,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return ok ? 0 : 1;
