@@ -173,8 +173,8 @@ epResult_t openRecovery(epComm* comm) {
   if (!comm->backend->canShrink())
     return setError(comm, epNotSupported,
                     "config.enable_shrink (EP_ENABLE_SHRINK): the %s backend cannot shrink (the host backend can, "
-                    "over network transports that can drop a dead peer: transport ABI v3 drop_peer; the CUDA "
-                    "backend of one node)",
+                    "and GPUs across nodes, over network transports that can drop a dead peer: transport ABI v3 "
+                    "drop_peer; the CUDA backend of one node)",
                     comm->backend->name());
   std::string why;
   const epResult_t res = recovery::RecoveryLink::open(comm->bootstrap, &comm->shrink_heard, &comm->recovery, &why);

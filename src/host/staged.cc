@@ -200,6 +200,20 @@ class StagedBackend : public Backend {
     return inner_->peerConnInfo(peer, info);
   }
   void abort() override { inner_->abort(); }
+  // Shrink: the inner host backend's. It masks the ids it is given (the
+  // staged copies of the caller's), and its rings are the only state that
+  // crosses ranks; the staging holds nothing across calls but the handles',
+  // which a shrink voids (the API refuses handles made before it). A failed
+  // call left no copy in flight: every staged call waits for its copies on
+  // the host.
+  bool canShrink() const override { return inner_->canShrink(); }
+  uint64_t steps() const override { return inner_->steps(); }
+  epResult_t shrink(const std::vector<bool>& dead, uint64_t steps) override {
+    routed_ = Routed();
+    return inner_->shrink(dead, steps);
+  }
+  epResult_t quiesceForShrink() override { return inner_->quiesceForShrink(); }
+  epResult_t resetForShrink(const std::vector<bool>& dead) override { return inner_->resetForShrink(dead); }
   void releaseHandle(epHandle* h) override {
     {
       std::lock_guard<std::mutex> lock(ll_mu_);

@@ -129,6 +129,11 @@ EXPECT='ready: host_staged backend' across "mp_dispatch 2 nodes x 2 through stag
   env EP_TEST_STAGED=1 "$BUILD/tests/mp_dispatch" -n 4 --cases 10 --seed 4504
 EXPECT='ready: host_staged backend' across "mp_lowlat 2 nodes x 2 through staging (EP_TEST_STAGED=1)" 4 \
   env EP_TEST_STAGED=1 "$BUILD/tests/mp_lowlat" -n 4 --cases 8 --seed 4505
+# epCommShrink on the staged path (GPUs across nodes delegate it to the host
+# backend inside): rank 1 dies, the survivors shrink, the layers after match
+# the reference without it.
+EXPECT='ready: host_staged backend' across "mp_lowlat 2 nodes x 2 through staging, a rank dies, the survivors shrink" \
+  4 env EP_TEST_STAGED=1 "$BUILD/tests/mp_lowlat" -n 4 --cases 2 --seed 4507 --shrink --rounds-after 10
 EXPECT='ready: host_staged backend' across "ep_bench --mode ll --split --check through staging" 4 \
   env EP_TEST_STAGED=1 "$BUILD/bin/ep_bench" -n 4 --mode ll --split --check --iters 2 --warmup 1 \
   --shape 7168:8:288:16 --shape 2064:5:12:37
