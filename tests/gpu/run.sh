@@ -186,6 +186,11 @@ timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" --ranks 4 --shrin
 EP_CUDA_LL_FLAGGED=0 timeout ${EP_GPU_TEST_TIMEOUT:-300} "$BUILD/tests/gpu_mp_test" --ranks 4 --shrink 2>&1 |
   tee "$LOGS/gpu_mp_shrink_plain.log" | tail -1
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test --shrink (EP_CUDA_LL_FLAGGED=0): FAILED"; status=1; }
+# The staged path (GPUs on different nodes: 2 x 2 over socket on loopback,
+# no graphs): the survivors shrink through the host backend inside it.
+EP_CUDA_NETWORK=1 EP_NODE_SIZE=2 EP_TRANSPORTS=shm,socket EP_SOCKET_IFNAME=lo timeout ${EP_GPU_TEST_TIMEOUT:-300} \
+  "$BUILD/tests/gpu_mp_test" --ranks 4 --shrink 2>&1 | tee "$LOGS/gpu_mp_shrink_staged.log" | tail -1
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_mp_test --shrink (staged, 2 x 2): FAILED"; status=1; }
 fi
 
 # The staged path of GPU ranks on different nodes (tests/gpu/staged.sh): 2
