@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(512) combineKernel(CombineParams p) {
   const int R = cv.nranks, me = cv.rank, C = gridDim.x, c = blockIdx.x;
   const uint32_t epoch = cv.local->epoch + 1;
   const HState* hs = p.hv.hs;
+  if (htStaleHandle(cv, hs)) return;
   const int* tp = p.hv.tok_pos;
   const int K = p.recv_w ? p.num_topk : 0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

@@ -129,7 +129,8 @@ class CudaBackend : public Backend {
 
   // ---- the calls (cuda_calls.cc) ----
   epResult_t checkExpertCounters(const char* fn) const;
-  epResult_t resetHighThroughput(const std::vector<bool>& dead);
+  epResult_t resetHighThroughput(const std::vector<bool>& dead, cudaStream_t s);
+  uint32_t shrinks_ = 0;  // resets so far (DevLocal::shrinks)
   // What the kernels and the watcher reported, in order (cuda_calls.cc);
   // with argument_errors false only what ends the communicator (failed
   // waits, ranks out of step, a peer that left), for a call that must go

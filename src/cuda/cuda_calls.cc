@@ -45,29 +45,40 @@ epResult_t CudaBackend::quiesceForShrink() {
 
 epResult_t CudaBackend::resetForShrink(const std::vector<bool>& dead) {
   DeviceGuard g(dev_);
-  EPCHECK(notices_->forgetAfterShrink(dead, [&] {
-    if (ll_) EPCHECK(ll_->resetForShrink(dead));
-    return resetHighThroughput(dead);
-  }));
-  return epSuccess;
+  // A stream of its own: the legacy default stream would wait for other
+  // work of the process (another communicator's kernel stuck on the dead
+  // rank) while the watcher is held off, and conflict with a capture.
+  RelaxedCaptureScope relaxed;
+  cudaStream_t s = nullptr;
+  CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const epResult_t r = notices_->forgetAfterShrink(dead, [&] {
+    if (ll_) EPCHECK(ll_->resetForShrink(dead, s));
+    return resetHighThroughput(dead, s);
+  });
+  cudaStreamDestroy(s);
+  return r;
 }
 
 // The high-throughput state as at init, with the removed ranks in DevLocal's
 // mask: every epoch-tagged word (this rank's Ctrl, which peers write; the
 // routing scratch) and the epoch itself start again from 0 on every
-// survivor, the handle slots' counts are zeroed, the failure slots cleared.
-// The survivors' kernels have ended (quiesceForShrink) and none starts before
-// every survivor's reset (the agreement's final barrier).
-epResult_t CudaBackend::resetHighThroughput(const std::vector<bool>& dead) {
+// survivor, the handle slots are zeroed (a failed call may have left expert
+// counts half added; a handle routed before is stale from here on:
+// htStaleHandle), the failure slots cleared. The survivors' kernels have
+// ended (quiesceForShrink) and none starts before every survivor's reset
+// (the agreement's final barrier).
+epResult_t CudaBackend::resetHighThroughput(const std::vector<bool>& dead, cudaStream_t s) {
   DevLocal fresh{};
+  CUDACHECK(cudaMemcpyAsync(&fresh.watch, &state_->local->watch, sizeof(fresh.watch), cudaMemcpyDeviceToHost, s));
+  CUDACHECK(cudaStreamSynchronize(s));
   for (int r = 0; r < comm_.nranks() && r < kMaxRanks; r++)
     if (dead[size_t(r)]) fresh.dead |= 1u << r;
-  CUDACHECK(cudaMemcpy(&fresh.watch, &state_->local->watch, sizeof(fresh.watch), cudaMemcpyDeviceToHost));
-  CUDACHECK(cudaMemcpy(state_->local, &fresh, sizeof(fresh), cudaMemcpyHostToDevice));
-  CUDACHECK(cudaMemset(reinterpret_cast<char*>(state_->local) + 256, 0, state_->local_bytes - 256));
-  CUDACHECK(cudaMemset(bufs_[size_t(comm_.rank())], 0, sizeof(Ctrl)));
-  CUDACHECK(slots_->zeroAll());
-  CUDACHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  fresh.shrinks = ++shrinks_;
+  CUDACHECK(cudaMemcpyAsync(state_->local, &fresh, sizeof(fresh), cudaMemcpyHostToDevice, s));
+  CUDACHECK(cudaMemsetAsync(reinterpret_cast<char*>(state_->local) + 256, 0, state_->local_bytes - 256, s));
+  CUDACHECK(cudaMemsetAsync(bufs_[size_t(comm_.rank())], 0, sizeof(Ctrl), s));
+  CUDACHECK(slots_->zeroAll(s));
+  CUDACHECK(cudaStreamSynchronize(s));  // fresh is on this stack
   memset(static_cast<void*>(state_->err_host), 0, kErrorSlots * sizeof(ErrorInfo));
   return epSuccess;
 }
@@ -274,6 +285,12 @@ epResult_t CudaBackend::reportArgumentError(const char* fn, cudaStream_t stream)
                     "dispatch after its rows moved) selects experts on %lld nodes, more than "
                     "config.max_nodes_per_token = %d",
                     fn, a, b, comm_.config().max_nodes_per_token);
+  if (what == kWhatStaleHandle)
+    return setError(comm_, epInvalidUsage,
+                    "%s: a CUDA graph replayed the dispatch or combine of a handle routed before epCommShrink "
+                    "(shrink %lld; now %lld): it ran nothing; capture that layer again with its dispatch's "
+                    "routing (a dispatch with topk_idx)",
+                    fn, a, b);
   if (what == kWhatWiderTopk)
     return setError(comm_, epInvalidUsage,
                     "%s: in an earlier dispatch rank %d passed num_topk = %lld, more than this rank's %lld (the "

@@ -70,6 +70,8 @@ struct DevLocal {
   int fail_claim;        // the first failed wait wins err[kFailSlot] (cleared only by epCommShrink)
   uint32_t dead;         // ranks an epCommShrink removed (bit r), written by the host in the shrink
                          // (docs/SHRINK.md, "GPUs"): the high-throughput kernels skip them (htDead)
+  uint32_t shrinks;      // epCommShrinks so far; a handle's routing keeps the count it ran under
+                         // (HState::shrinks, htStaleHandle)
 };
 
 // Routing kernel: tokens per block (one tile), and the per-tile scratch it
@@ -104,7 +106,8 @@ enum ErrWhat {
   kWhatBadTopk = 6,
   kWhatCapacity = 7,
   kWhatWiderTopk = 8,  // a source passed more top-k columns than this rank (a: its count, b: this rank's)
-  kWhatNodeLimit = 9   // a token on more nodes than config.max_nodes_per_token (a: the token, b: its nodes)
+  kWhatNodeLimit = 9,  // a token on more nodes than config.max_nodes_per_token (a: the token, b: its nodes)
+  kWhatStaleHandle = 10  // a graph replayed the dispatch or combine of a handle routed before an epCommShrink
 };
 
 // Dispatch meta: the id column codes besides a local expert id and -1.
@@ -122,6 +125,7 @@ struct HState {
   int send_count[kMaxRanks];
   int num_tokens;
   int num_topk;
+  uint32_t shrinks;  // DevLocal::shrinks when the routing ran (htStaleHandle)
 };
 
 struct HandleView {

@@ -294,6 +294,19 @@ __device__ __forceinline__ bool waitReached(const CommView& cv, const uint64_t* 
 __device__ __forceinline__ unsigned htDead(const CommView& cv) { return cv.local->dead; }
 __device__ __forceinline__ bool htIsDead(const CommView& cv, int r) { return (htDead(cv) >> r) & 1u; }
 
+// A dispatch or combine of a handle routed before an epCommShrink, which
+// only a CUDA graph captured before the shrink can launch (the API refuses
+// such handles; the shrink zeroed their routing state): reported
+// (epInvalidUsage, at the next call) and nothing runs, on every survivor
+// alike. A graph that routes anew (a dispatch with ids) is valid after the
+// shrink: its routing kernel records the new count.
+__device__ __forceinline__ bool htStaleHandle(const CommView& cv, const HState* hs) {
+  const uint32_t routed = hs->shrinks, now = cv.local->shrinks;
+  if (routed == now) return false;
+  if (blockIdx.x == 0 && threadIdx.x == 0) reportError(cv, 5 /* epInvalidUsage */, kWhatStaleHandle, -1, routed, now);
+  return true;
+}
+
 // Start of a data kernel: every peer has finished the previous collective
 // kernel of this communicator (its fin word, written by that kernel's last
 // block), so this kernel may overwrite what that kernel read in the peer's

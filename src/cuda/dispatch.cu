@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(512) dispatchKernel(DispatchParams p) {
   const int EL = cv.experts_per_rank;
   const uint32_t epoch = cv.local->epoch + 1;
   const HState* hs = p.hv.hs;
+  if (htStaleHandle(cv, hs)) return;
   const int* tp = p.hv.tok_pos;
   const int T = p.num_tokens, K = p.num_topk, MK = p.max_topk;
   const bool with_topk = p.topk != nullptr;

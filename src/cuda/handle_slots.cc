@@ -46,10 +46,10 @@ epResult_t HandleSlots::acquire(HandleSlot** out) {
   return allocate(out);
 }
 
-cudaError_t HandleSlots::zeroAll() {
+cudaError_t HandleSlots::zeroAll(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   for (HandleSlot* s : all_)
-    if (const cudaError_t e = cudaMemset(s->mem, 0, slot_bytes_)) return e;
+    if (const cudaError_t e = cudaMemsetAsync(s->mem, 0, slot_bytes_, stream)) return e;
   return cudaSuccess;
 }
 

@@ -36,8 +36,8 @@ class HandleSlots {
   // Back into the pool (any thread).
   void release(HandleSlot* slot);
   // epCommShrink: every slot zeroed, as at its allocation (a failed call may
-  // have left expert counts half added), on the legacy stream.
-  cudaError_t zeroAll();
+  // have left expert counts half added), through stream s (not waited for).
+  cudaError_t zeroAll(cudaStream_t s);
 
  private:
   epResult_t allocate(HandleSlot** out);

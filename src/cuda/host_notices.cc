@@ -234,8 +234,16 @@ epResult_t HostNotices::forgetAfterShrink(const std::vector<bool>& dead,
     first_closed_.store(-1, std::memory_order_release);
   out_of_step_.store(false, std::memory_order_release);
   const epResult_t rc = reset();
-  for (int r = 0; r < comm_.nranks() && r < kMaxRanks; r++)
-    if (!removed_[r] && gone_why_[r].load(std::memory_order_acquire) != kNotGone) markGone(r);
+  for (int r = 0; r < comm_.nranks() && r < kMaxRanks; r++) {
+    if (removed_[r]) continue;
+    const uint8_t why = gone_why_[r].load(std::memory_order_acquire);
+    if (why == kNotGone) continue;
+    markGone(r);
+    // A survivor that closed while a removed rank was the one recorded
+    // (the watcher records only the first).
+    int none = -1;
+    if (why != kGoneExited) first_closed_.compare_exchange_strong(none, r, std::memory_order_acq_rel);
+  }
   return rc;
 }
 

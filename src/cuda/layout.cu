@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
   const int T = p.num_tokens, stride = gridDim.x * blockDim.x;
   for (int base = blockIdx.x * blockDim.x; base < T; base += stride) {
     int t = base + threadIdx.x;
-    unsigned rmask = 0, nmask = 0;
+    unsigned rmask = 0, nmask = 0, limit_mask = 0;
     if (t < T) {
       for (int k = 0; k < p.num_topk; k++) {
         long long e = topkLoad(p.topk, p.idx64, size_t(t) * p.num_topk + k);
@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
         }
         if (e < 0) continue;
         int r = int(e / p.experts_per_rank);
+        limit_mask |= 1u << p.node_of_rank[r];     // the node limit counts masked experts too (their ids are there)
         if ((dead >> r) & 1u) continue;  // removed by epCommShrink: counted nowhere, as the routing does
         atomicAdd(&sh[e], 1);
         rmask |= 1u << r;
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(256) layoutKernel(LayoutParams p) {
       if (p.is_token_in_rank)
         for (int r = 0; r < R; r++) p.is_token_in_rank[size_t(t) * R + r] = (rmask >> r) & 1u;
       if (p.max_nodes > 0) {
-        const int nodes = __popc(nmask);
+        const int nodes = __popc(limit_mask);
         if (nodes > p.max_nodes) reportNodeLimit(p.local, p.err, t, nodes);
       }
     }
@@ -194,7 +195,8 @@ __global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
   const int t = base + int(threadIdx.x);
   // The ranks of the token's experts, those an epCommShrink removed masked
   // (htDead): no row goes there and no count, as if their ids were -1.
-  const unsigned m = int(threadIdx.x) < nt ? smask[threadIdx.x] & ~htDead(cv) : 0u;
+  const unsigned routed = int(threadIdx.x) < nt ? smask[threadIdx.x] : 0u;
+  const unsigned m = routed & ~htDead(cv);
   unsigned long long lo = 0, hi = 0;
 #pragma unroll
   for (int d = 0; d < kMaxRanks; d++) {
@@ -203,7 +205,7 @@ __global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
     else hi |= bit << (16 * (d - 4));
   }
   if (p.max_nodes > 0) {
-    const int nodes = nodesOfRanks(m, p.node_ranks);
+    const int nodes = nodesOfRanks(routed, p.node_ranks);  // masked experts too, as the host checks the ids
     if (nodes > p.max_nodes) reportNodeLimit(cv.local, cv.err, t, nodes);
   }
   unsigned long long ex_lo, ex_hi, tot_lo, tot_hi;
@@ -285,6 +287,7 @@ __global__ void __launch_bounds__(kRouteTile) routingKernel(RoutingParams p) {
     }
     hs->num_tokens = T;
     hs->num_topk = K;
+    hs->shrinks = cv.local->shrinks;
     cv.local->blocks_done = 0;
     cv.local->route_ticket = 0;
     cv.local->epoch = epoch;

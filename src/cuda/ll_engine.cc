@@ -400,7 +400,7 @@ epResult_t LLEngine::complete(epHandle* h, cudaStream_t stream) {
 // for them pass at once) and the mask is written where the kernels read it
 // at every call. The error slots and claims are cleared: the failed wait's
 // report was the call that failed.
-epResult_t LLEngine::resetForShrink(const std::vector<bool>& dead) {
+epResult_t LLEngine::resetForShrink(const std::vector<bool>& dead, cudaStream_t s) {
   uint32_t bits = 0;
   LLCtrl ctrl{};
   constexpr uint64_t kBeyondEveryTarget = uint64_t(1) << 62;
@@ -411,7 +411,7 @@ epResult_t LLEngine::resetForShrink(const std::vector<bool>& dead) {
       ctrl.dsig[set][r] = ctrl.cdone[set][r] = ctrl.cfree[set][r] = kBeyondEveryTarget;
   }
   char* own = static_cast<char*>(buffers_->localPtr());
-  CUDACHECK(cudaMemset(own, 0, bytes_));
+  CUDACHECK(cudaMemsetAsync(own, 0, bytes_, s));
   // A removed rank's combine landing rows in this buffer: NaN, which no
   // survivor's combine reads (its experts are masked where tokens are
   // routed); one that did would show NaN instead of adding the +0.0 of
@@ -420,12 +420,12 @@ epResult_t LLEngine::resetForShrink(const std::vector<bool>& dead) {
   for (int r = 0; r < view_.nranks && r < kMaxRanks; r++) {
     if (!dead[size_t(r)]) continue;
     for (int set = 0; set < 2; set++)
-      CUDACHECK(cudaMemset(own + kLLCtrlBytes + set * view_.set_bytes + view_.comb_off + size_t(r) * rows,
-                           0xff, rows));
+      CUDACHECK(cudaMemsetAsync(own + kLLCtrlBytes + set * view_.set_bytes + view_.comb_off + size_t(r) * rows,
+                                0xff, rows, s));
   }
-  CUDACHECK(cudaMemcpy(own, &ctrl, sizeof(ctrl), cudaMemcpyHostToDevice));
-  CUDACHECK(cudaMemcpy(&local_->dead, &bits, sizeof(bits), cudaMemcpyHostToDevice));
-  CUDACHECK(cudaStreamSynchronize(cudaStreamLegacy));  // the copies above are ordered after the memset
+  CUDACHECK(cudaMemcpyAsync(own, &ctrl, sizeof(ctrl), cudaMemcpyHostToDevice, s));
+  CUDACHECK(cudaMemcpyAsync(&local_->dead, &bits, sizeof(bits), cudaMemcpyHostToDevice, s));
+  CUDACHECK(cudaStreamSynchronize(s));  // ctrl and bits are on this stack
   memset(static_cast<void*>(err_host_), 0, kErrorSlots * sizeof(ErrorInfo));
   return epSuccess;
 }

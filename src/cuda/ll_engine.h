@@ -56,8 +56,9 @@ class LLEngine {
   // word (LLLocal::err_claim), in order behind the report.
   epResult_t reportArgumentError(const char* fn);
   // epCommShrink: this rank's buffer as at init, the removed ranks masked
-  // (ll_engine.cc says when it may run). Not thread-safe with calls.
-  epResult_t resetForShrink(const std::vector<bool>& dead);
+  // (ll_engine.cc says when it may run), through stream s (the caller's
+  // own, waited for here). Not thread-safe with calls.
+  epResult_t resetForShrink(const std::vector<bool>& dead, cudaStream_t s);
 
  private:
   struct HandleState;

@@ -639,6 +639,8 @@ bool runShrink(int R, int rank, const std::vector<epUniqueId>& ids, int* result)
                ref.recv_x.data(), size_t(n) * geo.drow, 2);
       ht::same("recv_topk_idx", name, rank, ht::download<int64_t>(hd.recv_idx, size_t(n) * K).data(),
                ref.idx.data(), size_t(n) * K * 8, 8);
+      ht::same("recv_topk_weights", name, rank, ht::download<float>(hd.recv_w, size_t(n) * K).data(),
+               ref.w.data(), size_t(n) * K * 4, 4);
       ht::same("recv_tokens_per_expert", name, rank, ht::download<int>(hd.tpe, geo.EL).data(), ref.tpe.data(),
                size_t(geo.EL) * 4, 4);
       ht::same("combine out", name, rank, ht::download<uint8_t>(hd.out, size_t(T) * geo.crow).data(),
@@ -660,6 +662,36 @@ bool runShrink(int R, int rank, const std::vector<epUniqueId>& ids, int* result)
     return all;
   };
   ok &= checkAll("before the death", 20);
+  // A handle routed before the death, and a graph of its combine alone:
+  // replayed after the shrink it must run nothing and say so at the next
+  // call (htStaleHandle), not read the routing the shrink zeroed.
+  ht::DevBufs sd;
+  cudaGraph_t stale_graph = nullptr;
+  cudaGraphExec_t stale_exec = nullptr;
+  epHandle_t stale_h = nullptr;
+  if (graphs) {
+    ht::RankIn in;
+    ht::makeRankInput(htc, 60, rank, &in);
+    ht::allocDev(htc, in, rank, &sd);
+    ht::uploadInputs(htc, in, &sd, hst);
+    epDispatchArgs_t a = ht::dispatchArgs(htc, in, rank, sd.x, sd.scales, sd.topk, sd.w);
+    a.recv_x = sd.recv_x;
+    a.recv_topk_weights = sd.recv_w;
+    a.flags = EP_DISPATCH_NO_HOST_SYNC;
+    a.num_recv = sd.num_recv;
+    EK(ht_gpu, epDispatch(ht_gpu, &a, &stale_h, hst));
+    epCombineArgs_t ca = EP_COMBINE_ARGS_INITIALIZER;
+    ca.y = sd.y;
+    ca.y_type = htc.ct;
+    ca.recv_topk_weights = sd.recv_w;
+    ca.num_topk = htc.K;
+    ca.out = sd.out;
+    CK(cudaStreamBeginCapture(hst, cudaStreamCaptureModeThreadLocal));
+    EK(ht_gpu, epCombine(ht_gpu, &ca, stale_h, hst));
+    CK(cudaStreamEndCapture(hst, &stale_graph));
+    CK(cudaGraphInstantiate(&stale_exec, stale_graph, 0));
+    CK(cudaStreamSynchronize(hst));
+  }
   if (rank == gone) {
     printf("  rank %d exits\n", rank);
     fflush(stdout);
@@ -687,6 +719,28 @@ bool runShrink(int R, int rank, const std::vector<epUniqueId>& ids, int* result)
            epGetErrorString(res), hmsg.c_str());
     ok &= hseen;
   }
+  {  // the high-throughput communicator's next call fails too (exact sizing: its count wait)
+    ht::RankIn in;
+    ht::makeRankInput(htc, 31, rank, &in);
+    ht::DevBufs d;
+    ht::allocDev(htc, in, rank, &d);
+    ht::uploadInputs(htc, in, &d, hst);
+    epDispatchArgs_t a = ht::dispatchArgs(htc, in, rank, d.x, d.scales, d.topk, d.w);
+    a.recv_x = d.recv_x;
+    a.recv_topk_weights = d.recv_w;
+    int64_t num_recv = -1;
+    a.num_recv = &num_recv;
+    epHandle_t h = nullptr;
+    const epResult_t res = epDispatch(ht_gpu, &a, &h, hst);
+    const std::string msg = epGetLastError(ht_gpu);
+    const bool seen = res == epRemoteError && msg.find(name) != std::string::npos;
+    printf("  %s rank %d: the high-throughput dispatch after the death: %s (%s)\n", seen ? "ok  " : "FAIL", rank,
+           epGetErrorString(res), msg.c_str());
+    ok &= seen;
+    if (h) epHandleDestroy(h);
+    CK(cudaStreamSynchronize(hst));
+    ht::freeDev(&d);
+  }
   for (epComm_t c : {g.comm, host, ht_gpu, ht_host}) {
     int dead[8] = {-1}, ndead = -1;
     const auto s0 = std::chrono::steady_clock::now();
@@ -700,6 +754,18 @@ bool runShrink(int R, int rank, const std::vector<epUniqueId>& ids, int* result)
   }
   if (ok) {
     ok &= checkAll("after the shrink", 40);
+    if (graphs) {  // the stale graph: nothing runs, the next call says why, the one after runs
+      CK(cudaGraphLaunch(stale_exec, hst));
+      CK(cudaStreamSynchronize(hst));
+      epLayoutArgs_t la = ht::layoutArgs(htc, rank, hd);
+      const epResult_t res = epLayout(ht_gpu, &la, hst);
+      const std::string msg = epGetLastError(ht_gpu);
+      const bool said = res == epInvalidUsage && msg.find("routed before epCommShrink") != std::string::npos;
+      printf("  %s rank %d: a graph of a combine of a handle routed before the death, replayed: %s (%s)\n",
+             said ? "ok  " : "FAIL", rank, epGetErrorString(res), msg.c_str());
+      ok &= said;
+      CK(cudaStreamSynchronize(hst));
+    }
     ok &= checkAll("after the shrink, again", 50);
   }
   if (graphs) {
@@ -710,6 +776,12 @@ bool runShrink(int R, int rank, const std::vector<epUniqueId>& ids, int* result)
   }
   if (graph_handle) epHandleDestroy(graph_handle);
   if (ht_graph_handle) epHandleDestroy(ht_graph_handle);
+  if (graphs) {
+    CK(cudaGraphExecDestroy(stale_exec));
+    CK(cudaGraphDestroy(stale_graph));
+    ht::freeDev(&sd);
+  }
+  if (stale_h) epHandleDestroy(stale_h);
   ht::freeDev(&hd);
   CK(cudaStreamDestroy(hst));
   ll::freeRank(g);

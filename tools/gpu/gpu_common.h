@@ -629,7 +629,11 @@ inline void compareRank(const Case& c, const std::string& cname, int r, const Ra
     return;
   }
   const size_t n = size_t(e.num_recv);
-  int nnodes = 1;  // one node
+  // The nodes the library counts: EP_NODE_SIZE ranks each (the staged path
+  // and the node limit's fake nodes), else one.
+  const char* node_size = getenv("EP_NODE_SIZE");
+  const int per_node = node_size != nullptr && atoi(node_size) > 0 ? atoi(node_size) : c.R;
+  const int nnodes = (c.R + per_node - 1) / per_node;
   same("layout tokens_per_rank", cname, r, o.tpr.data(), e.tpr.data(), c.R * 4, 4);
   same("layout tokens_per_node", cname, r, o.tpn.data(), e.tpn.data(), nnodes * 4, 4);
   same("layout tokens_per_expert", cname, r, o.tpexp.data(), e.tpexp.data(), c.E * 4, 4);

@@ -163,6 +163,8 @@ def main():
           "unmasking a masked rank refused")
     check(raises(Unsupported, "after a rank was masked", sbuf.dispatch, None, topk_idx=object()),
           "high-throughput calls after a mask refused")
+    check(raises(Unsupported, "after a rank was masked", sbuf.get_dispatch_layout, None, 8),
+          "get_dispatch_layout after a mask refused")
     check(raises(RuntimeError, "explicitly_destroy", buf.destroy), "destroy() without explicitly_destroy refused")
     check(raises(AssertionError, "even", Buffer.set_num_sms, 3), "set_num_sms(odd) refused")
     check(Config().num_sms == 20 and Config().get_nvl_buffer_size_hint(14336, 8) == 0, "Config defaults and hints")

@@ -222,6 +222,7 @@ class Buffer:
     # ---- high throughput ------------------------------------------------------------
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
                             allocate_on_comm_stream=False):
+        policy.refuse_if(bool(self._masked), policy.SHRUNK_HT_MESSAGE % "get_dispatch_layout")
         _wait(previous_event)
         self._num_experts = num_experts  # dispatch is not told it: it takes the layout's
         out = _layout.dispatch_layout(topk_idx, num_experts, self.group_size)
@@ -421,9 +422,11 @@ class Buffer:
             raise RuntimeError("Buffer.shrink: no low-latency communicator to shrink yet (the first low-latency "
                                "call of a shape makes one)")
         dead, wanted = set(self._masked), {int(r) for r in suspects}
-        for c in comms:
-            dead.update(c.shrink(sorted((dead | wanted) - set(c.dead_ranks[0]))))
-        self._masked = sorted(dead)
+        try:
+            for c in comms:
+                dead.update(c.shrink(sorted((dead | wanted) - set(c.dead_ranks[0]))))
+        finally:  # what the communicators say, also when one of them failed
+            self._masked = sorted({r for c in comms for r in c.dead_ranks[0]})
         return list(self._masked)
 
     def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):

@@ -15,8 +15,9 @@ SHRINK_OFF_MESSAGE = ("%s needs Buffer(..., enable_shrink=True): the communicato
                       "config enable_shrink")
 UNMASK_MESSAGE = ("%s: rank %d is masked and cannot be unmasked: a rank that epCommShrink removed cannot rejoin "
                   "its communicators (make a new Buffer with every rank)")
-SHRUNK_HT_MESSAGE = ("%s is refused after a rank was masked: libmoeep's shrink masks the low-latency calls of a "
-                     "Buffer (as DeepEP's shrink mode); a GPU's high-throughput kernels do not read the mask")
+SHRUNK_HT_MESSAGE = ("%s is refused after a rank was masked: a Buffer masks its low-latency calls only, as "
+                     "DeepEP's shrink mode does (its layout is computed from the unmasked ids); for high-throughput "
+                     "calls after a death use moeep.Communicator(..., enable_shrink=True) and its shrink()")
 SHRUNK_NEW_COMM_MESSAGE = ("moeep.deep_ep: rank(s) %s are masked: the first call of a new shape makes a "
                            "communicator of every rank, which the masked ones cannot join (make each shape's "
                            "first call before any rank is lost)")
