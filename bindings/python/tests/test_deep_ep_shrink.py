@@ -18,8 +18,6 @@ entries -1. Without torch: SKIPPED (exit 77).
 """
 import argparse
 import os
-import random
-import subprocess
 import sys
 import time
 
@@ -164,22 +162,7 @@ def main():
         p.error("--ranks must be at least 3 (a majority must survive the death)")
     if args.rank >= 0:
         return rank_main(args)
-    port = random.randint(20000, 40000)
-    cmd = [sys.executable, os.path.abspath(__file__), "--ranks", str(args.ranks), "--device", args.device,
-           "--seed", str(args.seed), "--port", str(port)]
-    procs = [subprocess.Popen(cmd + ["--rank", str(r)]) for r in range(args.ranks)]
-    deadline, codes = time.time() + 300, []
-    for proc in procs:
-        try:
-            codes.append(proc.wait(timeout=max(1, deadline - time.time())))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            codes.append("timeout")
-    ok = all(c == 0 for c in codes)
-    print("test_deep_ep_shrink %d ranks on %s: %s (exit codes %s)" % (args.ranks, args.device,
-                                                                     "PASSED" if ok else "FAILED", codes))
-    return 0 if ok else 1
-
+    return base.spawn_ranks(__file__, "test_deep_ep_shrink", args, 300)
 
 if __name__ == "__main__":
     sys.exit(main())

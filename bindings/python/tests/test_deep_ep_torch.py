@@ -243,11 +243,17 @@ def main():
         return 77
     if args.rank >= 0:
         return rank_main(args)
+    return spawn_ranks(__file__, "test_deep_ep_torch", args, 600)
+
+
+def spawn_ranks(script, name, args, timeout_s):
+    """Runs `script` once per rank (--rank r), the ranks joined through a
+    random port; 0 when every rank exited 0."""
     port = random.randint(20000, 40000)
-    cmd = [sys.executable, os.path.abspath(__file__), "--ranks", str(args.ranks), "--device", args.device,
+    cmd = [sys.executable, os.path.abspath(script), "--ranks", str(args.ranks), "--device", args.device,
            "--seed", str(args.seed), "--port", str(port)]
     procs = [subprocess.Popen(cmd + ["--rank", str(r)]) for r in range(args.ranks)]
-    deadline, codes = time.time() + 600, []
+    deadline, codes = time.time() + timeout_s, []
     for proc in procs:
         try:
             codes.append(proc.wait(timeout=max(1, deadline - time.time())))
@@ -255,8 +261,8 @@ def main():
             proc.kill()
             codes.append("timeout")
     ok = all(c == 0 for c in codes)
-    print("test_deep_ep_torch %d ranks on %s: %s (exit codes %s)" % (args.ranks, args.device,
-                                                                    "PASSED" if ok else "FAILED", codes))
+    print("%s %d ranks on %s: %s (exit codes %s)" % (name, args.ranks, args.device, "PASSED" if ok else "FAILED",
+                                                     codes))
     return 0 if ok else 1
 
 
